@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The full test job: setup, then build and run the suite twice (plain RelWithDebInfo, then with
+# AddressSanitizer + UndefinedBehaviorSanitizer).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+bash scripts/build.sh build
+ctest --test-dir build --output-on-failure -j"$(nproc)"
+bash scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug -DWREN_SANITIZE=ON
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+  ctest --test-dir build-asan --output-on-failure -j"$(nproc)"

@@ -1,0 +1,97 @@
+// The op interface the model is written against (design.md §1). The CPU backend is the reference;
+// every other backend implements the same ops and may fuse inside an op, never across the model.
+//
+// Activations are f32 row-major: x [T, n] means T tokens of n values. Buffers come from alloc()
+// and may live on a device; the model never dereferences them, it copies with to_host()/from_host().
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "model/weights.h"
+
+namespace wren {
+
+/// Per-layer KDA recurrent state (spec §4.2): S [H, d, d] indexed S[key][value] and the conv
+/// windows (last K-1 pre-conv inputs of q, k, v per channel, oldest first) [3, P, K-1]; f32.
+struct KdaState {
+  float* S = nullptr;
+  float* conv = nullptr;
+};
+
+/// Per-layer MLA latent cache (spec §4.3): per token the normed latent c [kv_lora] then the raw
+/// extra key k_x [extra]; [capacity, kv_lora + extra] f32, `length` tokens filled.
+struct MlaCache {
+  float* kv = nullptr;
+  int length = 0;
+  int capacity = 0;
+};
+
+/// KDA constants of one layer for the core op.
+struct KdaParams {
+  int heads, head_dim, conv_kernel;
+  float gate_lower_bound, eps;
+};
+
+/// MLA constants of one layer for the attention op.
+struct MlaParams {
+  int heads, nope, extra, v_head, kv_lora;
+  float latent_eps;
+};
+
+/// The ops. All are synchronous from the caller's view; T >= 1 tokens in original order.
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // ---- memory ----
+  virtual float* alloc(size_t n) = 0;  ///< n floats, zero-filled
+  virtual void release(float* p) = 0;
+  virtual void to_host(const float* src, size_t n, float* dst) = 0;
+  virtual void from_host(const float* src, size_t n, float* dst) = 0;
+  virtual void copy(const float* src, size_t n, float* dst) = 0;
+  virtual void fill_zero(float* p, size_t n) = 0;
+
+  // ---- dense math ----
+  /// x[T, D] = rows ids[t] of the table [V, D].
+  virtual void embed(const DenseWeight& table, const int* ids, int T, float* x) = 0;
+  /// y[T, W.rows] = x[T, W.cols] · Wᵀ.
+  virtual void gemm(const DenseWeight& W, const float* x, int T, float* y) = 0;
+  /// y[T, n] = x / sqrt(mean(x²) + eps) ⊙ w (mean accumulated in f64).
+  virtual void rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) = 0;
+  /// y[i] += x[i].
+  virtual void add(float* y, const float* x, size_t n) = 0;
+  /// SiTU-GLU (spec §4.4): out[T, n] = [b1 tanh(g/b1) σ(g)] · [b2 tanh(u/b2)], g/u [T, n].
+  virtual void situ_glu(const float* g, const float* u, int T, int n, float b1, float b2,
+                        float* out) = 0;
+  /// y[i] *= σ(gate[i]).
+  virtual void sigmoid_gate(float* y, const float* gate, size_t n) = 0;
+
+  // ---- model-level ops ----
+  /// AttnRes Mix (spec §4.1) for T tokens: entries[e] points to [T, D] rows; w = norm ⊙ proj [D].
+  /// out[t] = Σ_e softmax_e((v_e·w)/sqrt(mean(v_e²)+eps)) v_e, scores in f64.
+  virtual void attnres_mix(const float* const* entries, int n_entries, int T, int D,
+                           const DenseWeight& w, float eps, float* out) = 0;
+  /// KDA core for T tokens (spec §4.2 steps 2-7 minus the projections): q, k, v [T, P] pre-conv
+  /// projections, z [T, P] gate pre-activation (f_b output, dt_bias not yet added), beta [T, H]
+  /// logits, gate [T, P] output-gate logits. Advances `s`. out [T, P] = gated per-head-normed output.
+  virtual void kda_core(const KdaParams& p, const KdaWeights& w, KdaState& s, const float* q,
+                        const float* k, const float* v, const float* z, const float* beta,
+                        const float* gate, int T, float* out) = 0;
+  /// MLA absorbed attention for T tokens (spec §4.3 steps 2-4): q [T, H, nope+extra],
+  /// ckv [T, kv_lora+extra] (pre-norm). Appends each token's (normed latent, raw k_x) to `cache`
+  /// before its scores (causal). ctx [T, H * v_head].
+  virtual void mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& cache, const float* q,
+                          const float* ckv, int T, float* ctx) = 0;
+  /// Router (spec §4.4 steps 1-3): logits [T, E] -> per token the top-k ids of σ(logits) + bias
+  /// (ties to the lower id) and their renormalized raw σ weights. ids/weights are HOST [T, k].
+  virtual void router_topk(const float* logits, const DenseWeight& bias, int T, int E, int k,
+                           int* ids, float* weights) = 0;
+  /// One routed expert on one token (spec §4.4 step 5): y [latent] = SiTU(z·W1ᵀ, z·W3ᵀ)·W2ᵀ,
+  /// computed on the packed MXFP4 layout. z [latent].
+  virtual void expert_ffn(const ExpertRef& e, const float* z, float b1, float b2, float* y) = 0;
+  /// y [n] = Σ_j w[j] · ys[j] over j < m, in j order (ys [m, n], weights HOST [m]).
+  virtual void weighted_sum(const float* ys, const float* weights, int m, int n, float* y) = 0;
+};
+
+}  // namespace wren

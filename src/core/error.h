@@ -1,0 +1,20 @@
+// Wren's one error type: a message that names the file, tensor or field and what was expected.
+#pragma once
+#include <stdexcept>
+#include <string>
+
+namespace wren {
+
+/// Thrown for bad input (model files, config, flags, requests) and broken invariants.
+/// The message is complete and user-facing; front ends print it and exit non-zero.
+class Error : public std::runtime_error {
+ public:
+  explicit Error(const std::string& msg) : std::runtime_error(msg) {}
+};
+
+/// Throws Error(msg) when `cond` is false.
+inline void check(bool cond, const std::string& msg) {
+  if (!cond) throw Error(msg);
+}
+
+}  // namespace wren

@@ -1,0 +1,232 @@
+// The Kimi K3 forward pass (see forward.h). Reads like the block diagram: mix → norm → KDA or MLA →
+// mix → norm → dense FFN or LatentMoE, then the final mix, norm and lm_head (spec §4.1).
+#include "model/forward.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace wren {
+
+/// Activation buffers [max_chunk, width], allocated from the backend once.
+struct Forward::Buffers {
+  Backend& be;
+  std::vector<float*> all;
+  explicit Buffers(Backend& b) : be(b) {}
+  ~Buffers() {
+    for (float* p : all) be.release(p);
+  }
+  float* make(size_t n) {
+    all.push_back(be.alloc(n));
+    return all.back();
+  }
+  // Driver
+  float* P = nullptr;                 // running block sum [T, D]
+  std::vector<float*> blocks;         // AttnRes snapshots, each [T, D]
+  float *mixed, *nrm, *att, *ffn, *tmp;  // [T, D]
+  // KDA
+  float *q, *k, *v, *fa, *z, *beta, *gate, *o;
+  // MLA
+  float *qa, *qan, *qfull, *ckv, *ctx, *mgate;
+  // FFN
+  float *g, *u, *act;                 // [T, max(inter)]
+  float *rlog, *lat, *ys, *lsum, *lnorm;
+  std::vector<int> ids;               // host [T, k]
+  std::vector<float> wts;             // host [T, k]
+  // Head
+  float *hnorm, *logits;
+};
+
+Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts)
+    : model_(model), cfg_(model.config), be_(backend), opts_(opts) {
+  const Config& c = cfg_;
+  n_layers_ = opts.layers < 0 ? c.n_layers : std::min(opts.layers, c.n_layers);
+  check(opts_.max_chunk >= 1, "--chunk must be at least 1");
+  const size_t T = opts_.max_chunk, D = c.hidden, P = c.kda_width();
+  buf_ = std::make_unique<Buffers>(be_);
+  Buffers& b = *buf_;
+  b.P = b.make(T * D);
+  b.blocks.resize(c.max_mix_entries());
+  for (auto& blk : b.blocks) blk = b.make(T * D);
+  b.mixed = b.make(T * D), b.nrm = b.make(T * D), b.att = b.make(T * D);
+  b.ffn = b.make(T * D), b.tmp = b.make(T * D);
+  b.q = b.make(T * P), b.k = b.make(T * P), b.v = b.make(T * P), b.z = b.make(T * P);
+  b.gate = b.make(T * P), b.o = b.make(T * P);
+  b.fa = b.make(T * c.kda_head_dim), b.beta = b.make(T * c.kda_heads);
+  b.qa = b.make(T * c.q_lora), b.qan = b.make(T * c.q_lora);
+  b.qfull = b.make(T * c.mla_heads * c.mla_q_head()), b.ckv = b.make(T * c.mla_cache_width());
+  b.ctx = b.make(T * c.mla_heads * c.v_head), b.mgate = b.make(T * c.mla_heads * c.v_head);
+  const size_t inter = std::max(c.dense_inter, c.shared_inter());
+  b.g = b.make(T * inter), b.u = b.make(T * inter), b.act = b.make(T * inter);
+  b.rlog = b.make(T * c.n_experts), b.lat = b.make(T * c.latent);
+  b.ys = b.make(T * c.top_k * c.latent), b.lsum = b.make(T * c.latent), b.lnorm = b.make(T * c.latent);
+  b.ids.resize(T * c.top_k), b.wts.resize(T * c.top_k);
+  b.hnorm = b.make(T * D), b.logits = b.make(T * size_t(c.vocab));
+  scales_checked_.resize(c.n_layers);
+  for (int i = 0; i < c.n_layers; ++i)
+    if (c.layers[i].ffn == Ffn::LatentMoE) scales_checked_[i].assign(c.n_experts, 0);
+}
+
+Forward::~Forward() = default;
+
+void Forward::run(SequenceState& st, const int* ids, const float* x0, int T, float* logits,
+                  bool all_logits, const ForwardHooks* hooks) {
+  const size_t V = cfg_.vocab, D = cfg_.hidden;
+  for (int t0 = 0; t0 < T; t0 += opts_.max_chunk) {
+    const int n = std::min(opts_.max_chunk, T - t0);
+    const bool last = t0 + n == T;
+    float* out = logits == nullptr ? nullptr : all_logits ? logits + t0 * V : last ? logits : nullptr;
+    chunk(st, ids + t0, x0 ? x0 + t0 * D : nullptr, n, t0, out, all_logits, hooks);
+  }
+}
+
+void Forward::chunk(SequenceState& st, const int* ids, const float* x0, int T, int t0,
+                    float* logits, bool all_logits, const ForwardHooks* hooks) {
+  Buffers& b = *buf_;
+  const Config& c = cfg_;
+  const ModelWeights& w = model_.weights;
+  const size_t D = c.hidden, TD = T * D;
+  if (x0) be_.from_host(x0, TD, b.P);
+  else be_.embed(w.embed, ids, T, b.P);
+
+  int n_blocks = 0;
+  std::vector<const float*> entries;
+  auto mix = [&](const DenseWeight& mw) {  // Mix(blocks + [P]) -> b.mixed
+    entries.assign(b.blocks.begin(), b.blocks.begin() + n_blocks);
+    entries.push_back(b.P);
+    be_.attnres_mix(entries.data(), int(entries.size()), T, int(D), mw, c.rms_eps, b.mixed);
+  };
+  for (int i = 0; i < n_layers_; ++i) {
+    const LayerWeights& l = w.layers[i];
+    const LayerSpec& spec = c.layers[i];
+    // Pre-attention mix (skipped while there is no snapshot: the only candidate is P itself).
+    if (n_blocks == 0) be_.copy(b.P, TD, b.mixed);
+    else mix(l.attn_mix);
+    if (spec.snapshot) {  // P becomes a snapshot; a new block starts at zero
+      std::swap(b.blocks[n_blocks], b.P);
+      ++n_blocks;
+      be_.fill_zero(b.P, TD);
+    }
+    be_.rms_norm(b.mixed, T, int(D), l.input_norm, c.rms_eps, b.nrm);
+    if (spec.mixer == Mixer::KDA) kda_layer(l, st.kda(i), T);
+    else mla_layer(l, st.mla(i), T);
+    be_.add(b.P, b.att, TD);
+    mix(l.mlp_mix);
+    if (hooks && hooks->dump && i == hooks->dump_layer) dump(hooks, -1, t0, T);  // nrm_attn, att
+    be_.rms_norm(b.mixed, T, int(D), l.post_norm, c.rms_eps, b.nrm);
+    if (spec.ffn == Ffn::Dense) dense_mlp(l, T);
+    else moe(i, l.moe, T);
+    be_.add(b.P, b.ffn, TD);
+    if (hooks && hooks->dump && i == hooks->dump_layer) dump(hooks, i, t0, T);  // nrm_mlp, mlp, hidden
+    if (hooks && hooks->trace)
+      for (int t = 0; t < T; ++t)
+        be_.to_host(b.P + t * D, D, hooks->trace + ((size_t(t0) + t) * n_layers_ + i) * D);
+  }
+  st.advance(T);
+  if (logits) head(n_blocks, T, logits, all_logits);
+}
+
+void Forward::kda_layer(const LayerWeights& l, KdaState& s, int T) {
+  Buffers& b = *buf_;
+  const KdaWeights& k = l.kda;
+  be_.gemm(k.q, b.nrm, T, b.q);
+  be_.gemm(k.k, b.nrm, T, b.k);
+  be_.gemm(k.v, b.nrm, T, b.v);
+  be_.gemm(k.f_a, b.nrm, T, b.fa);
+  be_.gemm(k.f_b, b.fa, T, b.z);
+  be_.gemm(k.b, b.nrm, T, b.beta);
+  be_.gemm(k.g, b.nrm, T, b.gate);
+  const KdaParams p{cfg_.kda_heads, cfg_.kda_head_dim, cfg_.conv_kernel, cfg_.gate_lower_bound, cfg_.rms_eps};
+  be_.kda_core(p, k, s, b.q, b.k, b.v, b.z, b.beta, b.gate, T, b.o);
+  be_.gemm(k.o, b.o, T, b.att);
+}
+
+void Forward::mla_layer(const LayerWeights& l, MlaCache& cache, int T) {
+  Buffers& b = *buf_;
+  const MlaWeights& m = l.mla;
+  be_.gemm(m.q_a, b.nrm, T, b.qa);
+  be_.rms_norm(b.qa, T, cfg_.q_lora, m.q_a_norm, cfg_.mla_latent_eps, b.qan);
+  be_.gemm(m.q_b, b.qan, T, b.qfull);
+  be_.gemm(m.kv_a, b.nrm, T, b.ckv);
+  const MlaParams p{cfg_.mla_heads, cfg_.qk_nope, cfg_.qk_extra, cfg_.v_head, cfg_.kv_lora, cfg_.mla_latent_eps};
+  be_.mla_attend(p, m, cache, b.qfull, b.ckv, T, b.ctx);
+  be_.gemm(m.g, b.nrm, T, b.mgate);
+  be_.sigmoid_gate(b.ctx, b.mgate, size_t(T) * cfg_.mla_heads * cfg_.v_head);
+  be_.gemm(m.o, b.ctx, T, b.att);
+}
+
+void Forward::dense_mlp(const LayerWeights& l, int T) {
+  Buffers& b = *buf_;
+  be_.gemm(l.mlp.gate, b.nrm, T, b.g);
+  be_.gemm(l.mlp.up, b.nrm, T, b.u);
+  be_.situ_glu(b.g, b.u, T, cfg_.dense_inter, cfg_.situ_b1, cfg_.situ_b2, b.act);
+  be_.gemm(l.mlp.down, b.act, T, b.ffn);
+}
+
+void Forward::moe(int layer, const MoeWeights& m, int T) {
+  Buffers& b = *buf_;
+  const Config& c = cfg_;
+  const int K = c.top_k, Lt = c.latent;
+  be_.gemm(m.router, b.nrm, T, b.rlog);
+  be_.router_topk(b.rlog, m.bias, T, c.n_experts, K, b.ids.data(), b.wts.data());
+  be_.gemm(m.down, b.nrm, T, b.lat);
+  // Each unique expert once over the chunk (batch union); outputs land per (token, slot) so the
+  // weighted sum below runs in slot order whatever the grouping.
+  std::vector<int> order(size_t(T) * K);
+  for (size_t j = 0; j < order.size(); ++j) order[j] = int(j);
+  std::stable_sort(order.begin(), order.end(), [&](int a, int bb) { return b.ids[a] < b.ids[bb]; });
+  for (int j : order) {
+    const int e = b.ids[j], t = j / K;
+    if (!scales_checked_[layer][e]) {
+      validate_expert_scales(m.experts[e]);
+      scales_checked_[layer][e] = 1;
+    }
+    be_.expert_ffn(m.experts[e], b.lat + size_t(t) * Lt, c.situ_b1, c.situ_b2, b.ys + size_t(j) * Lt);
+  }
+  for (int t = 0; t < T; ++t)
+    be_.weighted_sum(b.ys + size_t(t) * K * Lt, b.wts.data() + size_t(t) * K, K, Lt, b.lsum + size_t(t) * Lt);
+  const float* u = b.lsum;
+  if (c.latent_norm) {
+    be_.rms_norm(b.lsum, T, Lt, m.norm, c.rms_eps, b.lnorm);
+    u = b.lnorm;
+  }
+  be_.gemm(m.up, u, T, b.ffn);
+  const int S = c.shared_inter();
+  be_.gemm(m.shared_gate, b.nrm, T, b.g);
+  be_.gemm(m.shared_up, b.nrm, T, b.u);
+  be_.situ_glu(b.g, b.u, T, S, c.situ_b1, c.situ_b2, b.act);
+  be_.gemm(m.shared_down, b.act, T, b.tmp);
+  be_.add(b.ffn, b.tmp, size_t(T) * c.hidden);
+}
+
+void Forward::head(int n_blocks, int T, float* logits, bool all_logits) {
+  Buffers& b = *buf_;
+  const ModelWeights& w = model_.weights;
+  const size_t D = cfg_.hidden, V = cfg_.vocab;
+  std::vector<const float*> entries(b.blocks.begin(), b.blocks.begin() + n_blocks);
+  entries.push_back(b.P);
+  be_.attnres_mix(entries.data(), int(entries.size()), T, int(D), w.out_mix, cfg_.rms_eps, b.mixed);
+  // Only the last position needs the head unless every position's logits are asked for.
+  const int first = all_logits ? 0 : T - 1, n = T - first;
+  be_.rms_norm(b.mixed + first * D, n, int(D), w.final_norm, cfg_.rms_eps, b.hnorm);
+  be_.gemm(w.lm_head, b.hnorm, n, b.logits);
+  be_.to_host(b.logits, n * V, logits);
+}
+
+void Forward::dump(const ForwardHooks* h, int layer, int t0, int T) {
+  const int t = h->dump_token - t0;
+  if (t < 0 || t >= T) return;
+  Buffers& b = *buf_;
+  const size_t D = cfg_.hidden;
+  if (layer < 0) {  // after the mixer: nrm_attn, att
+    be_.to_host(b.nrm + t * D, D, h->dump);
+    be_.to_host(b.att + t * D, D, h->dump + D);
+  } else {          // after the FFN: nrm_mlp, mlp, hidden
+    be_.to_host(b.nrm + t * D, D, h->dump + 2 * D);
+    be_.to_host(b.ffn + t * D, D, h->dump + 3 * D);
+    be_.to_host(b.P + t * D, D, h->dump + 4 * D);
+  }
+}
+
+}  // namespace wren

@@ -1,0 +1,67 @@
+// The Kimi K3 forward pass, written once against the Backend op interface (spec kimi-k3.md §4).
+// Layer-major over a chunk of tokens; the sequential state (KDA recurrence, conv windows, MLA
+// cache) advances token by token inside each layer's op, so any chunk size gives the same result.
+#pragma once
+#include <memory>
+#include <vector>
+
+#include "backends/backend.h"
+#include "model/load.h"
+#include "model/state.h"
+
+namespace wren {
+
+/// Validation hooks (spec §8). All buffers are host memory owned by the caller.
+struct ForwardHooks {
+  float* trace = nullptr;  ///< [T, n_layers_run, D]: P after each layer, token-major
+  int dump_layer = -1;     ///< layer whose five vectors are dumped, -1 = none
+  int dump_token = -1;     ///< token index (within this run() call) to dump
+  float* dump = nullptr;   ///< [5, D]: nrm_attn, att, nrm_mlp, mlp, hidden
+};
+
+/// Forward-pass options fixed at construction.
+struct ForwardOptions {
+  int max_chunk = 32;  ///< tokens per layer-major chunk
+  int layers = -1;     ///< run only the first N layers (-1 = all)
+};
+
+/// Runs tokens through the model; owns the activation workspace (allocated once, sized from the
+/// config and max_chunk).
+class Forward {
+ public:
+  Forward(const Model& model, Backend& backend, ForwardOptions opts = {});
+  ~Forward();
+  Forward(const Forward&) = delete;
+  Forward& operator=(const Forward&) = delete;
+
+  /// Consumes T tokens at the state's position. `ids` [T] (always needed); `x0` host [T, D]
+  /// replaces the embedding rows when non-null. `logits` host: [T, V] when `all_logits`, else
+  /// [V] for the last token; may be null. Throws wren::Error on bad ids or a full context.
+  void run(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
+           bool all_logits, const ForwardHooks* hooks = nullptr);
+
+  int layers_run() const { return n_layers_; }
+  const Config& config() const { return cfg_; }
+  Backend& backend() { return be_; }
+
+ private:
+  struct Buffers;
+  void chunk(SequenceState& st, const int* ids, const float* x0, int T, int t0, float* logits,
+             bool all_logits, const ForwardHooks* hooks);
+  void kda_layer(const LayerWeights& l, KdaState& s, int T);
+  void mla_layer(const LayerWeights& l, MlaCache& c, int T);
+  void dense_mlp(const LayerWeights& l, int T);
+  void moe(int layer, const MoeWeights& m, int T);
+  void head(int n_entries, int T, float* logits, bool all_logits);
+  void dump(const ForwardHooks* h, int layer, int t0, int T);
+
+  const Model& model_;
+  const Config& cfg_;
+  Backend& be_;
+  ForwardOptions opts_;
+  int n_layers_;
+  std::unique_ptr<Buffers> buf_;
+  std::vector<std::vector<char>> scales_checked_;  ///< [layer][expert]: ue8m0 bytes validated
+};
+
+}  // namespace wren

@@ -1,0 +1,108 @@
+// Loading a checkpoint into ModelWeights through the tensor table (see load.h).
+#include "model/load.h"
+
+#include <cstring>
+
+#include "core/error.h"
+#include "core/mxfp4.h"
+#include "model/tensor_table.h"
+
+namespace wren {
+
+float* ModelWeights::alloc(size_t n) {
+  arena.emplace_back(new float[n ? n : 1]);
+  return arena.back().get();
+}
+
+namespace {
+
+void upcast(const TensorRef& r, float* dst) {
+  const uint8_t* src = r.data();
+  const size_t n = r.info->nbytes / dtype_size(r.info->dtype);
+  switch (r.info->dtype) {
+    case DType::F32: std::memcpy(dst, src, n * 4); break;
+    case DType::BF16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = bf16_to_f32(h);
+      }
+      break;
+    case DType::F16:
+      for (size_t i = 0; i < n; ++i) {
+        uint16_t h;
+        std::memcpy(&h, src + 2 * i, 2);
+        dst[i] = f16_to_f32(h);
+      }
+      break;
+    default: break;  // rejected before
+  }
+}
+
+void load_tensor(Checkpoint& ck, ModelWeights& w, const TensorSpec& s) {
+  const TensorRef r = ck.require(s.name);
+  const std::string where = r.file->path() + ": tensor '" + r.info->name + "'";
+  check(r.info->shape == s.shape,
+        where + ": shape " + shape_str(r.info->shape) + ", expected " + shape_str(s.shape));
+  if (!s.is_expert()) {
+    const DType t = r.info->dtype;
+    check(t == DType::BF16 || t == DType::F32 || t == DType::F16,
+          where + ": dtype " + dtype_name(t) + ", expected BF16, F16 or F32");
+    float* dst = w.alloc(r.info->nbytes / dtype_size(t));
+    upcast(r, dst);
+    s.dense->dtype = DType::F32;
+    s.dense->data = dst;
+    return;
+  }
+  check(r.info->dtype == DType::U8, where + ": dtype " + std::string(dtype_name(r.info->dtype)) +
+                                        ", expected U8 (MXFP4 " +
+                                        (s.kind == TensorKind::ExpertPacked ? "e2m1 pairs" : "ue8m0 scales") + ")");
+  *s.bytes = r.data();
+  ExpertRef& e = *s.expert;
+  if (s.part == 0) {
+    e.file = r.file->path();
+    e.offset = r.info->offset;
+    e.nbytes = r.info->nbytes;
+    e.contiguous = true;
+  } else {
+    e.contiguous = e.contiguous && e.file == r.file->path() && r.info->offset == e.offset + e.nbytes;
+    e.nbytes += r.info->nbytes;
+  }
+}
+
+/// out = norm ⊙ proj (the AttnRes score vector, spec §4.1).
+void mix_vector(ModelWeights& w, const DenseWeight& norm, const DenseWeight& proj, DenseWeight& out) {
+  float* v = w.alloc(norm.cols);
+  for (int64_t i = 0; i < norm.cols; ++i) v[i] = norm.f32()[i] * proj.f32()[i];
+  out = {DType::F32, 1, norm.cols, v};
+}
+
+}  // namespace
+
+std::unique_ptr<Model> load_model(const std::string& dir) {
+  auto m = std::make_unique<Model>();
+  m->ckpt = std::make_unique<Checkpoint>(dir);
+  m->config = m->ckpt->config();
+  ModelWeights& w = m->weights;
+  for_each_tensor(m->config, w, [&](const TensorSpec& s) { load_tensor(*m->ckpt, w, s); });
+  for (LayerWeights& l : w.layers) {
+    mix_vector(w, l.attn_res_norm, l.attn_res_proj, l.attn_mix);
+    mix_vector(w, l.mlp_res_norm, l.mlp_res_proj, l.mlp_mix);
+  }
+  mix_vector(w, w.out_res_norm, w.out_res_proj, w.out_mix);
+  return m;
+}
+
+void validate_expert_scales(const ExpertRef& e) {
+  const struct { const MxMatrix* m; const char* stem; } parts[] = {{&e.w1, "w1"}, {&e.w2, "w2"}, {&e.w3, "w3"}};
+  for (const auto& p : parts) {
+    const int groups = p.m->cols / mxfp4::kGroup;
+    for (int r = 0; r < p.m->rows; ++r)
+      for (int g = 0; g < groups; ++g)
+        check(p.m->scale[size_t(r) * groups + g] != mxfp4::kBadScale,
+              e.file + ": tensor '" + e.name + "." + p.stem + ".weight_scale': row " + std::to_string(r) +
+                  ", group " + std::to_string(g) + ": ue8m0 scale byte 255 (NaN in OCP MX) is not a valid scale");
+  }
+}
+
+}  // namespace wren

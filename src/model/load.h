@@ -1,0 +1,27 @@
+// Loading a checkpoint into ModelWeights through the tensor table.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "loader/checkpoint.h"
+#include "model/weights.h"
+
+namespace wren {
+
+/// A loaded model: the open checkpoint (its mappings back the expert pointers), the config and
+/// the weights.
+struct Model {
+  std::unique_ptr<Checkpoint> ckpt;
+  Config config;
+  ModelWeights weights;
+};
+
+/// Opens DIR and loads every tensor of the table: shape and dtype checked (error names the shard,
+/// the tensor, expected and found), Float tensors upcast to f32, expert tensors kept packed in
+/// the mapping. Vision tensors are never touched.
+std::unique_ptr<Model> load_model(const std::string& dir);
+
+/// Checks every ue8m0 scale byte of one expert; throws naming tensor, row and group on 255.
+void validate_expert_scales(const ExpertRef& e);
+
+}  // namespace wren

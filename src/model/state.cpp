@@ -1,0 +1,57 @@
+// Per-sequence state (see state.h).
+#include "model/state.h"
+
+namespace wren {
+
+SequenceState::SequenceState(Backend& backend, const Config& cfg, int capacity)
+    : be_(backend), cfg_(cfg), capacity_(capacity), kda_(cfg.n_layers), mla_(cfg.n_layers) {
+  for (int i = 0; i < cfg.n_layers; ++i) {
+    if (cfg.layers[i].mixer == Mixer::KDA) {
+      kda_[i].S = be_.alloc(s_len());
+      kda_[i].conv = be_.alloc(conv_len() ? conv_len() : 1);
+    } else {
+      mla_[i].kv = be_.alloc(cache_len());
+      mla_[i].capacity = capacity;
+    }
+  }
+}
+
+SequenceState::~SequenceState() {
+  for (auto& k : kda_) {
+    if (k.S) be_.release(k.S);
+    if (k.conv) be_.release(k.conv);
+  }
+  for (auto& m : mla_)
+    if (m.kv) be_.release(m.kv);
+}
+
+void SequenceState::reset() {
+  for (auto& k : kda_) {
+    if (k.S) be_.fill_zero(k.S, s_len());
+    if (k.conv) be_.fill_zero(k.conv, conv_len());
+  }
+  for (auto& m : mla_) m.length = 0;
+  position_ = 0;
+}
+
+void SequenceState::copy_from(const SequenceState& o) {
+  for (size_t i = 0; i < kda_.size(); ++i) {
+    if (kda_[i].S) {
+      be_.copy(o.kda_[i].S, s_len(), kda_[i].S);
+      be_.copy(o.kda_[i].conv, conv_len(), kda_[i].conv);
+    }
+    if (mla_[i].kv) {
+      be_.copy(o.mla_[i].kv, size_t(o.mla_[i].length) * cfg_.mla_cache_width(), mla_[i].kv);
+      mla_[i].length = o.mla_[i].length;
+    }
+  }
+  position_ = o.position_;
+}
+
+size_t SequenceState::bytes() const {
+  const size_t per = size_t(cfg_.count(Mixer::KDA)) * (s_len() + conv_len()) +
+                     size_t(cfg_.count(Mixer::MLA)) * cache_len();
+  return per * sizeof(float);
+}
+
+}  // namespace wren

@@ -1,0 +1,105 @@
+// The model's weights as the backends see them: dense matrices in a compute format and routed
+// experts kept packed as MXFP4 exactly as stored. Shapes follow spec kimi-k3.md §3 (PyTorch Linear
+// layout [out, in], row-major).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "loader/config.h"
+
+namespace wren {
+
+/// A dense matrix [rows, cols] (or a vector: rows = 1) in a compute format. In the exact mode every
+/// dense weight is f32 (BF16/F16 upcast at load, which is exact).
+struct DenseWeight {
+  DType dtype = DType::F32;
+  int64_t rows = 0, cols = 0;
+  const void* data = nullptr;
+  const float* f32() const { return static_cast<const float*>(data); }
+};
+
+/// One MXFP4 matrix: logical [rows, cols]; packed [rows, cols/2] u8, scale [rows, cols/32] ue8m0.
+struct MxMatrix {
+  int rows = 0, cols = 0;
+  const uint8_t* packed = nullptr;
+  const uint8_t* scale = nullptr;
+};
+
+/// One routed expert: w1 (gate) and w3 (up) [moe_inter, latent], w2 (down) [latent, moe_inter].
+/// Its six tensors are stored back to back in `file` at [offset, offset + nbytes) when
+/// `contiguous` (spec §3.7), which the expert store uses for single reads.
+struct ExpertRef {
+  MxMatrix w1, w2, w3;
+  std::string name;  ///< "model.layers.N.block_sparse_moe.experts.E" (prefix as in the checkpoint)
+  std::string file;  ///< shard path
+  uint64_t offset = 0, nbytes = 0;
+  bool contiguous = false;
+};
+
+struct KdaWeights {
+  DenseWeight q, k, v;         ///< [P, D]
+  DenseWeight q_conv, k_conv, v_conv;  ///< [P, K] (stored [P, 1, K])
+  DenseWeight f_a;             ///< [head_dim, D]
+  DenseWeight f_b;             ///< [P, head_dim]
+  DenseWeight a_log;           ///< [a_log_len], first H entries used
+  DenseWeight dt_bias;         ///< [P]
+  DenseWeight b;               ///< [H, D]
+  DenseWeight g;               ///< [P, D] full-rank output gate
+  DenseWeight o_norm;          ///< [head_dim], shared by all heads
+  DenseWeight o;               ///< [D, P]
+};
+
+struct MlaWeights {
+  DenseWeight q_a;        ///< [q_lora, D]
+  DenseWeight q_a_norm;   ///< [q_lora]
+  DenseWeight q_b;        ///< [H * (nope + extra), q_lora]
+  DenseWeight kv_a;       ///< [kv_lora + extra, D]
+  DenseWeight kv_a_norm;  ///< [kv_lora]
+  DenseWeight kv_b;       ///< [H * (nope + v), kv_lora]
+  DenseWeight g;          ///< [H * v, D]
+  DenseWeight o;          ///< [D, H * v]
+};
+
+struct DenseMlpWeights {
+  DenseWeight gate, up;  ///< [inter, D]
+  DenseWeight down;      ///< [D, inter]
+};
+
+struct MoeWeights {
+  DenseWeight router;       ///< [E, D]
+  DenseWeight bias;         ///< [E] e_score_correction_bias (selection only)
+  DenseWeight down;         ///< [latent, D] routed_expert_down_proj
+  DenseWeight norm;         ///< [latent] routed_expert_norm
+  DenseWeight up;           ///< [D, latent] routed_expert_up_proj
+  DenseWeight shared_gate, shared_up;  ///< [moe_inter * n_shared, D]
+  DenseWeight shared_down;  ///< [D, moe_inter * n_shared]
+  std::vector<ExpertRef> experts;  ///< [E]
+};
+
+struct LayerWeights {
+  DenseWeight input_norm, post_norm;        ///< [D]
+  DenseWeight attn_res_norm, attn_res_proj;  ///< [D], [1, D]
+  DenseWeight mlp_res_norm, mlp_res_proj;    ///< [D], [1, D]
+  DenseWeight attn_mix, mlp_mix;  ///< derived [D]: res_norm ⊙ res_proj (spec §4.1 Mix)
+  KdaWeights kda;
+  MlaWeights mla;
+  DenseMlpWeights mlp;
+  MoeWeights moe;
+};
+
+struct ModelWeights {
+  DenseWeight embed;  ///< [V, D]
+  DenseWeight final_norm, out_res_norm, out_res_proj;  ///< [D], [D], [1, D]
+  DenseWeight out_mix;  ///< derived [D]
+  DenseWeight lm_head;  ///< [V, D]
+  std::vector<LayerWeights> layers;
+
+  /// Owned f32 storage behind the DenseWeight pointers.
+  std::vector<std::unique_ptr<float[]>> arena;
+  float* alloc(size_t n);
+};
+
+}  // namespace wren

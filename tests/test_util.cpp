@@ -1,0 +1,61 @@
+// Shared helpers for the test suites.
+#include "test_util.h"
+
+#include <array>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <cstring>
+#include <sys/wait.h>
+
+namespace wren::test {
+
+std::string golden_dir() { return std::string(WREN_SOURCE_DIR) + "/../shared/golden/k3-tiny-a"; }
+
+std::string temp_dir(const std::string& tag) {
+  static std::random_device rd;
+  const auto p = std::filesystem::temp_directory_path() /
+                 ("wren-test-" + tag + "-" + std::to_string(rd()));
+  std::filesystem::create_directories(p);
+  return p.string();
+}
+
+double rel_l2(const float* a, const float* b, size_t n) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < n; ++i) {
+    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
+    den += double(b[i]) * b[i];
+  }
+  return std::sqrt(num / (den > 0 ? den : 1e-300));
+}
+
+std::vector<float> read_all_f32(const std::string& path) {
+  std::ifstream f(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<float> v(bytes.size() / 4);
+  std::memcpy(v.data(), bytes.data(), v.size() * 4);
+  return v;
+}
+
+nlohmann::json golden_config(const nlohmann::json& patch) {
+  std::ifstream f(golden_dir() + "/config.json");
+  nlohmann::json j = nlohmann::json::parse(f);
+  j["text_config"].merge_patch(patch);
+  return j;
+}
+
+int run_wren(const std::string& args, std::string* out) {
+  const std::string cmd = std::string(WREN_BINARY) + " " + args + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return -1;
+  std::array<char, 4096> buf;
+  out->clear();
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out->append(buf.data(), n);
+  const int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+}  // namespace wren::test

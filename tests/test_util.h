@@ -1,0 +1,23 @@
+// Shared helpers for the test suites: paths, temp dirs, golden files, rel-L2.
+#pragma once
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace wren::test {
+
+/// ../shared/golden/k3-tiny-a relative to the source tree.
+std::string golden_dir();
+/// A fresh temporary directory (removed at process exit is not guaranteed; under /tmp).
+std::string temp_dir(const std::string& tag);
+/// ‖a − b‖ / ‖b‖.
+double rel_l2(const float* a, const float* b, size_t n);
+/// Reads a whole little-endian f32 file.
+std::vector<float> read_all_f32(const std::string& path);
+/// The tiny golden config with its text_config overridden by `patch` (merge_patch).
+nlohmann::json golden_config(const nlohmann::json& patch = nlohmann::json::object());
+/// Runs the wren binary with `args`; returns its exit code, stdout+stderr in *out.
+int run_wren(const std::string& args, std::string* out);
+
+}  // namespace wren::test
