@@ -49,6 +49,7 @@ bool ends_with(const std::string& s, const std::string& t) {
 
 struct Planned {
   std::string name;  // full name as written
+  std::string key;   // name without prefix: seeds the contents (independent of prefix/sharding)
   DType dtype;
   std::vector<int64_t> shape;
   TensorKind kind;
@@ -88,7 +89,7 @@ std::vector<float> dense_values(const Planned& p, Rng& r) {
 }
 
 std::vector<uint8_t> tensor_bytes(const Planned& p, uint64_t seed) {
-  Rng r{name_seed(seed, p.name)};
+  Rng r{name_seed(seed, p.key)};
   std::vector<uint8_t> out(p.nbytes);
   if (p.kind == TensorKind::ExpertPacked) {
     for (auto& b : out) b = uint8_t(r.next());
@@ -150,7 +151,7 @@ void write_synthetic_checkpoint(const json& config, const std::string& dir, cons
   std::vector<std::vector<Unit>> dense_units(c.n_layers + 1), expert_units(c.n_layers);
   ModelWeights w;
   for_each_tensor(c, w, [&](const TensorSpec& s) {
-    Planned p{pfx + s.name, s.is_expert() ? DType::U8 : float_dtype(s.name), s.shape, s.kind};
+    Planned p{pfx + s.name, s.name, s.is_expert() ? DType::U8 : float_dtype(s.name), s.shape, s.kind};
     uint64_t n = 1;
     for (int64_t d : s.shape) n *= uint64_t(d);
     p.nbytes = n * dtype_size(p.dtype);
@@ -200,7 +201,7 @@ void write_synthetic_checkpoint(const json& config, const std::string& dir, cons
     for (const Planned& p : shards[k]) index["weight_map"][p.name] = shard_name(k);
   }
   if (o.vision_shard) {
-    std::vector<Planned> vis = {{"vision_tower.patch_embed.weight", DType::F16, {8, 8}, TensorKind::Float}};
+    std::vector<Planned> vis = {{"vision_tower.patch_embed.weight", "vision", DType::F16, {8, 8}, TensorKind::Float}};
     vis[0].nbytes = 128;
     write_shard(dir + "/" + shard_name(n_text), vis, o.seed);
     index["weight_map"][vis[0].name] = shard_name(n_text);

@@ -1,0 +1,16 @@
+// An independent, naive f64 implementation of the K3 forward pass for tests, written straight from
+// spec kimi-k3.md §4 in whole-sequence form: MLA without absorption (explicit k_nope and v per
+// head), KDA from the full history of pre-conv inputs, experts fully dequantized. It shares only
+// the loaded weights and the MXFP4 codec with the engine.
+#pragma once
+#include <vector>
+
+#include "model/load.h"
+
+namespace wren::test {
+
+/// Teacher-forced pass over `ids`: returns logits [T, V]; fills trace [T, L, D] when non-null.
+std::vector<double> reference_forward(const Model& m, const std::vector<int>& ids,
+                                      std::vector<double>* trace = nullptr);
+
+}  // namespace wren::test
