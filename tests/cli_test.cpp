@@ -70,7 +70,7 @@ TEST(Cli, InspectPrintsArchitecture) {
   std::string out;
   ASSERT_EQ(0, test::run_wren("inspect " + model_arg(), &out)) << out;
   for (const char* s : {"layers: 10 (7 KDA, 3 gated MLA)", "3:MLA+MoE", "0:KDA+dense*", "16 routed experts",
-                        "6528 bytes each", "BF16", "U8"})
+                        "6.53 KB each", "BF16", "U8"})
     EXPECT_NE(out.find(s), std::string::npos) << s << "\n" << out;
 }
 

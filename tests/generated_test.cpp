@@ -89,7 +89,7 @@ TEST_F(Generated, LayerRuleAndTraitsDerivedFromConfig) {
   const Mixer expect[6] = {Mixer::KDA, Mixer::KDA, Mixer::KDA, Mixer::MLA, Mixer::KDA, Mixer::MLA};
   for (int i = 0; i < 6; ++i) {
     EXPECT_EQ(c.layers[i].mixer, expect[i]) << "layer " << i;
-    EXPECT_EQ(c.layers[i].ffn, i < 2 ? Ffn::Dense : Ffn::LatentMoE) << "layer " << i;
+    EXPECT_EQ(c.layers[i].ffn, i < 2 ? Ffn::Dense : Ffn::MoE) << "layer " << i;
     EXPECT_EQ(c.layers[i].snapshot, i == 0) << "block size 8 > 6 layers: one snapshot";
   }
   EXPECT_EQ(model_->ckpt->prefix(), "");

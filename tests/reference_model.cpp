@@ -46,8 +46,9 @@ Vec rms(const Vec& x, const DenseWeight& w, double eps, size_t off = 0, size_t n
 
 double sig(double x) { return 1.0 / (1.0 + std::exp(-x)); }
 
-double situ(double g, double u, double b1, double b2) {
-  return b1 * std::tanh(g / b1) * sig(g) * b2 * std::tanh(u / b2);
+double act(const Config& c, double g, double u) {
+  if (c.act == Activation::SiLU) return g * sig(g) * u;
+  return c.situ_b1 * std::tanh(g / c.situ_b1) * sig(g) * c.situ_b2 * std::tanh(u / c.situ_b2);
 }
 
 Vec mix(const std::vector<Vec>& entries, const DenseWeight& norm, const DenseWeight& proj, double eps) {
@@ -93,7 +94,8 @@ Vec kda(const Config& c, const KdaWeights& w, KdaHistory& hist, const Vec& x) {
   };
   Vec q = conv(hist.q, w.q_conv), k = conv(hist.k, w.k_conv), v = conv(hist.v, w.v_conv);
   Vec z = matvec(w.f_b, matvec(w.f_a, x));
-  const Vec beta = matvec(w.b, x), gate = matvec(w.g, x);
+  const Vec beta = matvec(w.b, x);
+  const Vec gate = c.kda_gate_rank ? matvec(w.g_b, matvec(w.g_a, x)) : matvec(w.g, x);
   Vec out(P);
   for (int h = 0; h < H; ++h) {
     double qs = 0, ks = 0;
@@ -105,7 +107,9 @@ Vec kda(const Config& c, const KdaWeights& w, KdaHistory& hist, const Vec& x) {
     Vec& S = hist.S[h];
     const double b = sig(beta[h]);
     for (int r = 0; r < d; ++r) {
-      const double g = c.gate_lower_bound * sig(std::exp(double(w.a_log.f32()[h])) * (z[h * d + r] + w.dt_bias.f32()[h * d + r]));
+      const double zz = z[h * d + r] + w.dt_bias.f32()[h * d + r], a = std::exp(double(w.a_log.f32()[h]));
+      const double g = c.kda_gate == KdaGate::LowerBound ? c.gate_lower_bound * sig(a * zz)
+                                                         : -a * (zz > 20 ? zz : std::log1p(std::exp(zz)));
       for (int cc = 0; cc < d; ++cc) S[r * d + cc] *= std::exp(g);
     }
     // S_t = (I - b k kᵀ) S + b k vᵀ
@@ -129,7 +133,7 @@ struct MlaHistory {
 
 Vec mla(const Config& c, const MlaWeights& w, MlaHistory& hist, const Vec& x) {
   const int H = c.mla_heads, nope = c.qk_nope, ex = c.qk_extra, vh = c.v_head, qh = nope + ex;
-  const Vec q = matvec(w.q_b, rms(matvec(w.q_a, x), w.q_a_norm, 1e-6));
+  const Vec q = c.q_lora ? matvec(w.q_b, rms(matvec(w.q_a, x), w.q_a_norm, 1e-6)) : matvec(w.q, x);
   const Vec ckv = matvec(w.kv_a, x);
   const Vec lat = rms(ckv, w.kv_a_norm, 1e-6, 0, c.kv_lora);
   const Vec kv = matvec(w.kv_b, lat);  // per head [k_nope | v]
@@ -156,15 +160,17 @@ Vec mla(const Config& c, const MlaWeights& w, MlaHistory& hist, const Vec& x) {
     for (size_t t = 0; t < n; ++t)
       for (int i = 0; i < vh; ++i) ctx[h * vh + i] += s[t] / sum * hist.values[t][h * vh + i];
   }
-  const Vec g = matvec(w.g, x);
-  for (size_t i = 0; i < ctx.size(); ++i) ctx[i] *= sig(g[i]);
+  if (c.mla_out_gate) {
+    const Vec g = matvec(w.g, x);
+    for (size_t i = 0; i < ctx.size(); ++i) ctx[i] *= sig(g[i]);
+  }
   return matvec(w.o, ctx);
 }
 
 Vec glu(const DenseWeight& gw, const DenseWeight& uw, const DenseWeight& dw, const Vec& x, const Config& c) {
   const Vec g = matvec(gw, x), u = matvec(uw, x);
   Vec a(g.size());
-  for (size_t i = 0; i < a.size(); ++i) a[i] = situ(g[i], u[i], c.situ_b1, c.situ_b2);
+  for (size_t i = 0; i < a.size(); ++i) a[i] = act(c, g[i], u[i]);
   return matvec(dw, a);
 }
 
@@ -178,17 +184,24 @@ Vec moe(const Config& c, const MoeWeights& m, const Vec& x) {
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return biased[a] > biased[b]; });
   double total = 0;
   for (int j = 0; j < c.top_k; ++j) total += s[order[j]];
-  const Vec z = matvec(m.down, x);
-  Vec u(c.latent, 0.0);
+  const bool latent = c.moe_kind == MoeKind::Latent;
+  const Vec z = latent ? matvec(m.down, x) : x;
+  Vec u(z.size(), 0.0);
   for (int j = 0; j < c.top_k; ++j) {
     const ExpertRef& e = m.experts[order[j]];
-    const Vec g = mx_matvec(e.w1, z), up = mx_matvec(e.w3, z);
-    Vec a(g.size());
-    for (size_t i = 0; i < a.size(); ++i) a[i] = situ(g[i], up[i], c.situ_b1, c.situ_b2);
-    const Vec y = mx_matvec(e.w2, a);
-    for (int i = 0; i < c.latent; ++i) u[i] += s[order[j]] / total * y[i];
+    Vec y;
+    if (c.expert_format == ExpertFormat::Dense) {
+      y = glu(e.d1, e.d3, e.d2, z, c);
+    } else {
+      const Vec g = mx_matvec(e.w1, z), up = mx_matvec(e.w3, z);
+      Vec a(g.size());
+      for (size_t i = 0; i < a.size(); ++i) a[i] = act(c, g[i], up[i]);
+      y = mx_matvec(e.w2, a);
+    }
+    for (size_t i = 0; i < u.size(); ++i) u[i] += c.routed_scale * s[order[j]] / total * y[i];
   }
-  Vec y = matvec(m.up, c.latent_norm ? rms(u, m.norm, c.rms_eps) : u);
+  Vec y = !latent ? u : matvec(m.up, c.latent_norm ? rms(u, m.norm, c.rms_eps) : u);
+  if (c.n_shared == 0) return y;
   const Vec sh = glu(m.shared_gate, m.shared_up, m.shared_down, x, c);
   for (size_t i = 0; i < y.size(); ++i) y[i] += sh[i];
   return y;
@@ -210,18 +223,20 @@ std::vector<double> reference_forward(const Model& m, const std::vector<int>& id
     for (int i = 0; i < L; ++i) {
       const LayerWeights& l = w.layers[i];
       auto with_p = [&] { auto e = blocks; e.push_back(P); return e; };
+      const bool attnres = c.residual == Residual::AttnRes;
       const Vec h = blocks.empty() ? P : mix(with_p(), l.attn_res_norm, l.attn_res_proj, c.rms_eps);
-      if (i % c.attn_res_block == 0) blocks.push_back(P), P.assign(D, 0.0);
+      if (attnres && i % c.attn_res_block == 0) blocks.push_back(P), P.assign(D, 0.0);
       const Vec xa = rms(h, l.input_norm, c.rms_eps);
       const Vec a = c.layers[i].mixer == Mixer::KDA ? kda(c, l.kda, kh[i], xa) : mla(c, l.mla, mh[i], xa);
       for (int j = 0; j < D; ++j) P[j] += a[j];
-      const Vec xm = rms(mix(with_p(), l.mlp_res_norm, l.mlp_res_proj, c.rms_eps), l.post_norm, c.rms_eps);
+      const Vec xm = rms(attnres ? mix(with_p(), l.mlp_res_norm, l.mlp_res_proj, c.rms_eps) : P, l.post_norm, c.rms_eps);
       const Vec f = c.layers[i].ffn == Ffn::Dense ? glu(l.mlp.gate, l.mlp.up, l.mlp.down, xm, c) : moe(c, l.moe, xm);
       for (int j = 0; j < D; ++j) P[j] += f[j];
       if (trace) trace->insert(trace->end(), P.begin(), P.end());
     }
     blocks.push_back(P);
-    const Vec out = rms(mix(blocks, w.out_res_norm, w.out_res_proj, c.rms_eps), w.final_norm, c.rms_eps);
+    const Vec out = rms(c.residual == Residual::AttnRes ? mix(blocks, w.out_res_norm, w.out_res_proj, c.rms_eps) : P,
+                        w.final_norm, c.rms_eps);
     const Vec lg = matvec(w.lm_head, out);
     logits.insert(logits.end(), lg.begin(), lg.end());
   }

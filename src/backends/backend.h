@@ -26,10 +26,13 @@ struct MlaCache {
   int capacity = 0;
 };
 
-/// KDA constants of one layer for the core op.
+/// KDA constants of one layer for the core op. Decay gate per channel, z = f_b(f_a(x)) + dt_bias:
+/// LowerBound (K3 §4.2): g = lb · σ(exp(A_log[h]) · z); Softplus (Kimi Linear §3.1):
+/// g = −exp(A_log[h]) · softplus(z), softplus(z) = z for z > 20.
 struct KdaParams {
   int heads, head_dim, conv_kernel;
   float gate_lower_bound, eps;
+  KdaGate gate = KdaGate::LowerBound;
 };
 
 /// MLA constants of one layer for the attention op.
@@ -64,6 +67,8 @@ class Backend {
   /// SiTU-GLU (spec §4.4): out[T, n] = [b1 tanh(g/b1) σ(g)] · [b2 tanh(u/b2)], g/u [T, n].
   virtual void situ_glu(const float* g, const float* u, int T, int n, float b1, float b2,
                         float* out) = 0;
+  /// SiLU-GLU (Kimi Linear §3.3): out[T, n] = silu(g) · u.
+  virtual void silu_glu(const float* g, const float* u, int T, int n, float* out) = 0;
   /// y[i] *= σ(gate[i]).
   virtual void sigmoid_gate(float* y, const float* gate, size_t n) = 0;
 
@@ -87,8 +92,8 @@ class Backend {
   /// (ties to the lower id) and their renormalized raw σ weights. ids/weights are HOST [T, k].
   virtual void router_topk(const float* logits, const DenseWeight& bias, int T, int E, int k,
                            int* ids, float* weights) = 0;
-  /// One routed expert on one token (spec §4.4 step 5): y [latent] = SiTU(z·W1ᵀ, z·W3ᵀ)·W2ᵀ,
-  /// computed on the packed MXFP4 layout. z [latent].
+  /// One routed MXFP4 expert on one token (spec §4.4 step 5): y [io] = SiTU(z·W1ᵀ, z·W3ᵀ)·W2ᵀ,
+  /// computed on the packed layout. z [io]. (Dense experts go through gemm + silu_glu.)
   virtual void expert_ffn(const ExpertRef& e, const float* z, float b1, float b2, float* y) = 0;
   /// y [n] = Σ_j w[j] · ys[j] over j < m, in j order (ys [m, n], weights HOST [m]).
   virtual void weighted_sum(const float* ys, const float* weights, int m, int n, float* y) = 0;

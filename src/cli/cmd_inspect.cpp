@@ -25,43 +25,54 @@ void inspect(const std::string& dir) {
   Checkpoint ck(dir);
   const Config& c = ck.config();
   std::printf("model: %s\n", dir.c_str());
-  std::printf("layers: %d (%d KDA, %d gated MLA), hidden %d, vocab %d\n", c.n_layers,
-              c.count(Mixer::KDA), c.count(Mixer::MLA), c.hidden, c.vocab);
+  std::printf("layers: %d (%d KDA, %d %sMLA), hidden %d, vocab %d\n", c.n_layers, c.count(Mixer::KDA),
+              c.count(Mixer::MLA), c.mla_out_gate ? "gated " : "", c.hidden, c.vocab);
   std::printf("layer types:");
   for (int i = 0; i < c.n_layers; ++i)
     std::printf(" %d:%s+%s%s", i, c.layers[i].mixer == Mixer::KDA ? "KDA" : "MLA",
                 c.layers[i].ffn == Ffn::Dense ? "dense" : "MoE", c.layers[i].snapshot ? "*" : "");
-  std::printf("\n  (* = AttnRes block snapshot, block size %d)\n", c.attn_res_block);
-  std::printf("KDA: %d heads x %d, conv %d, gate lower bound %g\n", c.kda_heads, c.kda_head_dim,
-              c.conv_kernel, c.gate_lower_bound);
+  if (c.residual == Residual::AttnRes)
+    std::printf("\n  (* = AttnRes block snapshot, block size %d)", c.attn_res_block);
+  std::printf("\n");
+  std::printf("residual: %s\n", c.residual == Residual::AttnRes ? "AttnRes" : "plain pre-norm");
+  if (c.kda_gate == KdaGate::LowerBound)
+    std::printf("KDA: %d heads x %d, conv %d, decay gate lower bound %g, full-rank output gate\n",
+                c.kda_heads, c.kda_head_dim, c.conv_kernel, c.gate_lower_bound);
+  else
+    std::printf("KDA: %d heads x %d, conv %d, softplus decay gate, output gate rank %d\n", c.kda_heads,
+                c.kda_head_dim, c.conv_kernel, c.kda_gate_rank);
   std::printf("MLA: %d heads, q_lora %d, kv_lora %d, nope %d, extra %d, v %d; cache %d floats/token/layer\n",
               c.mla_heads, c.q_lora, c.kv_lora, c.qk_nope, c.qk_extra, c.v_head, c.mla_cache_width());
-  std::printf("MoE: %d routed experts (MXFP4), top-%d, latent %d, expert width %d, %d shared (width %d); dense MLP width %d\n",
-              c.n_experts, c.top_k, c.latent, c.moe_inter, c.n_shared, c.shared_inter(), c.dense_inter);
+  std::printf("MoE: %s, %d routed experts (%s), top-%d, expert io %d, expert width %d, %d shared (width %d), %s GLU; dense MLP width %d\n",
+              c.moe_kind == MoeKind::Latent ? "LatentMoE" : "plain", c.n_experts,
+              c.expert_format == ExpertFormat::MXFP4 ? "MXFP4" : "dense", c.top_k, c.expert_io(),
+              c.moe_inter, c.n_shared, c.shared_inter(), c.act == Activation::SiTU ? "SiTU" : "SiLU",
+              c.dense_inter);
 
   ModelWeights w;
   int64_t params = 0, expert_params = 0;
   std::map<std::string, uint64_t> bytes_by_dtype;
   uint64_t expert_bytes = 0;
   for_each_tensor(c, w, [&](const TensorSpec& s) {
-    const TensorRef r = ck.require(s.name);
+    const TensorRef r = ck.require(s.name, s.alt_name);
     bytes_by_dtype[dtype_name(r.info->dtype)] += r.info->nbytes;
     int64_t n = 1;
     for (int64_t d : s.shape) n *= d;
-    if (s.kind == TensorKind::ExpertPacked) {
-      expert_params += 2 * n;
-      params += 2 * n;
-    } else if (s.kind == TensorKind::Float) {
-      params += n;
+    if (s.kind == TensorKind::ExpertPacked) n *= 2;  // two e2m1 values per byte
+    if (s.kind == TensorKind::ExpertScale) n = 0;
+    params += n;
+    if (s.expert) {
+      expert_params += n;
+      expert_bytes += r.info->nbytes;
     }
-    if (s.is_expert()) expert_bytes += r.info->nbytes;
   });
   std::printf("parameters: %.3f M total, %.3f M in routed experts\n", params / 1e6, expert_params / 1e6);
   std::printf("bytes by dtype:");
   for (const auto& [name, b] : bytes_by_dtype) std::printf(" %s %s;", name.c_str(), human_bytes(double(b)).c_str());
-  std::printf("\nexperts: %d per MoE layer x %d MoE layers = %lld, %lld bytes each (%s in all)\n",
-              c.n_experts, c.n_layers - c.first_dense,
-              (long long)c.n_experts * (c.n_layers - c.first_dense), (long long)c.expert_bytes(),
+  const long long n_exp = (long long)c.n_experts * (c.n_layers - c.first_dense);
+  std::printf("\nexperts: %d per MoE layer x %d MoE layers = %lld, %s each as stored (%s in all)\n",
+              c.n_experts, c.n_layers - c.first_dense, n_exp,
+              human_bytes(n_exp ? double(expert_bytes) / n_exp : 0).c_str(),
               human_bytes(double(expert_bytes)).c_str());
 }
 

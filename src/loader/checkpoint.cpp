@@ -66,8 +66,9 @@ TensorRef Checkpoint::find(const std::string& name) {
   return {};
 }
 
-TensorRef Checkpoint::require(const std::string& name) {
+TensorRef Checkpoint::require(const std::string& name, const std::string& alt) {
   TensorRef r = find(name);
+  if (!r.info && !alt.empty()) r = find(alt);
   check(r.info != nullptr, index_path_ + ": missing tensor '" + prefix_ + name + "'");
   return r;
 }

@@ -31,8 +31,9 @@ class Checkpoint {
   /// Finds `name` (written without prefix, e.g. "model.norm.weight"), trying the
   /// "language_model." prefix too. Returns nullopt-like {} if absent from the index.
   TensorRef find(const std::string& name);
-  /// Like find(), but throws "missing tensor" naming the index file and the tensor.
-  TensorRef require(const std::string& name);
+  /// Like find(), but throws "missing tensor" naming the index file and the tensor. A non-empty
+  /// `alt` is an accepted alternative name, tried when `name` is absent.
+  TensorRef require(const std::string& name, const std::string& alt = "");
   /// The name prefix the snapshot uses ("language_model." or "").
   const std::string& prefix() const { return prefix_; }
 

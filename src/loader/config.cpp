@@ -84,6 +84,13 @@ class Reader {
     return out;
   }
 
+  /// The first of `keys` present (Kimi Linear configs may use transformers' aliases), else the first.
+  std::string alias(std::initializer_list<const char*> keys) const {
+    for (const char* k : keys)
+      if (has(k)) return k;
+    return *keys.begin();
+  }
+
   Reader child(const std::string& key) const {
     const json& v = need(key, "an object");
     if (!v.is_object()) fail(key, "an object");
@@ -101,9 +108,30 @@ class Reader {
   std::string source_, path_;
 };
 
-void check_flags(const Reader& t, const Reader& root, Config& c) {
-  if (t.string("moe_router_activation_func") != "sigmoid")
+/// Flags both families share (spec kimi-k3.md §10; kimi-linear.md §2).
+void check_common_flags(const Reader& t, const Reader& root) {
+  if (t.has("moe_router_activation_func") && t.string("moe_router_activation_func") != "sigmoid")
     t.unsupported("moe_router_activation_func", "\"sigmoid\"");
+  t.boolean_or("use_grouped_topk", false);
+  const std::string groups = t.alias({"num_expert_group", "n_group"});
+  if (t.integer_or(groups, 1, 0) != 1)
+    t.unsupported(groups, "1 (grouped top-k with several groups is not implemented)");
+  if (t.integer_or("topk_group", 1, 0) != 1) t.unsupported("topk_group", "1");
+  if (t.has("topk_method") && t.string("topk_method") != "noaux_tc")
+    t.unsupported("topk_method", "\"noaux_tc\" or absent");
+  if (t.has("mla_use_nope") && !t.boolean("mla_use_nope"))
+    t.unsupported("mla_use_nope", "true (RoPE is not implemented)");
+  if (t.integer_or("num_nextn_predict_layers", 0, 0) != 0)
+    t.unsupported("num_nextn_predict_layers", "0 (no MTP head)");
+  if (t.integer_or("moe_layer_freq", 1, 0) != 1) t.unsupported("moe_layer_freq", "1");
+  // tie_word_embeddings: root first (where the published file has it), then text_config.
+  const Reader& tw = root.has("tie_word_embeddings") ? root : t;
+  if (tw.boolean("tie_word_embeddings")) tw.unsupported("tie_word_embeddings", "false");
+}
+
+/// K3-only flags (spec kimi-k3.md §10), all required.
+void check_k3_flags(const Reader& t, Config& c) {
+  t.string("moe_router_activation_func");
   if (!t.boolean("moe_renormalize")) t.unsupported("moe_renormalize", "true");
   c.latent_norm = t.boolean("latent_moe_use_norm");
   const double scaling = t.number_or("routed_scaling_factor", 1.0);
@@ -111,21 +139,9 @@ void check_flags(const Reader& t, const Reader& root, Config& c) {
     t.unsupported("routed_scaling_factor",
                   "1.0, or any value while latent_moe_use_norm is true (the latent RMSNorm "
                   "cancels it)");
-  t.boolean_or("use_grouped_topk", false);
-  if (t.integer_or("num_expert_group", 1, 0) != 1)
-    t.unsupported("num_expert_group", "1 (grouped top-k with several groups is not implemented)");
-  if (t.integer_or("topk_group", 1, 0) != 1) t.unsupported("topk_group", "1");
-  if (t.has("topk_method") && t.string("topk_method") != "noaux_tc")
-    t.unsupported("topk_method", "\"noaux_tc\" or absent");
   if (!t.boolean("mla_use_nope")) t.unsupported("mla_use_nope", "true (RoPE is not implemented)");
   if (!t.boolean("mla_use_output_gate")) t.unsupported("mla_use_output_gate", "true");
   if (t.string("hidden_act") != "situ") t.unsupported("hidden_act", "\"situ\"");
-  if (t.integer_or("num_nextn_predict_layers", 0, 0) != 0)
-    t.unsupported("num_nextn_predict_layers", "0 (no MTP head)");
-  if (t.integer_or("moe_layer_freq", 1, 0) != 1) t.unsupported("moe_layer_freq", "1");
-  // tie_word_embeddings: root first (where the published file has it), then text_config.
-  const Reader& tw = root.has("tie_word_embeddings") ? root : t;
-  if (tw.boolean("tie_word_embeddings")) tw.unsupported("tie_word_embeddings", "false");
 }
 
 void check_quantization(const Reader& root, const Reader& t) {
@@ -172,8 +188,7 @@ void derive_layers(const Reader& la, Config& c) {
   c.layers.clear();
   for (int i = 0; i < c.n_layers; ++i)
     c.layers.push_back({is_kda[i] ? Mixer::KDA : Mixer::MLA,
-                        i < c.first_dense ? Ffn::Dense : Ffn::LatentMoE,
-                        i % c.attn_res_block == 0});
+                        i < c.first_dense ? Ffn::Dense : Ffn::MoE, false});
 }
 
 std::vector<int> eos_list(const Reader& r, const std::string& key) {
@@ -185,24 +200,20 @@ std::vector<int> eos_list(const Reader& r, const std::string& key) {
 }  // namespace
 
 int64_t Config::expert_bytes() const {
-  // w1, w3: [moe_inter, latent]; w2: [latent, moe_inter]; packed = n/2 bytes, scales = n/32.
-  const int64_t n = int64_t(moe_inter) * latent;
-  return 3 * (n / 2 + n / mxfp4::kGroup);
+  // w1, w3: [moe_inter, io]; w2: [io, moe_inter]. MXFP4: packed n/2 bytes + n/32 scales per
+  // matrix. Dense experts: the bytes depend on the stored dtype; this counts f32 after load.
+  const int64_t n = int64_t(moe_inter) * expert_io();
+  return expert_format == ExpertFormat::MXFP4 ? 3 * (n / 2 + n / mxfp4::kGroup) : 3 * n * 4;
 }
 
 int Config::count(Mixer m) const {
   return int(std::count_if(layers.begin(), layers.end(), [m](const LayerSpec& l) { return l.mixer == m; }));
 }
 
-Config parse_config(const json& doc, const std::string& source) {
-  if (!doc.is_object()) throw Error(source + ": expected a JSON object at the top level");
-  const Reader root(doc, source, "");
-  const std::string mt = root.string("model_type");
-  if (mt != "kimi_k3") root.unsupported("model_type", "\"kimi_k3\"");
-  const bool nested = root.has("text_config");
-  const Reader t = nested ? root.child("text_config") : root;
+namespace {
 
-  Config c;
+/// Sizes and layout both families share.
+void parse_common(const Reader& root, const Reader& t, Config& c) {
   c.hidden = int(t.integer("hidden_size"));
   c.n_layers = int(t.integer("num_hidden_layers"));
   c.vocab = int(t.integer("vocab_size"));
@@ -210,50 +221,105 @@ Config parse_config(const json& doc, const std::string& source) {
   c.dense_inter = c.first_dense > 0 ? int(t.integer("intermediate_size")) : 0;
   c.rms_eps = float(t.number_or("rms_norm_eps", 1e-5));
   if (!(c.rms_eps > 0)) t.fail("rms_norm_eps", "a positive number");
-  c.attn_res_block = int(t.integer("attn_res_block_size"));
-  c.max_positions = t.integer_or("max_position_embeddings", int64_t(1) << 20, 1, INT64_MAX);
+  const std::string maxpos = t.alias({"max_position_embeddings", "model_max_length"});
+  c.max_positions = t.integer_or(maxpos, int64_t(1) << 20, 1, INT64_MAX);
 
   c.mla_heads = int(t.integer("num_attention_heads"));
-  c.q_lora = int(t.integer("q_lora_rank"));
   c.kv_lora = int(t.integer("kv_lora_rank", 1, 4096));
   c.qk_nope = int(t.integer("qk_nope_head_dim"));
   c.qk_extra = int(t.integer("qk_rope_head_dim", 0));
   c.v_head = int(t.integer("v_head_dim"));
 
-  c.n_experts = int(t.integer("num_experts"));
-  c.top_k = int(t.integer("num_experts_per_token", 1, c.n_experts));
+  c.n_experts = int(t.integer(t.alias({"num_experts", "num_local_experts"})));
+  c.top_k = int(t.integer(t.alias({"num_experts_per_token", "num_experts_per_tok"}), 1, c.n_experts));
   c.moe_inter = int(t.integer("moe_intermediate_size"));
+  c.n_shared = int(t.integer(t.alias({"num_shared_experts", "n_shared_experts"}), 0));
+
+  const Reader la = t.child("linear_attn_config");
+  c.kda_heads = int(la.integer("num_heads"));
+  c.kda_head_dim = int(la.integer("head_dim", 1, 512));
+  c.conv_kernel = int(la.integer("short_conv_kernel_size"));
+
+  c.bos_id = int(root.has("bos_token_id") ? root.integer("bos_token_id", 0)
+                                          : t.integer("bos_token_id", 0));
+  c.eos_ids = root.has("eos_token_id") ? eos_list(root, "eos_token_id") : eos_list(t, "eos_token_id");
+  check_common_flags(t, root);
+  derive_layers(la, c);
+}
+
+/// Kimi K3 (spec kimi-k3.md): AttnRes, bounded KDA gate, full-rank gates, LatentMoE on MXFP4, SiTU.
+void parse_k3(const Reader& root, const Reader& t, Config& c) {
+  c.attn_res_block = int(t.integer("attn_res_block_size"));
+  c.q_lora = int(t.integer("q_lora_rank"));
   c.latent = int(t.integer("routed_expert_hidden_size"));
   if (c.moe_inter % mxfp4::kGroup) t.fail("moe_intermediate_size", "a multiple of 32 (MXFP4 groups)");
   if (c.latent % mxfp4::kGroup) t.fail("routed_expert_hidden_size", "a multiple of 32 (MXFP4 groups)");
-  c.n_shared = int(t.integer("num_shared_experts"));
   c.situ_b1 = float(t.number("activation_situ_beta"));
   c.situ_b2 = float(t.number("activation_situ_linear_beta"));
   if (!(c.situ_b1 > 0)) t.fail("activation_situ_beta", "a positive number");
   if (!(c.situ_b2 > 0)) t.fail("activation_situ_linear_beta", "a positive number");
 
   const Reader la = t.child("linear_attn_config");
-  c.kda_heads = int(la.integer("num_heads"));
-  c.kda_head_dim = int(la.integer("head_dim", 1, 512));
-  c.conv_kernel = int(la.integer("short_conv_kernel_size"));
   // Required for kimi_k3 (spec open question 17: a silent default could build the wrong gate).
   c.gate_lower_bound = float(la.number("gate_lower_bound"));
   if (!(c.gate_lower_bound < 0)) la.fail("gate_lower_bound", "a negative number");
   if (!la.boolean("use_full_rank_gate"))
-    la.unsupported("use_full_rank_gate", "true (the low-rank output gate is not implemented)");
+    la.unsupported("use_full_rank_gate", "true (kimi_k3 uses the full-rank output gate)");
   // A_log is stored zero-padded: [128] for 96 heads x 128 dims at K3, [32] for 4 x 32 in
   // golden/k3-tiny-a. Both equal max(heads, head_dim); the spec does not state the rule.
   c.a_log_len = std::max(c.kda_heads, c.kda_head_dim);
 
-  c.bos_id = int(root.has("bos_token_id") ? root.integer("bos_token_id", 0)
-                                          : t.integer("bos_token_id", 0));
-  c.eos_ids = root.has("eos_token_id") ? eos_list(root, "eos_token_id") : eos_list(t, "eos_token_id");
-
-  check_flags(t, root, c);
+  check_k3_flags(t, c);
   check_quantization(root, t);
-  derive_layers(la, c);
+  for (int i = 0; i < c.n_layers; ++i) c.layers[i].snapshot = i % c.attn_res_block == 0;
   if (c.max_mix_entries() > 16)
     t.fail("attn_res_block_size", "a block size giving at most 16 AttnRes entries (ceil(L/B)+1)");
+}
+
+/// Kimi Linear (spec kimi-linear.md §1-§3): plain residual, softplus KDA gate, low-rank KDA output
+/// gate, MLA without output gate (q LoRA optional), plain MoE with SiLU and dense experts, routed
+/// scaling. K3-only keys are rejected: transformers would silently drop them.
+void parse_kimi_linear(const Reader& t, Config& c) {
+  c.residual = Residual::Plain;
+  c.kda_gate = KdaGate::Softplus;
+  c.kda_gate_rank = c.kda_head_dim;  // g_a_proj [head_dim, D] (spec kimi-linear.md §4.1)
+  c.mla_out_gate = false;
+  c.moe_kind = MoeKind::Plain;
+  c.act = Activation::SiLU;
+  c.expert_format = ExpertFormat::Dense;
+  c.a_log_4d = true;
+  c.a_log_len = c.kda_heads;
+  c.latent_norm = false;
+  c.q_lora = t.has("q_lora_rank") ? int(t.integer("q_lora_rank")) : 0;
+  c.routed_scale = float(t.number_or("routed_scaling_factor", 2.446));  // transformers' default
+  const std::string renorm = t.alias({"moe_renormalize", "norm_topk_prob"});
+  if (!t.boolean_or(renorm, true)) t.unsupported(renorm, "true (unnormalized routing weights are not implemented)");
+  if (t.string("hidden_act") != "silu") t.unsupported("hidden_act", "\"silu\" (kimi_linear)");
+  const Reader la = t.child("linear_attn_config");
+  for (const char* k : {"attn_res_block_size", "routed_expert_hidden_size", "latent_moe_use_norm",
+                        "activation_situ_beta", "activation_situ_linear_beta", "quantization_config"})
+    if (t.has(k)) t.unsupported(k, "absent in a kimi_linear config (a kimi_k3 key that transformers' kimi_linear ignores)");
+  if (t.has("mla_use_output_gate") && t.boolean("mla_use_output_gate"))
+    t.unsupported("mla_use_output_gate", "false or absent (kimi_linear MLA has no output gate)");
+  if (la.has("gate_lower_bound"))
+    la.unsupported("gate_lower_bound", "absent (kimi_linear uses the unbounded softplus gate)");
+  if (la.has("use_full_rank_gate") && la.boolean("use_full_rank_gate"))
+    la.unsupported("use_full_rank_gate", "false or absent (kimi_linear uses the low-rank output gate)");
+  for (LayerSpec& l : c.layers) l.snapshot = false;
+}
+
+}  // namespace
+
+Config parse_config(const json& doc, const std::string& source) {
+  if (!doc.is_object()) throw Error(source + ": expected a JSON object at the top level");
+  const Reader root(doc, source, "");
+  const std::string mt = root.string("model_type");
+  if (mt != "kimi_k3" && mt != "kimi_linear") root.unsupported("model_type", "\"kimi_k3\" or \"kimi_linear\"");
+  const Reader t = root.has("text_config") ? root.child("text_config") : root;
+  Config c;
+  parse_common(root, t, c);
+  if (mt == "kimi_k3") parse_k3(root, t, c);
+  else parse_kimi_linear(t, c);
   return c;
 }
 

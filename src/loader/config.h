@@ -11,8 +11,20 @@ namespace wren {
 
 /// Mixer of one layer: Kimi Delta Attention or gated NoPE MLA (spec §2).
 enum class Mixer { KDA, MLA };
-/// FFN of one layer: dense SiTU-GLU MLP (i < first_k_dense_replace) or Stable LatentMoE.
-enum class Ffn { Dense, LatentMoE };
+/// FFN of one layer: dense GLU MLP (i < first_k_dense_replace) or MoE (kind: Config::moe_kind).
+enum class Ffn { Dense, MoE };
+
+/// Residual stream: K3's AttnRes block mixes, or Kimi Linear's plain pre-norm residual.
+enum class Residual { AttnRes, Plain };
+/// KDA decay gate: K3's bounded `lb·σ(exp(A)·z)` or Kimi Linear's `−exp(A)·softplus(z)`.
+enum class KdaGate { LowerBound, Softplus };
+/// MoE kind: K3's LatentMoE (down/up latent projections, latent RMSNorm) or a plain MoE on the
+/// hidden state (Kimi Linear, DeepSeek-style).
+enum class MoeKind { Latent, Plain };
+/// GLU activation of the dense MLP, experts and shared experts.
+enum class Activation { SiTU, SiLU };
+/// How routed experts are stored: MXFP4 packed + ue8m0 scales, or plain dense `.weight` tensors.
+enum class ExpertFormat { MXFP4, Dense };
 
 /// Per-layer traits derived at load; the forward pass branches only on these.
 struct LayerSpec {
@@ -35,12 +47,22 @@ struct Config {
   int64_t max_positions = 0;
   int bos_id = -1;
   std::vector<int> eos_ids;
+  // Model-wide variant traits (K3 values first; Kimi Linear: spec kimi-linear.md §1)
+  Residual residual = Residual::AttnRes;
+  KdaGate kda_gate = KdaGate::LowerBound;
+  int kda_gate_rank = 0;       ///< KDA output gate: 0 = full-rank g_proj, else g_a/g_b rank
+  bool mla_out_gate = true;    ///< sigmoid output gate on MLA
+  MoeKind moe_kind = MoeKind::Latent;
+  Activation act = Activation::SiTU;
+  ExpertFormat expert_format = ExpertFormat::MXFP4;
+  float routed_scale = 1.f;    ///< applied to routing weights (Kimi Linear); K3 leaves it 1
+  bool a_log_4d = false;       ///< A_log stored [1, 1, H, 1] (Kimi Linear) instead of [a_log_len]
   // KDA (linear_attn_config)
   int kda_heads = 0, kda_head_dim = 0, conv_kernel = 0;
   float gate_lower_bound = 0.f;
   int a_log_len = 0;  ///< stored A_log length (per-head values zero-padded; see config.cpp)
   // MLA
-  int mla_heads = 0, q_lora = 0, kv_lora = 0, qk_nope = 0, qk_extra = 0, v_head = 0;
+  int mla_heads = 0, q_lora = 0, kv_lora = 0, qk_nope = 0, qk_extra = 0, v_head = 0;  ///< q_lora 0 = plain q_proj
   // MoE
   int n_experts = 0, top_k = 0, moe_inter = 0, latent = 0, n_shared = 0;
   float situ_b1 = 0.f, situ_b2 = 0.f;
@@ -53,14 +75,19 @@ struct Config {
   int mla_q_head() const { return qk_nope + qk_extra; }          ///< 192 at K3
   int mla_cache_width() const { return kv_lora + qk_extra; }     ///< 576 floats/token/layer at K3
   int shared_inter() const { return moe_inter * n_shared; }      ///< fused shared-expert width
-  int max_mix_entries() const { return (n_layers + attn_res_block - 1) / attn_res_block + 1; }
+  int max_mix_entries() const {
+    return residual == Residual::AttnRes ? (n_layers + attn_res_block - 1) / attn_res_block + 1 : 1;
+  }
+  /// Width of the routed experts' input/output: the latent (LatentMoE) or the hidden size.
+  int expert_io() const { return moe_kind == MoeKind::Latent ? latent : hidden; }
   /// Bytes of one routed expert's six tensors (w1, w2, w3 packed + ue8m0 scales).
   int64_t expert_bytes() const;
   int count(Mixer m) const;
 };
 
 /// Parses and validates a config.json document. `source` names the file in errors.
-/// Model keys come from `text_config` when present, else the root. Throws wren::Error naming the
+/// `model_type` "kimi_k3" (spec kimi-k3.md) or "kimi_linear" (spec kimi-linear.md) selects the
+/// variant traits. Model keys come from `text_config` when present, else the root. Throws wren::Error naming the
 /// key, the value found and what is accepted (spec §10) for anything unsupported or malformed.
 Config parse_config(const nlohmann::json& doc, const std::string& source);
 

@@ -26,7 +26,7 @@ struct Forward::Buffers {
   std::vector<float*> blocks;         // AttnRes snapshots, each [T, D]
   float *mixed, *nrm, *att, *ffn, *tmp;  // [T, D]
   // KDA
-  float *q, *k, *v, *fa, *z, *beta, *gate, *o;
+  float *q, *k, *v, *fa, *ga, *z, *beta, *gate, *o;
   // MLA
   float *qa, *qan, *qfull, *ckv, *ctx, *mgate;
   // FFN
@@ -54,18 +54,20 @@ Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts)
   b.q = b.make(T * P), b.k = b.make(T * P), b.v = b.make(T * P), b.z = b.make(T * P);
   b.gate = b.make(T * P), b.o = b.make(T * P);
   b.fa = b.make(T * c.kda_head_dim), b.beta = b.make(T * c.kda_heads);
+  b.ga = b.make(T * std::max(c.kda_gate_rank, 1));
   b.qa = b.make(T * c.q_lora), b.qan = b.make(T * c.q_lora);
   b.qfull = b.make(T * c.mla_heads * c.mla_q_head()), b.ckv = b.make(T * c.mla_cache_width());
   b.ctx = b.make(T * c.mla_heads * c.v_head), b.mgate = b.make(T * c.mla_heads * c.v_head);
-  const size_t inter = std::max(c.dense_inter, c.shared_inter());
+  const size_t inter = std::max({c.dense_inter, c.shared_inter(), c.moe_inter});
   b.g = b.make(T * inter), b.u = b.make(T * inter), b.act = b.make(T * inter);
-  b.rlog = b.make(T * c.n_experts), b.lat = b.make(T * c.latent);
-  b.ys = b.make(T * c.top_k * c.latent), b.lsum = b.make(T * c.latent), b.lnorm = b.make(T * c.latent);
+  const size_t io = c.expert_io();
+  b.rlog = b.make(T * c.n_experts), b.lat = b.make(T * io);
+  b.ys = b.make(T * c.top_k * io), b.lsum = b.make(T * io), b.lnorm = b.make(T * io);
   b.ids.resize(T * c.top_k), b.wts.resize(T * c.top_k);
   b.hnorm = b.make(T * D), b.logits = b.make(T * size_t(c.vocab));
   scales_checked_.resize(c.n_layers);
   for (int i = 0; i < c.n_layers; ++i)
-    if (c.layers[i].ffn == Ffn::LatentMoE) scales_checked_[i].assign(c.n_experts, 0);
+    if (c.layers[i].ffn == Ffn::MoE) scales_checked_[i].assign(c.n_experts, 0);
 }
 
 Forward::~Forward() = default;
@@ -91,18 +93,11 @@ void Forward::chunk(SequenceState& st, const int* ids, const float* x0, int T, i
   else be_.embed(w.embed, ids, T, b.P);
 
   int n_blocks = 0;
-  std::vector<const float*> entries;
-  auto mix = [&](const DenseWeight& mw) {  // Mix(blocks + [P]) -> b.mixed
-    entries.assign(b.blocks.begin(), b.blocks.begin() + n_blocks);
-    entries.push_back(b.P);
-    be_.attnres_mix(entries.data(), int(entries.size()), T, int(D), mw, c.rms_eps, b.mixed);
-  };
   for (int i = 0; i < n_layers_; ++i) {
     const LayerWeights& l = w.layers[i];
     const LayerSpec& spec = c.layers[i];
     // Pre-attention mix (skipped while there is no snapshot: the only candidate is P itself).
-    if (n_blocks == 0) be_.copy(b.P, TD, b.mixed);
-    else mix(l.attn_mix);
+    pre_mix(l.attn_mix, b.blocks, n_blocks, T);
     if (spec.snapshot) {  // P becomes a snapshot; a new block starts at zero
       std::swap(b.blocks[n_blocks], b.P);
       ++n_blocks;
@@ -112,7 +107,7 @@ void Forward::chunk(SequenceState& st, const int* ids, const float* x0, int T, i
     if (spec.mixer == Mixer::KDA) kda_layer(l, st.kda(i), T);
     else mla_layer(l, st.mla(i), T);
     be_.add(b.P, b.att, TD);
-    mix(l.mlp_mix);
+    pre_mix(l.mlp_mix, b.blocks, n_blocks, T);
     if (hooks && hooks->dump && i == hooks->dump_layer) dump(hooks, -1, t0, T);  // nrm_attn, att
     be_.rms_norm(b.mixed, T, int(D), l.post_norm, c.rms_eps, b.nrm);
     if (spec.ffn == Ffn::Dense) dense_mlp(l, T);
@@ -127,6 +122,26 @@ void Forward::chunk(SequenceState& st, const int* ids, const float* x0, int T, i
   if (logits) head(n_blocks, T, logits, all_logits);
 }
 
+/// b.mixed = Mix(blocks + [P]) (AttnRes, spec §4.1), or P itself when there is nothing to mix:
+/// before the first snapshot, and always with the plain residual (Kimi Linear), whose sublayer
+/// input is the residual stream.
+void Forward::pre_mix(const DenseWeight& w, const std::vector<float*>& blocks, int n_blocks, int T) {
+  Buffers& b = *buf_;
+  const size_t D = cfg_.hidden;
+  if (n_blocks == 0) {
+    be_.copy(b.P, T * D, b.mixed);
+    return;
+  }
+  std::vector<const float*> entries(blocks.begin(), blocks.begin() + n_blocks);
+  entries.push_back(b.P);
+  be_.attnres_mix(entries.data(), int(entries.size()), T, int(D), w, cfg_.rms_eps, b.mixed);
+}
+
+void Forward::glu(const float* g, const float* u, int T, int n, float* out) {
+  if (cfg_.act == Activation::SiTU) be_.situ_glu(g, u, T, n, cfg_.situ_b1, cfg_.situ_b2, out);
+  else be_.silu_glu(g, u, T, n, out);
+}
+
 void Forward::kda_layer(const LayerWeights& l, KdaState& s, int T) {
   Buffers& b = *buf_;
   const KdaWeights& k = l.kda;
@@ -136,8 +151,14 @@ void Forward::kda_layer(const LayerWeights& l, KdaState& s, int T) {
   be_.gemm(k.f_a, b.nrm, T, b.fa);
   be_.gemm(k.f_b, b.fa, T, b.z);
   be_.gemm(k.b, b.nrm, T, b.beta);
-  be_.gemm(k.g, b.nrm, T, b.gate);
-  const KdaParams p{cfg_.kda_heads, cfg_.kda_head_dim, cfg_.conv_kernel, cfg_.gate_lower_bound, cfg_.rms_eps};
+  if (cfg_.kda_gate_rank == 0) {
+    be_.gemm(k.g, b.nrm, T, b.gate);
+  } else {  // low-rank output gate (Kimi Linear)
+    be_.gemm(k.g_a, b.nrm, T, b.ga);
+    be_.gemm(k.g_b, b.ga, T, b.gate);
+  }
+  const KdaParams p{cfg_.kda_heads, cfg_.kda_head_dim, cfg_.conv_kernel, cfg_.gate_lower_bound,
+                    cfg_.rms_eps, cfg_.kda_gate};
   be_.kda_core(p, k, s, b.q, b.k, b.v, b.z, b.beta, b.gate, T, b.o);
   be_.gemm(k.o, b.o, T, b.att);
 }
@@ -145,14 +166,20 @@ void Forward::kda_layer(const LayerWeights& l, KdaState& s, int T) {
 void Forward::mla_layer(const LayerWeights& l, MlaCache& cache, int T) {
   Buffers& b = *buf_;
   const MlaWeights& m = l.mla;
-  be_.gemm(m.q_a, b.nrm, T, b.qa);
-  be_.rms_norm(b.qa, T, cfg_.q_lora, m.q_a_norm, cfg_.mla_latent_eps, b.qan);
-  be_.gemm(m.q_b, b.qan, T, b.qfull);
+  if (cfg_.q_lora > 0) {
+    be_.gemm(m.q_a, b.nrm, T, b.qa);
+    be_.rms_norm(b.qa, T, cfg_.q_lora, m.q_a_norm, cfg_.mla_latent_eps, b.qan);
+    be_.gemm(m.q_b, b.qan, T, b.qfull);
+  } else {
+    be_.gemm(m.q, b.nrm, T, b.qfull);
+  }
   be_.gemm(m.kv_a, b.nrm, T, b.ckv);
   const MlaParams p{cfg_.mla_heads, cfg_.qk_nope, cfg_.qk_extra, cfg_.v_head, cfg_.kv_lora, cfg_.mla_latent_eps};
   be_.mla_attend(p, m, cache, b.qfull, b.ckv, T, b.ctx);
-  be_.gemm(m.g, b.nrm, T, b.mgate);
-  be_.sigmoid_gate(b.ctx, b.mgate, size_t(T) * cfg_.mla_heads * cfg_.v_head);
+  if (cfg_.mla_out_gate) {
+    be_.gemm(m.g, b.nrm, T, b.mgate);
+    be_.sigmoid_gate(b.ctx, b.mgate, size_t(T) * cfg_.mla_heads * cfg_.v_head);
+  }
   be_.gemm(m.o, b.ctx, T, b.att);
 }
 
@@ -160,53 +187,76 @@ void Forward::dense_mlp(const LayerWeights& l, int T) {
   Buffers& b = *buf_;
   be_.gemm(l.mlp.gate, b.nrm, T, b.g);
   be_.gemm(l.mlp.up, b.nrm, T, b.u);
-  be_.situ_glu(b.g, b.u, T, cfg_.dense_inter, cfg_.situ_b1, cfg_.situ_b2, b.act);
+  glu(b.g, b.u, T, cfg_.dense_inter, b.act);
   be_.gemm(l.mlp.down, b.act, T, b.ffn);
 }
 
 void Forward::moe(int layer, const MoeWeights& m, int T) {
   Buffers& b = *buf_;
   const Config& c = cfg_;
-  const int K = c.top_k, Lt = c.latent;
+  const size_t D = c.hidden;
+  if (c.moe_kind == MoeKind::Latent) {  // Stable LatentMoE (spec §4.4)
+    be_.gemm(m.down, b.nrm, T, b.lat);
+    routed_experts(layer, m, b.lat, T, b.lsum);
+    const float* u = b.lsum;
+    if (c.latent_norm) {
+      be_.rms_norm(b.lsum, T, c.latent, m.norm, c.rms_eps, b.lnorm);
+      u = b.lnorm;
+    }
+    be_.gemm(m.up, u, T, b.ffn);
+  } else {  // plain MoE on the hidden state (Kimi Linear §3.3)
+    routed_experts(layer, m, b.nrm, T, b.ffn);
+  }
+  if (c.n_shared > 0) {
+    const int S = c.shared_inter();
+    be_.gemm(m.shared_gate, b.nrm, T, b.g);
+    be_.gemm(m.shared_up, b.nrm, T, b.u);
+    glu(b.g, b.u, T, S, b.act);
+    be_.gemm(m.shared_down, b.act, T, b.tmp);
+    be_.add(b.ffn, b.tmp, size_t(T) * D);
+  }
+}
+
+/// out[T, io] = Σ_k w_k · expert_k(z) over each token's top-k (spec §4.4 steps 1-5).
+void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int T, float* out) {
+  Buffers& b = *buf_;
+  const Config& c = cfg_;
+  const int K = c.top_k, io = c.expert_io();
   be_.gemm(m.router, b.nrm, T, b.rlog);
   be_.router_topk(b.rlog, m.bias, T, c.n_experts, K, b.ids.data(), b.wts.data());
-  be_.gemm(m.down, b.nrm, T, b.lat);
+  if (c.routed_scale != 1.f)
+    for (int j = 0; j < T * K; ++j) b.wts[j] *= c.routed_scale;
   // Each unique expert once over the chunk (batch union); outputs land per (token, slot) so the
   // weighted sum below runs in slot order whatever the grouping.
   std::vector<int> order(size_t(T) * K);
   for (size_t j = 0; j < order.size(); ++j) order[j] = int(j);
   std::stable_sort(order.begin(), order.end(), [&](int a, int bb) { return b.ids[a] < b.ids[bb]; });
   for (int j : order) {
-    const int e = b.ids[j], t = j / K;
-    if (!scales_checked_[layer][e]) {
-      validate_expert_scales(m.experts[e]);
-      scales_checked_[layer][e] = 1;
+    const ExpertRef& e = m.experts[b.ids[j]];
+    const float* zt = z + size_t(j / K) * io;
+    float* y = b.ys + size_t(j) * io;
+    if (c.expert_format == ExpertFormat::Dense) {
+      be_.gemm(e.d1, zt, 1, b.g);
+      be_.gemm(e.d3, zt, 1, b.u);
+      glu(b.g, b.u, 1, c.moe_inter, b.act);
+      be_.gemm(e.d2, b.act, 1, y);
+      continue;
     }
-    be_.expert_ffn(m.experts[e], b.lat + size_t(t) * Lt, c.situ_b1, c.situ_b2, b.ys + size_t(j) * Lt);
+    if (!scales_checked_[layer][b.ids[j]]) {
+      validate_expert_scales(e);
+      scales_checked_[layer][b.ids[j]] = 1;
+    }
+    be_.expert_ffn(e, zt, c.situ_b1, c.situ_b2, y);
   }
   for (int t = 0; t < T; ++t)
-    be_.weighted_sum(b.ys + size_t(t) * K * Lt, b.wts.data() + size_t(t) * K, K, Lt, b.lsum + size_t(t) * Lt);
-  const float* u = b.lsum;
-  if (c.latent_norm) {
-    be_.rms_norm(b.lsum, T, Lt, m.norm, c.rms_eps, b.lnorm);
-    u = b.lnorm;
-  }
-  be_.gemm(m.up, u, T, b.ffn);
-  const int S = c.shared_inter();
-  be_.gemm(m.shared_gate, b.nrm, T, b.g);
-  be_.gemm(m.shared_up, b.nrm, T, b.u);
-  be_.situ_glu(b.g, b.u, T, S, c.situ_b1, c.situ_b2, b.act);
-  be_.gemm(m.shared_down, b.act, T, b.tmp);
-  be_.add(b.ffn, b.tmp, size_t(T) * c.hidden);
+    be_.weighted_sum(b.ys + size_t(t) * K * io, b.wts.data() + size_t(t) * K, K, io, out + size_t(t) * io);
 }
 
 void Forward::head(int n_blocks, int T, float* logits, bool all_logits) {
   Buffers& b = *buf_;
   const ModelWeights& w = model_.weights;
   const size_t D = cfg_.hidden, V = cfg_.vocab;
-  std::vector<const float*> entries(b.blocks.begin(), b.blocks.begin() + n_blocks);
-  entries.push_back(b.P);
-  be_.attnres_mix(entries.data(), int(entries.size()), T, int(D), w.out_mix, cfg_.rms_eps, b.mixed);
+  pre_mix(w.out_mix, b.blocks, n_blocks, T);  // final mix (the residual itself when plain)
   // Only the last position needs the head unless every position's logits are asked for.
   const int first = all_logits ? 0 : T - 1, n = T - first;
   be_.rms_norm(b.mixed + first * D, n, int(D), w.final_norm, cfg_.rms_eps, b.hnorm);

@@ -54,6 +54,9 @@ class Forward {
   void moe(int layer, const MoeWeights& m, int T);
   void head(int n_entries, int T, float* logits, bool all_logits);
   void dump(const ForwardHooks* h, int layer, int t0, int T);
+  void pre_mix(const DenseWeight& w, const std::vector<float*>& blocks, int n_blocks, int T);
+  void glu(const float* g, const float* u, int T, int n, float* out);
+  void routed_experts(int layer, const MoeWeights& m, const float* z, int T, float* out);
 
   const Model& model_;
   const Config& cfg_;

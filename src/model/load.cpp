@@ -40,7 +40,7 @@ void upcast(const TensorRef& r, float* dst) {
 }
 
 void load_tensor(Checkpoint& ck, ModelWeights& w, const TensorSpec& s) {
-  const TensorRef r = ck.require(s.name);
+  const TensorRef r = ck.require(s.name, s.alt_name);
   const std::string where = r.file->path() + ": tensor '" + r.info->name + "'";
   check(r.info->shape == s.shape,
         where + ": shape " + shape_str(r.info->shape) + ", expected " + shape_str(s.shape));
@@ -85,11 +85,13 @@ std::unique_ptr<Model> load_model(const std::string& dir) {
   m->config = m->ckpt->config();
   ModelWeights& w = m->weights;
   for_each_tensor(m->config, w, [&](const TensorSpec& s) { load_tensor(*m->ckpt, w, s); });
-  for (LayerWeights& l : w.layers) {
-    mix_vector(w, l.attn_res_norm, l.attn_res_proj, l.attn_mix);
-    mix_vector(w, l.mlp_res_norm, l.mlp_res_proj, l.mlp_mix);
+  if (m->config.residual == Residual::AttnRes) {
+    for (LayerWeights& l : w.layers) {
+      mix_vector(w, l.attn_res_norm, l.attn_res_proj, l.attn_mix);
+      mix_vector(w, l.mlp_res_norm, l.mlp_res_proj, l.mlp_mix);
+    }
+    mix_vector(w, w.out_res_norm, w.out_res_proj, w.out_mix);
   }
-  mix_vector(w, w.out_res_norm, w.out_res_proj, w.out_mix);
   return m;
 }
 

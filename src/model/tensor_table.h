@@ -17,14 +17,15 @@ enum class TensorKind { Float, ExpertPacked, ExpertScale };
 /// One entry of the table.
 struct TensorSpec {
   std::string name;            ///< checkpoint name without the "language_model." prefix
+  std::string alt_name;        ///< accepted alternative name, if any (e.g. Kimi Linear layer 0)
   std::vector<int64_t> shape;  ///< expected shape
   TensorKind kind = TensorKind::Float;
   int layer = -1;              ///< -1 for global tensors
   DenseWeight* dense = nullptr;      ///< destination of a Float tensor
   const uint8_t** bytes = nullptr;   ///< destination of an expert tensor's bytes
-  ExpertRef* expert = nullptr;       ///< owning expert (expert tensors)
+  ExpertRef* expert = nullptr;       ///< owning routed expert (MXFP4 or dense expert tensors)
   int part = 0;                      ///< 0..5: w1.packed, w1.scale, w2.packed, w2.scale, w3.packed, w3.scale
-  bool is_expert() const { return kind != TensorKind::Float; }
+  bool is_expert() const { return kind != TensorKind::Float; }  ///< an MXFP4 expert tensor
 };
 
 /// Visits every tensor of the text model in a fixed order (globals, then per layer; each expert's

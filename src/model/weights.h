@@ -28,11 +28,13 @@ struct MxMatrix {
   const uint8_t* scale = nullptr;
 };
 
-/// One routed expert: w1 (gate) and w3 (up) [moe_inter, latent], w2 (down) [latent, moe_inter].
-/// Its six tensors are stored back to back in `file` at [offset, offset + nbytes) when
-/// `contiguous` (spec §3.7), which the expert store uses for single reads.
+/// One routed expert: w1 (gate) and w3 (up) [moe_inter, io], w2 (down) [io, moe_inter], io = the
+/// latent (K3) or hidden size (Kimi Linear). MXFP4 experts use w1/w2/w3 (six tensors stored back
+/// to back in `file` at [offset, offset + nbytes) when `contiguous`, spec §3.7, which the expert
+/// store uses for single reads); dense experts (Kimi Linear) use d1/d2/d3.
 struct ExpertRef {
   MxMatrix w1, w2, w3;
+  DenseWeight d1, d2, d3;
   std::string name;  ///< "model.layers.N.block_sparse_moe.experts.E" (prefix as in the checkpoint)
   std::string file;  ///< shard path
   uint64_t offset = 0, nbytes = 0;
@@ -47,19 +49,21 @@ struct KdaWeights {
   DenseWeight a_log;           ///< [a_log_len], first H entries used
   DenseWeight dt_bias;         ///< [P]
   DenseWeight b;               ///< [H, D]
-  DenseWeight g;               ///< [P, D] full-rank output gate
+  DenseWeight g;               ///< [P, D] full-rank output gate (K3)
+  DenseWeight g_a, g_b;        ///< [rank, D], [P, rank] low-rank output gate (Kimi Linear)
   DenseWeight o_norm;          ///< [head_dim], shared by all heads
   DenseWeight o;               ///< [D, P]
 };
 
 struct MlaWeights {
+  DenseWeight q;          ///< [H * (nope + extra), D] when there is no q LoRA (Kimi Linear)
   DenseWeight q_a;        ///< [q_lora, D]
   DenseWeight q_a_norm;   ///< [q_lora]
   DenseWeight q_b;        ///< [H * (nope + extra), q_lora]
   DenseWeight kv_a;       ///< [kv_lora + extra, D]
   DenseWeight kv_a_norm;  ///< [kv_lora]
   DenseWeight kv_b;       ///< [H * (nope + v), kv_lora]
-  DenseWeight g;          ///< [H * v, D]
+  DenseWeight g;          ///< [H * v, D] output gate (absent without mla_out_gate)
   DenseWeight o;          ///< [D, H * v]
 };
 

@@ -24,6 +24,7 @@ class CpuBackend final : public Backend {
   void rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) override;
   void add(float* y, const float* x, size_t n) override;
   void situ_glu(const float* g, const float* u, int T, int n, float b1, float b2, float* out) override;
+  void silu_glu(const float* g, const float* u, int T, int n, float* out) override;
   void sigmoid_gate(float* y, const float* gate, size_t n) override;
 
   void attnres_mix(const float* const* entries, int n_entries, int T, int D, const DenseWeight& w,

@@ -47,6 +47,10 @@ void CpuBackend::situ_glu(const float* g, const float* u, int T, int n, float b1
   for (size_t i = 0; i < size_t(T) * n; ++i) out[i] = cpu::situ(g[i], u[i], b1, b2);
 }
 
+void CpuBackend::silu_glu(const float* g, const float* u, int T, int n, float* out) {
+  for (size_t i = 0; i < size_t(T) * n; ++i) out[i] = g[i] * cpu::sigmoid(g[i]) * u[i];
+}
+
 void CpuBackend::sigmoid_gate(float* y, const float* gate, size_t n) {
   for (size_t i = 0; i < n; ++i) y[i] *= cpu::sigmoid(gate[i]);
 }

@@ -70,7 +70,9 @@ void CpuBackend::kda_core(const KdaParams& p, const KdaWeights& w, KdaState& s, 
       const float a = std::exp(w.a_log.f32()[h]);
       for (int r = 0; r < d; ++r) {
         const int c = h * d + r;
-        const float g = p.gate_lower_bound * cpu::sigmoid(a * (z[size_t(t) * P + c] + w.dt_bias.f32()[c]));
+        const float zc = z[size_t(t) * P + c] + w.dt_bias.f32()[c];
+        const float g = p.gate == KdaGate::LowerBound ? p.gate_lower_bound * cpu::sigmoid(a * zc)
+                                                      : -a * (zc > 20.f ? zc : std::log1p(std::exp(zc)));
         alpha[r] = std::exp(g);
       }
       const float b = cpu::sigmoid(beta[size_t(t) * H + h]);
