@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "runtime/f32_file.h"
 #include "core/error.h"
+#include "runtime/expert_store.h"
 #include "runtime/generate.h"
 
 namespace wren::cli {
@@ -17,7 +18,7 @@ namespace wren::cli {
 namespace {
 
 struct RunArgs {
-  std::string model, ids, trace, logits, x0, dump_dir;
+  std::string model, ids, trace, logits, x0, dump_dir, expert_cache, direct = "auto";
   int n = 16, layers = -1, dump_layer = -1, dump_token = 0, chunk = 32, ctx = 4096;
   bool json = false;
 };
@@ -47,7 +48,10 @@ void run(const RunArgs& a) {
   const Config& c = model->config;
   const int T = int(prompt.size());
   CpuBackend be;
-  Forward fwd(*model, be, {a.chunk, a.layers});
+  std::unique_ptr<ExpertStore> store;
+  if (c.expert_format == ExpertFormat::MXFP4)
+    store = open_expert_store(model->weights, c, a.expert_cache, a.direct, true);
+  Forward fwd(*model, be, {a.chunk, a.layers}, store.get());
   SequenceState st(be, c, std::max(a.ctx, T + a.n));
 
   std::vector<float> x0, trace, logits, dump;
@@ -91,17 +95,32 @@ void run(const RunArgs& a) {
       write_f32(a.dump_dir + "/" + names[i] + ".f32",
                 std::vector<float>(dump.begin() + i * c.hidden, dump.begin() + (i + 1) * c.hidden));
   }
+  nlohmann::json js = {{"prompt_tokens", stats.prompt_tokens},
+                       {"generated_tokens", stats.generated_tokens},
+                       {"prefill_s", stats.prefill_s},
+                       {"decode_s", stats.decode_s},
+                       {"peak_rss_bytes", peak_rss_bytes()}};
+  if (store) {
+    const ExpertStoreStats& x = store->stats();
+    js["experts"] = {{"hits", x.hits}, {"misses", x.misses}, {"hit_rate", x.hit_rate()},
+                     {"bytes_read", x.bytes_read}, {"read_s", x.read_s}, {"io_wait_s", x.wait_s},
+                     {"compute_s", x.compute_s}, {"evictions", x.evictions}};
+    std::fprintf(stderr, "wren: experts: %llu hits, %llu misses (hit rate %.1f%%), %.1f MB read (%.2f GB/s per loader), I/O wait %.3f s, expert compute %.3f s\n",
+                 (unsigned long long)x.hits, (unsigned long long)x.misses, 100 * x.hit_rate(), x.bytes_read / 1e6,
+                 x.read_s > 0 ? x.bytes_read / x.read_s / 1e9 : 0.0, x.wait_s, x.compute_s);
+  }
   if (a.json) {
-    nlohmann::json j = {{"prompt_ids", prompt}, {"output_ids", out}};
+    nlohmann::json j = {{"prompt_ids", prompt}, {"output_ids", out}, {"stats", js}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
     std::printf("\n");
   }
-  std::fprintf(stderr, "wren: %d prompt tokens, prefill %.1f tok/s; %d generated, decode %.1f tok/s\n",
+  std::fprintf(stderr, "wren: %d prompt tokens, prefill %.1f tok/s; %d generated, decode %.1f tok/s; peak RSS %.1f MB\n",
                stats.prompt_tokens, stats.prompt_tokens / std::max(stats.prefill_s, 1e-9),
                stats.generated_tokens,
-               stats.generated_tokens > 1 ? (stats.generated_tokens - 1) / std::max(stats.decode_s, 1e-9) : 0.0);
+               stats.generated_tokens > 1 ? (stats.generated_tokens - 1) / std::max(stats.decode_s, 1e-9) : 0.0,
+               peak_rss_bytes() / 1e6);
 }
 
 }  // namespace
@@ -121,6 +140,8 @@ void add_run(CLI::App& app) {
   sub->add_option("--dump-token", a->dump_token, "Prompt position to dump (default 0)");
   sub->add_option("--dump-dir", a->dump_dir, "Folder for nrm_attn/att/nrm_mlp/mlp/hidden .f32 files");
   sub->add_option("--chunk", a->chunk, "Prefill chunk (tokens per layer-major pass)")->check(CLI::PositiveNumber);
+  sub->add_option("--expert-cache", a->expert_cache, "Expert cache budget, e.g. 8G, 512M (default: from available RAM)");
+  sub->add_option("--direct", a->direct, "O_DIRECT expert reads: auto, on or off");
   sub->add_option("--ctx", a->ctx, "Context capacity in tokens (MLA cache size)")->check(CLI::PositiveNumber);
   sub->callback([a] { run(*a); });
 }

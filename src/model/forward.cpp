@@ -38,8 +38,12 @@ struct Forward::Buffers {
   float *hnorm, *logits;
 };
 
-Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts)
-    : model_(model), cfg_(model.config), be_(backend), opts_(opts) {
+Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts, ExpertSource* experts)
+    : model_(model), cfg_(model.config), be_(backend), opts_(opts), experts_(experts) {
+  if (!experts_) {
+    own_experts_ = std::make_unique<MappedExperts>(model.weights);
+    experts_ = own_experts_.get();
+  }
   const Config& c = cfg_;
   n_layers_ = opts.layers < 0 ? c.n_layers : std::min(opts.layers, c.n_layers);
   check(opts_.max_chunk >= 1, "--chunk must be at least 1");
@@ -65,9 +69,6 @@ Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts)
   b.ys = b.make(T * c.top_k * io), b.lsum = b.make(T * io), b.lnorm = b.make(T * io);
   b.ids.resize(T * c.top_k), b.wts.resize(T * c.top_k);
   b.hnorm = b.make(T * D), b.logits = b.make(T * size_t(c.vocab));
-  scales_checked_.resize(c.n_layers);
-  for (int i = 0; i < c.n_layers; ++i)
-    if (c.layers[i].ffn == Ffn::MoE) scales_checked_[i].assign(c.n_experts, 0);
 }
 
 Forward::~Forward() = default;
@@ -227,26 +228,31 @@ void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int
   if (c.routed_scale != 1.f)
     for (int j = 0; j < T * K; ++j) b.wts[j] *= c.routed_scale;
   // Each unique expert once over the chunk (batch union); outputs land per (token, slot) so the
-  // weighted sum below runs in slot order whatever the grouping.
-  std::vector<int> order(size_t(T) * K);
-  for (size_t j = 0; j < order.size(); ++j) order[j] = int(j);
-  std::stable_sort(order.begin(), order.end(), [&](int a, int bb) { return b.ids[a] < b.ids[bb]; });
-  for (int j : order) {
-    const ExpertRef& e = m.experts[b.ids[j]];
-    const float* zt = z + size_t(j / K) * io;
-    float* y = b.ys + size_t(j) * io;
-    if (c.expert_format == ExpertFormat::Dense) {
-      be_.gemm(e.d1, zt, 1, b.g);
-      be_.gemm(e.d3, zt, 1, b.u);
-      glu(b.g, b.u, 1, c.moe_inter, b.act);
-      be_.gemm(e.d2, b.act, 1, y);
-      continue;
+  // weighted sum below runs in slot order whatever the grouping or the source's visiting order.
+  std::vector<std::vector<int>> uses(c.n_experts);  // expert -> (token * K + slot) entries
+  std::vector<int> unique;
+  for (int j = 0; j < T * K; ++j) {
+    if (uses[b.ids[j]].empty()) unique.push_back(b.ids[j]);
+    uses[b.ids[j]].push_back(j);
+  }
+  auto run_expert = [&](int e, const ExpertRef& ref) {
+    for (int j : uses[e]) {
+      const float* zt = z + size_t(j / K) * io;
+      float* y = b.ys + size_t(j) * io;
+      if (c.expert_format == ExpertFormat::Dense) {
+        be_.gemm(ref.d1, zt, 1, b.g);
+        be_.gemm(ref.d3, zt, 1, b.u);
+        glu(b.g, b.u, 1, c.moe_inter, b.act);
+        be_.gemm(ref.d2, b.act, 1, y);
+      } else {
+        be_.expert_ffn(ref, zt, c.situ_b1, c.situ_b2, y);
+      }
     }
-    if (!scales_checked_[layer][b.ids[j]]) {
-      validate_expert_scales(e);
-      scales_checked_[layer][b.ids[j]] = 1;
-    }
-    be_.expert_ffn(e, zt, c.situ_b1, c.situ_b2, y);
+  };
+  if (c.expert_format == ExpertFormat::Dense) {  // dense experts are resident weights
+    for (int e : unique) run_expert(e, m.experts[e]);
+  } else {
+    experts_->visit(layer, unique, run_expert);
   }
   for (int t = 0; t < T; ++t)
     be_.weighted_sum(b.ys + size_t(t) * K * io, b.wts.data() + size_t(t) * K, K, io, out + size_t(t) * io);

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "model/expert_source.h"
 #include "model/load.h"
 #include "model/state.h"
 
@@ -29,7 +30,9 @@ struct ForwardOptions {
 /// config and max_chunk).
 class Forward {
  public:
-  Forward(const Model& model, Backend& backend, ForwardOptions opts = {});
+  /// `experts` supplies the routed MXFP4 experts; null = read them through the shard mappings.
+  Forward(const Model& model, Backend& backend, ForwardOptions opts = {},
+          ExpertSource* experts = nullptr);
   ~Forward();
   Forward(const Forward&) = delete;
   Forward& operator=(const Forward&) = delete;
@@ -64,7 +67,8 @@ class Forward {
   ForwardOptions opts_;
   int n_layers_;
   std::unique_ptr<Buffers> buf_;
-  std::vector<std::vector<char>> scales_checked_;  ///< [layer][expert]: ue8m0 bytes validated
+  std::unique_ptr<ExpertSource> own_experts_;  ///< the mapped source when none was given
+  ExpertSource* experts_;
 };
 
 }  // namespace wren

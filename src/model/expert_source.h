@@ -1,0 +1,35 @@
+// Where the forward pass gets routed MXFP4 experts from: straight from the memory-mapped shards
+// (MappedExperts) or from the bounded, streaming expert store (runtime/expert_store.h).
+#pragma once
+#include <functional>
+#include <vector>
+
+#include "model/weights.h"
+
+namespace wren {
+
+/// Expert access for one MoE layer at a time. `visit` calls fn(e, view) once for each expert id
+/// in `experts` (unique ids), with a view whose MxMatrix pointers stay valid during the call only.
+/// Implementations choose the order (to overlap I/O with compute); results never depend on it.
+/// Throws wren::Error naming file and tensor on a read failure or a ue8m0 scale byte 255.
+class ExpertSource {
+ public:
+  virtual ~ExpertSource() = default;
+  virtual void visit(int layer, const std::vector<int>& experts,
+                     const std::function<void(int e, const ExpertRef& view)>& fn) = 0;
+};
+
+/// Experts read through the shards' memory mappings (pages fault in on first use). Each expert's
+/// scales are validated the first time it is used.
+class MappedExperts final : public ExpertSource {
+ public:
+  explicit MappedExperts(const ModelWeights& w);
+  void visit(int layer, const std::vector<int>& experts,
+             const std::function<void(int e, const ExpertRef& view)>& fn) override;
+
+ private:
+  const ModelWeights& w_;
+  std::vector<std::vector<char>> checked_;  ///< [layer][expert]
+};
+
+}  // namespace wren
