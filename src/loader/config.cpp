@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "core/mxfp4.h"
+#include "loader/json_brief.h"
 
 namespace wren {
 
@@ -26,8 +27,7 @@ class Reader {
   std::string where(const std::string& key) const { return source_ + ": " + path_ + key; }
 
   [[noreturn]] void fail(const std::string& key, const std::string& expected) const {
-    std::string found = has(key) ? obj_[key].dump() : std::string("nothing (key missing)");
-    if (found.size() > 80) found = found.substr(0, 77) + "...";
+    const std::string found = has(key) ? json_brief(obj_[key]) : std::string("nothing (key missing)");
     throw Error(where(key) + ": expected " + expected + ", found " + found);
   }
 
@@ -99,7 +99,7 @@ class Reader {
 
   /// Rejects a flag value the engine does not implement (spec §10): names key, value, accepted.
   [[noreturn]] void unsupported(const std::string& key, const std::string& accepted) const {
-    throw Error(where(key) + ": value " + obj_[key].dump() + " is not supported by Wren (accepted: " +
+    throw Error(where(key) + ": value " + json_brief(obj_[key]) + " is not supported by Wren (accepted: " +
                 accepted + ")");
   }
 
@@ -145,7 +145,8 @@ void check_k3_flags(const Reader& t, Config& c) {
 }
 
 void check_quantization(const Reader& root, const Reader& t) {
-  const Reader& where = root.has("quantization_config") ? root : t;
+  // Root first (where the published file has it); when absent everywhere, the error names the root.
+  const Reader& where = !root.has("quantization_config") && t.has("quantization_config") ? t : root;
   const Reader q = where.child("quantization_config");
   const std::string accepted = "compressed-tensors mxfp4-pack-quantized, 4 bits, group 32, weights only";
   if (q.string("quant_method") != "compressed-tensors") q.unsupported("quant_method", accepted);

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "loader/json_brief.h"
 
 namespace wren {
 
@@ -27,18 +28,19 @@ TensorInfo parse_entry(const std::string& name, const json& v, uint64_t data_sta
   t.name = name;
   check(v.contains("dtype") && v["dtype"].is_string(), where + ": missing string 'dtype'");
   check(parse_dtype(v["dtype"].get<std::string>(), &t.dtype),
-        where + ": unknown dtype " + v["dtype"].dump() + " (known: F32 F16 BF16 U8 I8 I32 I64 F64)");
+        where + ": unknown dtype " + json_brief(v["dtype"]) + " (known: F32 F16 BF16 U8 I8 I32 I64 F64)");
   check(v.contains("shape") && v["shape"].is_array(), where + ": missing list 'shape'");
   uint64_t count = 1;
   for (const auto& d : v["shape"]) {
     check(d.is_number_unsigned() || (d.is_number_integer() && d.get<int64_t>() >= 0),
-          where + ": shape entries must be non-negative integers, found " + v["shape"].dump());
+          where + ": shape entries must be non-negative integers, found " + json_brief(v["shape"]));
     const uint64_t x = d.get<uint64_t>();
-    check(x == 0 || count <= UINT64_MAX / x / 8, where + ": shape " + v["shape"].dump() + " overflows");
+    check(x == 0 || count <= UINT64_MAX / x / 8, where + ": shape " + json_brief(v["shape"]) + " overflows");
     count *= x;
     t.shape.push_back(int64_t(x));
   }
-  const json& off = v.contains("data_offsets") ? v["data_offsets"] : json();
+  static const json kNone;  // both branches lvalues: no (recursive, stack-hungry) copy of the value
+  const json& off = v.contains("data_offsets") ? v["data_offsets"] : kNone;
   check(off.is_array() && off.size() == 2 && off[0].is_number_unsigned() && off[1].is_number_unsigned(),
         where + ": 'data_offsets' must be two non-negative integers");
   const uint64_t b = off[0].get<uint64_t>(), e = off[1].get<uint64_t>();

@@ -85,6 +85,9 @@ std::unique_ptr<Model> load_model(const std::string& dir) {
   m->config = m->ckpt->config();
   ModelWeights& w = m->weights;
   for_each_tensor(m->config, w, [&](const TensorSpec& s) { load_tensor(*m->ckpt, w, s); });
+  // Expert names as stored (weights.h: "prefix as in the checkpoint"), for error messages.
+  for (LayerWeights& l : w.layers)
+    for (ExpertRef& e : l.moe.experts) e.name = m->ckpt->prefix() + e.name;
   if (m->config.residual == Residual::AttnRes) {
     for (LayerWeights& l : w.layers) {
       mix_vector(w, l.attn_res_norm, l.attn_res_proj, l.attn_mix);
@@ -97,13 +100,15 @@ std::unique_ptr<Model> load_model(const std::string& dir) {
 
 void validate_expert_scales(const ExpertRef& e) {
   const struct { const MxMatrix* m; const char* stem; } parts[] = {{&e.w1, "w1"}, {&e.w2, "w2"}, {&e.w3, "w3"}};
+  // e.file is the shard of w1.weight_packed: name it only when all six tensors are stored there.
+  const std::string file = e.contiguous ? e.file + ": " : "";
   for (const auto& p : parts) {
     const int groups = p.m->cols / mxfp4::kGroup;
     for (int r = 0; r < p.m->rows; ++r)
       for (int g = 0; g < groups; ++g)
-        check(p.m->scale[size_t(r) * groups + g] != mxfp4::kBadScale,
-              e.file + ": tensor '" + e.name + "." + p.stem + ".weight_scale': row " + std::to_string(r) +
-                  ", group " + std::to_string(g) + ": ue8m0 scale byte 255 (NaN in OCP MX) is not a valid scale");
+        if (p.m->scale[size_t(r) * groups + g] == mxfp4::kBadScale)  // message built only on failure
+          throw Error(file + "tensor '" + e.name + "." + p.stem + ".weight_scale': row " + std::to_string(r) +
+                      ", group " + std::to_string(g) + ": ue8m0 scale byte 255 (NaN in OCP MX) is not a valid scale");
   }
 }
 

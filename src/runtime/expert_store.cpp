@@ -274,6 +274,13 @@ std::unique_ptr<ExpertStore> open_expert_store(const ModelWeights& w, const Conf
   } else {
     o.cache_bytes = parse_size(size, "--expert-cache");
   }
+  for (const LayerWeights& l : w.layers)
+    for (const ExpertRef& e : l.moe.experts)
+      if (!e.contiguous) {
+        std::fprintf(stderr, "wren: %s: the tensors of '%s' are not stored back to back; experts are read "
+                             "through the shard mappings instead of the expert store\n", e.file.c_str(), e.name.c_str());
+        return nullptr;
+      }
   auto store = std::make_unique<ExpertStore>(w, c.expert_bytes(), o);
   if (announce)
     std::fprintf(stderr, "wren: expert cache %.3f MB%s: %d of %llu experts (%.3f MB each), %s reads\n",

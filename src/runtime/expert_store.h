@@ -91,7 +91,9 @@ class ExpertStore final : public ExpertSource {
 
 /// Builds the store for a loaded MXFP4 model from the CLI flags: `size` ("" = default: every
 /// expert if that fits in half of MemAvailable, else half of MemAvailable), `direct` ("auto",
-/// "on", "off"). Prints the budget on stderr when `announce`.
+/// "on", "off"). Prints the budget on stderr when `announce`. Returns null (after a one-line
+/// notice) when some expert's six tensors are not stored back to back: those checkpoints are read
+/// through the shard mappings.
 std::unique_ptr<ExpertStore> open_expert_store(const ModelWeights& w, const Config& c,
                                                const std::string& size, const std::string& direct,
                                                bool announce);
