@@ -6,7 +6,10 @@
 
 #include "cli/commands.h"
 #include "loader/checkpoint.h"
+#include "model/forward.h"
+#include "model/state.h"
 #include "model/tensor_table.h"
+#include "runtime/expert_store.h"
 
 namespace wren::cli {
 
@@ -21,7 +24,13 @@ std::string human_bytes(double b) {
   return s;
 }
 
-void inspect(const std::string& dir) {
+struct InspectArgs {
+  std::string dir, expert_cache;
+  int ctx = 4096, chunk = 32;
+};
+
+void inspect(const InspectArgs& a) {
+  const std::string& dir = a.dir;
   Checkpoint ck(dir);
   const Config& c = ck.config();
   std::printf("model: %s\n", dir.c_str());
@@ -52,7 +61,7 @@ void inspect(const std::string& dir) {
   ModelWeights w;
   int64_t params = 0, expert_params = 0;
   std::map<std::string, uint64_t> bytes_by_dtype;
-  uint64_t expert_bytes = 0;
+  uint64_t expert_bytes = 0, resident_f32 = 0;
   for_each_tensor(c, w, [&](const TensorSpec& s) {
     const TensorRef r = ck.require(s.name, s.alt_name);
     bytes_by_dtype[dtype_name(r.info->dtype)] += r.info->nbytes;
@@ -61,6 +70,7 @@ void inspect(const std::string& dir) {
     if (s.kind == TensorKind::ExpertPacked) n *= 2;  // two e2m1 values per byte
     if (s.kind == TensorKind::ExpertScale) n = 0;
     params += n;
+    if (!s.is_expert()) resident_f32 += uint64_t(n) * 4;  // dense weights are upcast to f32 at load
     if (s.expert) {
       expert_params += n;
       expert_bytes += r.info->nbytes;
@@ -74,15 +84,36 @@ void inspect(const std::string& dir) {
               c.n_experts, c.n_layers - c.first_dense, n_exp,
               human_bytes(n_exp ? double(expert_bytes) / n_exp : 0).c_str(),
               human_bytes(double(expert_bytes)).c_str());
+  // Memory plan: what `wren run` holds with these settings, before anything is loaded.
+  const bool streamed = c.expert_format == ExpertFormat::MXFP4;
+  uint64_t cache = 0;
+  if (streamed) {
+    const uint64_t want = a.expert_cache.empty() ? std::min<uint64_t>(expert_bytes, available_memory() / 2)
+                                                 : parse_size(a.expert_cache, "--expert-cache");
+    cache = std::min<uint64_t>(expert_bytes, std::max<uint64_t>(c.expert_bytes(), want)) / c.expert_bytes() * c.expert_bytes();
+  }
+  const uint64_t state = SequenceState::bytes_for(c, a.ctx), work = Forward::workspace_bytes(c, a.chunk);
+  std::printf("memory plan (ctx %d, chunk %d):\n", a.ctx, a.chunk);
+  std::printf("  dense weights resident (f32): %s\n", human_bytes(double(resident_f32)).c_str());
+  if (streamed)
+    std::printf("  expert cache: %s%s (%llu of %lld experts; the rest streams from disk)\n",
+                human_bytes(double(cache)).c_str(), a.expert_cache.empty() ? " (default: half of available RAM)" : "",
+                (unsigned long long)(cache / c.expert_bytes()), n_exp);
+  std::printf("  sequence state: %s; working buffers: %s\n", human_bytes(double(state)).c_str(),
+              human_bytes(double(work)).c_str());
+  std::printf("  total: %s\n", human_bytes(double(resident_f32 + cache + state + work)).c_str());
 }
 
 }  // namespace
 
 void add_inspect(CLI::App& app) {
-  auto dir = std::make_shared<std::string>();
-  CLI::App* sub = app.add_subcommand("inspect", "Print the architecture, sizes and byte counts of a snapshot");
-  sub->add_option("--model", *dir, "Kimi K3 snapshot folder")->required();
-  sub->callback([dir] { inspect(*dir); });
+  auto a = std::make_shared<InspectArgs>();
+  CLI::App* sub = app.add_subcommand("inspect", "Print the architecture, sizes, byte counts and memory plan of a snapshot");
+  sub->add_option("--model", a->dir, "Kimi K3 snapshot folder")->required();
+  sub->add_option("--expert-cache", a->expert_cache, "Expert cache budget to plan for, e.g. 8G");
+  sub->add_option("--ctx", a->ctx, "Context capacity to plan for")->check(CLI::PositiveNumber);
+  sub->add_option("--chunk", a->chunk, "Prefill chunk to plan for")->check(CLI::PositiveNumber);
+  sub->callback([a] { inspect(*a); });
 }
 
 }  // namespace wren::cli

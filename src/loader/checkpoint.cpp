@@ -66,6 +66,10 @@ TensorRef Checkpoint::find(const std::string& name) {
   return {};
 }
 
+void Checkpoint::release_pages() const {
+  for (const auto& [_, f] : shards_) f->release_pages();
+}
+
 TensorRef Checkpoint::require(const std::string& name, const std::string& alt) {
   TensorRef r = find(name);
   if (!r.info && !alt.empty()) r = find(alt);

@@ -34,6 +34,8 @@ class Checkpoint {
   /// Like find(), but throws "missing tensor" naming the index file and the tensor. A non-empty
   /// `alt` is an accepted alternative name, tried when `name` is absent.
   TensorRef require(const std::string& name, const std::string& alt = "");
+  /// Drops the resident pages of every open shard mapping (see SafetensorsFile::release_pages).
+  void release_pages() const;
   /// The name prefix the snapshot uses ("language_model." or "").
   const std::string& prefix() const { return prefix_; }
 

@@ -123,6 +123,10 @@ SafetensorsFile::~SafetensorsFile() {
   if (base_) ::munmap(const_cast<uint8_t*>(base_), size_);
 }
 
+void SafetensorsFile::release_pages() const {
+  if (base_) ::madvise(const_cast<uint8_t*>(base_), size_, MADV_DONTNEED);
+}
+
 const TensorInfo* SafetensorsFile::find(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? nullptr : &it->second;

@@ -40,6 +40,9 @@ class SafetensorsFile {
   /// Pointer to a tensor's bytes inside the mapping.
   const uint8_t* data(const TensorInfo& t) const { return base_ + t.offset; }
   uint64_t size() const { return size_; }
+  /// Drops the mapping's resident pages (they fault back in if touched again). Called after the
+  /// dense weights were copied out, so RSS counts only what the engine holds.
+  void release_pages() const;
 
  private:
   std::string path_;

@@ -9,18 +9,23 @@
 
 namespace wren {
 
-/// Activation buffers [max_chunk, width], allocated from the backend once.
+/// Activation buffers [max_chunk, width], allocated from the backend once. Without a backend it
+/// only counts (Forward::workspace_bytes).
 struct Forward::Buffers {
-  Backend& be;
+  Backend* be;
   std::vector<float*> all;
-  explicit Buffers(Backend& b) : be(b) {}
+  size_t floats = 0;
+  explicit Buffers(Backend* b) : be(b) {}
   ~Buffers() {
-    for (float* p : all) be.release(p);
+    for (float* p : all) be->release(p);
   }
   float* make(size_t n) {
-    all.push_back(be.alloc(n));
+    floats += n;
+    if (!be) return nullptr;
+    all.push_back(be->alloc(n));
     return all.back();
   }
+  void plan(const Config& c, size_t T);
   // Driver
   float* P = nullptr;                 // running block sum [T, D]
   std::vector<float*> blocks;         // AttnRes snapshots, each [T, D]
@@ -47,9 +52,19 @@ Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts, Expe
   const Config& c = cfg_;
   n_layers_ = opts.layers < 0 ? c.n_layers : std::min(opts.layers, c.n_layers);
   check(opts_.max_chunk >= 1, "--chunk must be at least 1");
-  const size_t T = opts_.max_chunk, D = c.hidden, P = c.kda_width();
-  buf_ = std::make_unique<Buffers>(be_);
-  Buffers& b = *buf_;
+  buf_ = std::make_unique<Buffers>(&be_);
+  buf_->plan(c, opts_.max_chunk);
+}
+
+size_t Forward::workspace_bytes(const Config& c, int max_chunk) {
+  Buffers b(nullptr);
+  b.plan(c, max_chunk);
+  return b.floats * sizeof(float);
+}
+
+void Forward::Buffers::plan(const Config& c, size_t T) {
+  Buffers& b = *this;
+  const size_t D = c.hidden, P = c.kda_width();
   b.P = b.make(T * D);
   b.blocks.resize(c.max_mix_entries());
   for (auto& blk : b.blocks) blk = b.make(T * D);

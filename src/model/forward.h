@@ -44,6 +44,8 @@ class Forward {
            bool all_logits, const ForwardHooks* hooks = nullptr);
 
   int layers_run() const { return n_layers_; }
+  /// Bytes of activation workspace a Forward with this config and chunk allocates.
+  static size_t workspace_bytes(const Config& c, int max_chunk);
   const Config& config() const { return cfg_; }
   Backend& backend() { return be_; }
 

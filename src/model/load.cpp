@@ -85,6 +85,7 @@ std::unique_ptr<Model> load_model(const std::string& dir) {
   m->config = m->ckpt->config();
   ModelWeights& w = m->weights;
   for_each_tensor(m->config, w, [&](const TensorSpec& s) { load_tensor(*m->ckpt, w, s); });
+  m->ckpt->release_pages();  // dense weights are copied; experts are read on demand
   // Expert names as stored (weights.h: "prefix as in the checkpoint"), for error messages.
   for (LayerWeights& l : w.layers)
     for (ExpertRef& e : l.moe.experts) e.name = m->ckpt->prefix() + e.name;

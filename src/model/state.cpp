@@ -48,10 +48,11 @@ void SequenceState::copy_from(const SequenceState& o) {
   position_ = o.position_;
 }
 
-size_t SequenceState::bytes() const {
-  const size_t per = size_t(cfg_.count(Mixer::KDA)) * (s_len() + conv_len()) +
-                     size_t(cfg_.count(Mixer::MLA)) * cache_len();
-  return per * sizeof(float);
+size_t SequenceState::bytes_for(const Config& c, int capacity) {
+  const size_t s = size_t(c.kda_heads) * c.kda_head_dim * c.kda_head_dim;
+  const size_t conv = size_t(3) * c.kda_width() * (c.conv_kernel - 1);
+  const size_t cache = size_t(capacity) * c.mla_cache_width();
+  return (size_t(c.count(Mixer::KDA)) * (s + conv) + size_t(c.count(Mixer::MLA)) * cache) * sizeof(float);
 }
 
 }  // namespace wren

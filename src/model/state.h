@@ -30,7 +30,9 @@ class SequenceState {
   MlaCache& mla(int layer) { return mla_[layer]; }
 
   /// Bytes of state per sequence (KDA states + conv windows + full MLA caches).
-  size_t bytes() const;
+  size_t bytes() const { return bytes_for(cfg_, capacity_); }
+  /// The same for any config and capacity, without allocating.
+  static size_t bytes_for(const Config& c, int capacity);
 
  private:
   Backend& be_;
