@@ -1,0 +1,113 @@
+// Tokenizer oracle for Wren's tests: the real tiktoken core (npm `tiktoken`, Rust compiled to
+// WASM) with the Kimi pre-tokenizer pattern, as in shared/tools/tiktoken_oracle.js.
+//   node oracle.js corpus OUT.json                   write the test corpus: a JSON list of base64 texts
+//   node oracle.js o200k TOKENIZER_CONFIG OUT_DIR    write all o200k_base ranks as OUT_DIR/tiktoken.model and
+//                                                    TOKENIZER_CONFIG's specials renumbered after them
+//   node oracle.js encode MODEL_DIR CORPUS.json OUT.json
+//        encode every corpus text; OUT = {"ordinary": [...], "kimi": [...], "special": [...]}, one id list
+//        per text: ordinary = encode_ordinary of the whole text; kimi = upstream tokenization_kimi.py
+//        cuts (400,000-code-point slices, runs over 25,000 split) then encode_ordinary per cut;
+//        special = the same cuts, encode with all special tokens allowed.
+// Texts are UTF-8 bytes; ill-formed ones are decoded with U+FFFD replacement (WHATWG), BOM kept.
+"use strict";
+const fs = require("fs");
+const path = require("path");
+
+function requireTiktoken() {
+  try {
+    return require("tiktoken/lite");
+  } catch (e) {
+    console.error("oracle.js: cannot load the npm package 'tiktoken' (" + e.message.split("\n")[0] +
+      "); install it with: npm ci --prefix " + __dirname + "  (scripts/setup.sh does this)");
+    process.exit(3);
+  }
+}
+
+const KIMI_PAT = [
+  "[\\p{Han}]+",
+  "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+  "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
+  "\\p{N}{1,3}",
+  " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*",
+  "\\s*[\\r\\n]+",
+  "\\s+(?!\\S)",
+  "\\s+",
+].join("|");
+
+// Python's str.isspace() (general category Zs, or bidi class WS, B, S), checked against CPython.
+const PY_SPACE = /^[\t\n\v\f\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]$/u;
+
+/// tokenization_kimi.py's cuts, re-implemented here from its description (code points, not UTF-16).
+function upstreamCuts(text) {
+  const cps = Array.from(text);
+  const out = [];
+  for (let i = 0; i < cps.length; i += 400000) {
+    const s = cps.slice(i, i + 400000);
+    let start = 0, len = 0, isSpace = PY_SPACE.test(s[0]);
+    for (let j = 0; j < s.length; j++) {
+      const now = PY_SPACE.test(s[j]);
+      if (now !== isSpace) { len = 1; isSpace = now; continue; }
+      if (++len > 25000) { out.push(s.slice(start, j).join("")); start = j; len = 1; }
+    }
+    out.push(s.slice(start).join(""));
+  }
+  return out;
+}
+
+function loadModel(dir) {
+  const { Tiktoken } = requireTiktoken();
+  const lines = fs.readFileSync(path.join(dir, "tiktoken.model"), "utf8").trim().split("\n");
+  const ranks = lines.map((l) => { const [b, r] = l.split(" "); return "! " + r + " " + b; }).join("\n");
+  const cfg = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer_config.json"), "utf8"));
+  const specials = {};
+  for (const [id, v] of Object.entries(cfg.added_tokens_decoder)) specials[v.content] = Number(id);
+  return new Tiktoken(ranks, specials, KIMI_PAT);
+}
+
+function cmdCorpus(out) {
+  const { makeCorpus } = require("./corpus.js");
+  fs.writeFileSync(out, JSON.stringify(makeCorpus().map((b) => b.toString("base64"))));
+}
+
+function cmdO200k(configPath, outDir) {
+  const { Tiktoken } = requireTiktoken();
+  const o = require("tiktoken/encoders/o200k_base.json");
+  const enc = new Tiktoken(o.bpe_ranks, o.special_tokens, o.pat_str);
+  const n = o.bpe_ranks.split(" ").length - 2;  // compact form: "! 0 tok tok ..."
+  const lines = [];
+  for (let r = 0; r < n; r++) lines.push(Buffer.from(enc.decode_single_token_bytes(r)).toString("base64") + " " + r);
+  enc.free();
+  fs.mkdirSync(outDir, { recursive: true });
+  fs.writeFileSync(path.join(outDir, "tiktoken.model"), lines.join("\n") + "\n");
+  const cfg = JSON.parse(fs.readFileSync(configPath, "utf8"));
+  const ids = Object.keys(cfg.added_tokens_decoder).map(Number);
+  const first = Math.min(...ids), renumbered = {};
+  for (const [id, v] of Object.entries(cfg.added_tokens_decoder)) renumbered[String(Number(id) - first + n)] = v;
+  cfg.added_tokens_decoder = renumbered;
+  fs.writeFileSync(path.join(outDir, "tokenizer_config.json"), JSON.stringify(cfg, null, 1));
+}
+
+function cmdEncode(modelDir, corpusPath, out) {
+  const enc = loadModel(modelDir);
+  const decoder = new TextDecoder("utf-8", { fatal: false, ignoreBOM: true });
+  const texts = JSON.parse(fs.readFileSync(corpusPath, "utf8")).map((b) => decoder.decode(Buffer.from(b, "base64")));
+  const result = { ordinary: [], kimi: [], special: [] };
+  for (const t of texts) {
+    const cuts = upstreamCuts(t);
+    const kimi = cuts.flatMap((c) => Array.from(enc.encode_ordinary(c)));
+    result.kimi.push(kimi);
+    result.ordinary.push(cuts.length === 1 ? kimi : Array.from(enc.encode_ordinary(t)));
+    result.special.push(cuts.flatMap((c) => Array.from(enc.encode(c, "all"))));
+  }
+  enc.free();
+  fs.writeFileSync(out, JSON.stringify(result));
+}
+
+const [cmd, ...args] = process.argv.slice(2);
+if (cmd === "corpus" && args.length === 1) cmdCorpus(args[0]);
+else if (cmd === "o200k" && args.length === 2) cmdO200k(args[0], args[1]);
+else if (cmd === "encode" && args.length === 3) cmdEncode(args[0], args[1], args[2]);
+else {
+  console.error("usage: node oracle.js corpus OUT | o200k TOKENIZER_CONFIG OUT_DIR | encode MODEL_DIR CORPUS OUT");
+  process.exit(2);
+}
