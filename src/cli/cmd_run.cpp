@@ -1,26 +1,31 @@
-// `wren run`: prefill a prompt and greedily generate, with the validation hooks of spec §8.
-#include <chrono>
+// `wren run`: one prompt (raw text, a chat message, or token ids) through the model, streaming the
+// reply, with the validation hooks of spec §8.
+#include <unistd.h>
+
 #include <cstdio>
 #include <filesystem>
+#include <iostream>
+#include <iterator>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "backends/cpu/cpu_backend.h"
 #include "cli/commands.h"
-#include "runtime/f32_file.h"
+#include "cli/run_options.h"
 #include "core/error.h"
-#include "runtime/expert_store.h"
-#include "runtime/generate.h"
+#include "runtime/chat_format.h"
+#include "runtime/f32_file.h"
+#include "tokenizer/stream_decoder.h"
 
 namespace wren::cli {
 
 namespace {
 
 struct RunArgs {
-  std::string model, ids, trace, logits, x0, dump_dir, expert_cache, direct = "auto";
-  int n = 16, layers = -1, dump_layer = -1, dump_token = 0, chunk = 32, ctx = 4096;
-  bool json = false;
+  CommonArgs common;
+  std::string prompt, ids, trace, logits, x0, dump_dir;
+  int dump_layer = -1, dump_token = 0;
+  bool json = false, chat = false;
 };
 
 std::vector<int> parse_ids(const std::string& s) {
@@ -41,23 +46,74 @@ std::vector<int> parse_ids(const std::string& s) {
   return out;
 }
 
-void run(const RunArgs& a) {
-  check(!a.ids.empty(), "no prompt: give --ids (text prompts arrive with the tokenizer)");
-  const std::vector<int> prompt = parse_ids(a.ids);
-  auto model = load_model(a.model);
-  const Config& c = model->config;
+/// The prompt ids: --ids as given; raw text as [BOS] + text (spec §10.1); --chat as XTML.
+std::vector<int> prompt_ids(const RunArgs& a, Engine& e) {
+  check(a.ids.empty() != a.prompt.empty(), "give either a text prompt or --ids, not both and not neither");
+  if (!a.ids.empty()) return parse_ids(a.ids);
+  std::string text = a.prompt;
+  if (text == "-") text.assign(std::istreambuf_iterator<char>(std::cin), {});
+  const Tokenizer& tok = e.tokenizer();
+  if (!a.chat) {
+    std::vector<int> ids{e.config().bos_id};
+    const std::vector<int> body = tok.encode(text);
+    ids.insert(ids.end(), body.begin(), body.end());
+    return ids;
+  }
+  const ChatFormat fmt(tok);
+  std::vector<ChatMessage> msgs;
+  if (!a.common.system.empty()) msgs.push_back({"system", a.common.system, ""});
+  msgs.push_back({"user", text, ""});
+  std::vector<int> ids = fmt.render(msgs, a.common.think);
+  const std::vector<int> gen = fmt.generation_prompt(a.common.think);
+  ids.insert(ids.end(), gen.begin(), gen.end());
+  return ids;
+}
+
+/// Streams decoded text: the answer to stdout; in chat mode the think channel to stderr (dimmed
+/// on a terminal), so the reasoning is shown apart from the answer.
+struct Printer {
+  const Tokenizer* tok = nullptr;
+  std::unique_ptr<StreamDecoder> text, reasoning;
+  std::unique_ptr<ReplyParser> parser;
+  std::unique_ptr<ChatFormat> fmt;
+  bool quiet = false, dim = false, in_reasoning = false;
+  std::string answer, thought;
+
+  void push(int id) {
+    if (!tok) return;
+    ReplyParser::Channel ch = parser ? parser->push(id) : ReplyParser::Channel::Response;
+    if (!parser && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) return;
+    if (ch == ReplyParser::Channel::Think) {
+      const std::string s = reasoning->push(id);
+      thought += s;
+      if (!quiet) std::fprintf(stderr, "%s%s%s", dim ? "\033[2m" : "", s.c_str(), dim ? "\033[0m" : "");
+    } else if (ch == ReplyParser::Channel::Response) {
+      const std::string s = text->push(id);
+      answer += s;
+      if (!quiet) std::fputs(s.c_str(), stdout), std::fflush(stdout);
+    }
+  }
+  void finish() {
+    if (!tok) return;
+    answer += text->finish();
+    thought += reasoning->finish();
+    if (!quiet) std::fputs("\n", stdout);
+  }
+  std::vector<int> stop_ids;
+};
+
+void run(RunArgs& a) {
+  Engine e(a.common.engine);
+  const Config& c = e.config();
+  const std::vector<int> prompt = prompt_ids(a, e);
   const int T = int(prompt.size());
-  CpuBackend be;
-  std::unique_ptr<ExpertStore> store;
-  if (c.expert_format == ExpertFormat::MXFP4)
-    store = open_expert_store(model->weights, c, a.expert_cache, a.direct, true);
-  Forward fwd(*model, be, {a.chunk, a.layers}, store.get());
-  SequenceState st(be, c, std::max(a.ctx, T + a.n));
+  auto st = e.new_sequence();
 
   std::vector<float> x0, trace, logits, dump;
   GenerateOptions opts;
-  opts.max_new_tokens = a.n;
+  opts.max_new_tokens = a.common.n;
   opts.stop_ids = c.eos_ids;
+  opts.sampling = a.common.sampling;
   ForwardHooks hooks;
   if (!a.x0.empty()) {
     x0 = read_f32(a.x0, size_t(T) * c.hidden, "--x0 (f32 [T, D] with T = " + std::to_string(T) +
@@ -65,7 +121,7 @@ void run(const RunArgs& a) {
     opts.x0 = x0.data();
   }
   if (!a.trace.empty()) {
-    trace.resize(size_t(T) * fwd.layers_run() * c.hidden);
+    trace.resize(size_t(T) * e.forward().layers_run() * c.hidden);
     hooks.trace = trace.data();
   }
   if (!a.logits.empty()) {
@@ -73,7 +129,7 @@ void run(const RunArgs& a) {
     opts.prompt_logits = logits.data();
   }
   if (a.dump_layer >= 0) {
-    check(a.dump_layer < fwd.layers_run(), "--dump-layer " + std::to_string(a.dump_layer) + " is not a layer that runs");
+    check(a.dump_layer < e.forward().layers_run(), "--dump-layer " + std::to_string(a.dump_layer) + " is not a layer that runs");
     check(a.dump_token >= 0 && a.dump_token < T, "--dump-token must be a prompt position in [0, " + std::to_string(T) + ")");
     check(!a.dump_dir.empty(), "--dump-layer needs --dump-dir DIR");
     dump.resize(5 * size_t(c.hidden));
@@ -83,8 +139,23 @@ void run(const RunArgs& a) {
   }
   opts.hooks = &hooks;
 
+  Printer pr;
+  const bool text_mode = a.ids.empty();
+  if (text_mode) {
+    pr.tok = &e.tokenizer();
+    pr.text = std::make_unique<StreamDecoder>(*pr.tok);
+    pr.reasoning = std::make_unique<StreamDecoder>(*pr.tok);
+    pr.quiet = a.json;
+    pr.dim = isatty(STDERR_FILENO);
+    pr.stop_ids = c.eos_ids;
+    if (a.chat) {
+      pr.fmt = std::make_unique<ChatFormat>(*pr.tok);
+      pr.parser = std::make_unique<ReplyParser>(*pr.fmt, a.common.think);
+    }
+  }
   GenerateStats stats;
-  const std::vector<int> out = generate_greedy(fwd, st, prompt, opts, &stats);
+  const std::vector<int> out = generate(e.forward(), *st, prompt, opts, &stats, [&](int id) { pr.push(id); });
+  pr.finish();
 
   if (!trace.empty()) write_f32(a.trace, trace);
   if (!logits.empty()) write_f32(a.logits, logits);
@@ -95,54 +166,46 @@ void run(const RunArgs& a) {
       write_f32(a.dump_dir + "/" + names[i] + ".f32",
                 std::vector<float>(dump.begin() + i * c.hidden, dump.begin() + (i + 1) * c.hidden));
   }
-  nlohmann::json js = {{"prompt_tokens", stats.prompt_tokens},
-                       {"generated_tokens", stats.generated_tokens},
-                       {"prefill_s", stats.prefill_s},
-                       {"decode_s", stats.decode_s},
-                       {"peak_rss_bytes", peak_rss_bytes()}};
-  if (store) {
-    const ExpertStoreStats& x = store->stats();
-    js["experts"] = {{"hits", x.hits}, {"misses", x.misses}, {"hit_rate", x.hit_rate()},
-                     {"bytes_read", x.bytes_read}, {"read_s", x.read_s}, {"io_wait_s", x.wait_s},
-                     {"compute_s", x.compute_s}, {"evictions", x.evictions}};
-    std::fprintf(stderr, "wren: experts: %llu hits, %llu misses (hit rate %.1f%%), %.1f MB read (%.2f GB/s per loader), I/O wait %.3f s, expert compute %.3f s\n",
-                 (unsigned long long)x.hits, (unsigned long long)x.misses, 100 * x.hit_rate(), x.bytes_read / 1e6,
-                 x.read_s > 0 ? x.bytes_read / x.read_s / 1e9 : 0.0, x.wait_s, x.compute_s);
-  }
   if (a.json) {
+    nlohmann::json js = {{"prompt_tokens", stats.prompt_tokens}, {"generated_tokens", stats.generated_tokens},
+                         {"prefill_s", stats.prefill_s}, {"ttft_s", stats.ttft_s}, {"decode_s", stats.decode_s},
+                         {"peak_rss_bytes", peak_rss_bytes()}};
+    if (ExpertStore* s = e.store()) {
+      const ExpertStoreStats& x = s->stats();
+      js["experts"] = {{"hits", x.hits}, {"misses", x.misses}, {"hit_rate", x.hit_rate()},
+                       {"bytes_read", x.bytes_read}, {"read_s", x.read_s}, {"io_wait_s", x.wait_s},
+                       {"compute_s", x.compute_s}, {"evictions", x.evictions}};
+    }
     nlohmann::json j = {{"prompt_ids", prompt}, {"output_ids", out}, {"stats", js}};
-    std::printf("%s\n", j.dump().c_str());
-  } else {
+    if (text_mode) {
+      j["text"] = pr.answer;
+      if (a.chat) j["reasoning"] = pr.thought;
+    }
+    std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
+  } else if (!text_mode) {
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
     std::printf("\n");
   }
-  std::fprintf(stderr, "wren: %d prompt tokens, prefill %.1f tok/s; %d generated, decode %.1f tok/s; peak RSS %.1f MB\n",
-               stats.prompt_tokens, stats.prompt_tokens / std::max(stats.prefill_s, 1e-9),
-               stats.generated_tokens,
-               stats.generated_tokens > 1 ? (stats.generated_tokens - 1) / std::max(stats.decode_s, 1e-9) : 0.0,
-               peak_rss_bytes() / 1e6);
+  print_stats(stats, e);
 }
 
 }  // namespace
 
 void add_run(CLI::App& app) {
   auto a = std::make_shared<RunArgs>();
-  CLI::App* sub = app.add_subcommand("run", "Run a prompt through the model and generate greedily");
-  sub->add_option("--model", a->model, "Kimi K3 snapshot folder")->required();
+  CLI::App* sub = app.add_subcommand("run", "Run a prompt through the model and stream the reply");
+  sub->add_option("prompt", a->prompt, "Prompt text ('-' reads stdin); raw text gets [BOS] first");
+  a->common.add_to(sub, 0.0f);
   sub->add_option("--ids", a->ids, "Prompt token ids, comma-separated (e.g. 4096,976,2328)");
-  sub->add_option("-n,--max-tokens", a->n, "Tokens to generate")->check(CLI::NonNegativeNumber);
-  sub->add_flag("--json", a->json, "Print {\"prompt_ids\", \"output_ids\"} as one JSON object");
+  sub->add_flag("--chat", a->chat, "Wrap the prompt as a user message in the K3 chat format");
+  sub->add_flag("--json", a->json, "Print one JSON object: prompt_ids, output_ids, text, reasoning, stats");
   sub->add_option("--trace", a->trace, "Write f32 [T, L, D]: P after each layer, token-major");
   sub->add_option("--logits", a->logits, "Write f32 [T, V]: teacher-forced logits at every prompt position");
   sub->add_option("--x0", a->x0, "Read f32 [T, D] rows replacing the prompt embeddings");
-  sub->add_option("--layers", a->layers, "Run only the first N layers")->check(CLI::PositiveNumber);
+  sub->add_option("--layers", a->common.engine.layers, "Run only the first N layers")->check(CLI::PositiveNumber);
   sub->add_option("--dump-layer", a->dump_layer, "Layer whose five vectors are dumped")->check(CLI::NonNegativeNumber);
   sub->add_option("--dump-token", a->dump_token, "Prompt position to dump (default 0)");
   sub->add_option("--dump-dir", a->dump_dir, "Folder for nrm_attn/att/nrm_mlp/mlp/hidden .f32 files");
-  sub->add_option("--chunk", a->chunk, "Prefill chunk (tokens per layer-major pass)")->check(CLI::PositiveNumber);
-  sub->add_option("--expert-cache", a->expert_cache, "Expert cache budget, e.g. 8G, 512M (default: from available RAM)");
-  sub->add_option("--direct", a->direct, "O_DIRECT expert reads: auto, on or off");
-  sub->add_option("--ctx", a->ctx, "Context capacity in tokens (MLA cache size)")->check(CLI::PositiveNumber);
   sub->callback([a] { run(*a); });
 }
 

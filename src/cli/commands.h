@@ -5,6 +5,7 @@
 namespace wren::cli {
 
 void add_run(CLI::App& app);
+void add_chat(CLI::App& app);
 void add_inspect(CLI::App& app);
 void add_synth(CLI::App& app);
 void add_bench(CLI::App& app);

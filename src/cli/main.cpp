@@ -8,6 +8,7 @@ int main(int argc, char** argv) {
   CLI::App app{"Wren: an inference engine for Kimi K3 hybrid MoE models"};
   app.require_subcommand(1);
   wren::cli::add_run(app);
+  wren::cli::add_chat(app);
   wren::cli::add_inspect(app);
   wren::cli::add_synth(app);
   wren::cli::add_bench(app);

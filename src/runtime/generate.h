@@ -1,20 +1,24 @@
 // Incremental generation: prefill the prompt once, then decode one token at a time reusing the
 // sequence state (never recomputing the prefix).
 #pragma once
+#include <atomic>
 #include <functional>
 #include <vector>
 
 #include "model/forward.h"
+#include "runtime/sampler.h"
 
 namespace wren {
-
-/// Index of the largest logit; ties go to the lower id.
-int argmax(const float* logits, int n);
 
 /// Generation controls.
 struct GenerateOptions {
   int max_new_tokens = 16;
   std::vector<int> stop_ids;  ///< generation ends after emitting one of these (e.g. end-of-message)
+  SamplerOptions sampling;    ///< default: greedy
+  /// Run the last emitted token through the model too, so the state holds the whole exchange
+  /// (multi-turn chat continues from it without re-prefilling).
+  bool commit_last = false;
+  const std::atomic<bool>* cancel = nullptr;  ///< set to stop after the current token
   const float* x0 = nullptr;  ///< host [prompt, D]: rows replacing the prompt's embeddings
   float* prompt_logits = nullptr;  ///< host [prompt, V]: teacher-forced logits, when non-null
   const ForwardHooks* hooks = nullptr;  ///< validation hooks for the prompt pass
@@ -23,13 +27,22 @@ struct GenerateOptions {
 /// Timings of one generation, in seconds.
 struct GenerateStats {
   int prompt_tokens = 0, generated_tokens = 0;
-  double prefill_s = 0, decode_s = 0;
+  double prefill_s = 0, decode_s = 0, ttft_s = 0;
+  bool stopped = false;    ///< ended on a stop id
+  bool cancelled = false;  ///< ended by `cancel`
 };
 
-/// Prefills `prompt` into `state` (which may already hold a prefix) and greedily decodes up to
+/// Prefills `prompt` into `state` (which may already hold a prefix) and decodes up to
 /// max_new_tokens, calling `on_token` for each new id. Returns the generated ids.
-std::vector<int> generate_greedy(Forward& fwd, SequenceState& state, const std::vector<int>& prompt,
-                                 const GenerateOptions& opts, GenerateStats* stats = nullptr,
-                                 const std::function<void(int)>& on_token = {});
+std::vector<int> generate(Forward& fwd, SequenceState& state, const std::vector<int>& prompt,
+                          const GenerateOptions& opts, GenerateStats* stats = nullptr,
+                          const std::function<void(int)>& on_token = {});
+
+/// generate() with greedy sampling (the default options): kept for the validation paths.
+inline std::vector<int> generate_greedy(Forward& fwd, SequenceState& state, const std::vector<int>& prompt,
+                                        const GenerateOptions& opts, GenerateStats* stats = nullptr,
+                                        const std::function<void(int)>& on_token = {}) {
+  return generate(fwd, state, prompt, opts, stats, on_token);
+}
 
 }  // namespace wren

@@ -1,0 +1,123 @@
+// `wren chat`: an interactive multi-turn conversation. The sequence state carries the whole
+// conversation, so each turn prefills only its new message; /reset starts over, /exit quits, and
+// Ctrl-C stops the current answer (not the program).
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+
+#include "cli/commands.h"
+#include "cli/run_options.h"
+#include "core/error.h"
+#include "runtime/chat_format.h"
+#include "tokenizer/stream_decoder.h"
+
+namespace wren::cli {
+
+namespace {
+
+std::atomic<bool> g_cancel{false};
+void on_sigint(int) { g_cancel = true; }
+
+struct ChatArgs {
+  CommonArgs common;
+};
+
+/// One assistant turn: streams reasoning (dimmed) and answer, leaves the state holding the
+/// complete, well-formed reply.
+void reply(Engine& e, const ChatFormat& fmt, SequenceState& st, const std::vector<int>& prompt,
+           const ChatArgs& a, bool tty) {
+  const Tokenizer& tok = e.tokenizer();
+  GenerateOptions o;
+  o.max_new_tokens = a.common.n;
+  o.stop_ids = {fmt.end_of_msg()};
+  o.sampling = a.common.sampling;
+  o.sampling.seed += uint64_t(st.position());  // different draws per turn, reproducible per conversation
+  o.commit_last = true;
+  o.cancel = &g_cancel;
+  ReplyParser parser(fmt, a.common.think);
+  StreamDecoder text(tok), thought(tok);
+  bool thinking_shown = false;
+  auto on_token = [&](int id) {
+    const ReplyParser::Channel ch = parser.push(id);
+    if (ch == ReplyParser::Channel::Think) {
+      if (!thinking_shown) std::fputs(tty ? "\033[2m[thinking] " : "[thinking] ", stdout), thinking_shown = true;
+      std::fputs(thought.push(id).c_str(), stdout);
+    } else if (ch == ReplyParser::Channel::Response) {
+      if (thinking_shown) std::fputs(tty ? "\033[0m\n" : "\n", stdout), thinking_shown = false;
+      std::fputs(text.push(id).c_str(), stdout);
+    }
+    std::fflush(stdout);
+  };
+  g_cancel = false;
+  GenerateStats stats;
+  generate(e.forward(), st, prompt, o, &stats, on_token);
+  std::fputs((thought.finish() + text.finish() + (tty ? "\033[0m\n" : "\n")).c_str(), stdout);
+  if (!stats.stopped) {  // cut short: close the reply so the next turn sees a well-formed history
+    const std::vector<int> close = fmt.close_reply(parser.channel() == ReplyParser::Channel::Think);
+    e.forward().run(st, close.data(), nullptr, int(close.size()), nullptr, false);
+    if (stats.cancelled) std::fputs("[stopped]\n", stdout);
+  }
+  print_stats(stats, e);
+}
+
+void chat(ChatArgs& a) {
+  Engine e(a.common.engine);
+  const ChatFormat fmt(e.tokenizer());
+  auto st = e.new_sequence();
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
+  const bool tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);
+  std::fprintf(stderr, "wren chat: thinking %s. /reset starts over, /exit quits, Ctrl-C stops an answer.\n",
+               a.common.think ? "on" : "off");
+  bool first = true;
+  std::string line;
+  for (;;) {
+    if (tty) std::fputs("> ", stdout), std::fflush(stdout);
+    if (!std::getline(std::cin, line)) break;
+    if (line == "/exit" || line == "/quit") break;
+    if (line == "/reset") {
+      st->reset();
+      first = true;
+      std::fputs("[conversation reset]\n", stdout);
+      continue;
+    }
+    if (line.empty()) continue;
+    std::vector<ChatMessage> msgs;
+    if (first && !a.common.system.empty()) msgs.push_back({"system", a.common.system, ""});
+    msgs.push_back({"user", line, ""});
+    std::vector<int> prompt = fmt.render(msgs, a.common.think);
+    const std::vector<int> gen = fmt.generation_prompt(a.common.think);
+    prompt.insert(prompt.end(), gen.begin(), gen.end());
+    if (st->position() + int(prompt.size()) + a.common.n + 16 > st->capacity()) {
+      std::fprintf(stderr, "wren: the conversation would exceed the context of %d tokens; /reset or raise --ctx\n",
+                   st->capacity());
+      continue;
+    }
+    try {
+      reply(e, fmt, *st, prompt, a, tty);
+      first = false;
+    } catch (const Error& err) {
+      std::fprintf(stderr, "wren: error: %s (conversation reset)\n", err.what());
+      st->reset();
+      first = true;
+    }
+  }
+}
+
+}  // namespace
+
+void add_chat(CLI::App& app) {
+  auto a = std::make_shared<ChatArgs>();
+  CLI::App* sub = app.add_subcommand("chat", "Interactive multi-turn chat (K3 chat format)");
+  a->common.add_to(sub, 0.7f);
+  a->common.sampling.top_p = 0.95f;
+  sub->callback([a] { chat(*a); });
+}
+
+}  // namespace wren::cli

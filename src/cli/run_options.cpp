@@ -1,0 +1,38 @@
+// Flags shared by `wren run` and `wren chat`.
+#include "cli/run_options.h"
+
+#include <cstdio>
+
+namespace wren::cli {
+
+void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
+  sampling.temperature = default_temperature;
+  sub->add_option("--model", engine.model_dir, "Kimi K3 snapshot folder (default: the built-in random-weight model)");
+  sub->add_option("-n,--max-tokens", n, "Tokens to generate at most")->check(CLI::NonNegativeNumber);
+  sub->add_option("--temperature", sampling.temperature, "Sampling temperature (0 = greedy)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-p", sampling.top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
+  sub->add_option("--top-k", sampling.top_k, "Sample from the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--seed", sampling.seed, "Random seed for sampling");
+  sub->add_option("--system", system, "System message (chat format)");
+  sub->add_flag("--think,!--no-think", think, "Thinking on (default) or off (chat format)");
+  sub->add_option("--expert-cache", engine.expert_cache, "Expert cache budget, e.g. 8G, 512M (default: from available RAM)");
+  sub->add_option("--direct", engine.direct, "O_DIRECT expert reads: auto, on or off");
+  sub->add_option("--chunk", engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(CLI::PositiveNumber);
+  sub->add_option("--ctx", engine.ctx, "Context capacity in tokens (MLA cache size)")->check(CLI::PositiveNumber);
+}
+
+void print_stats(const GenerateStats& s, Engine& e) {
+  if (ExpertStore* st = e.store()) {
+    const ExpertStoreStats& x = st->stats();
+    std::fprintf(stderr, "wren: experts: %llu hits, %llu misses (hit rate %.1f%%), %.1f MB read, I/O wait %.3f s, expert compute %.3f s\n",
+                 (unsigned long long)x.hits, (unsigned long long)x.misses, 100 * x.hit_rate(), x.bytes_read / 1e6,
+                 x.wait_s, x.compute_s);
+  }
+  const int decoded = s.generated_tokens > 1 ? s.generated_tokens - 1 : 0;
+  std::fprintf(stderr,
+               "wren: %d prompt tokens, prefill %.1f tok/s, TTFT %.3f s; %d generated, decode %.1f tok/s; peak RSS %.1f MB\n",
+               s.prompt_tokens, s.prompt_tokens / std::max(s.prefill_s, 1e-9), s.ttft_s, s.generated_tokens,
+               decoded ? decoded / std::max(s.decode_s, 1e-9) : 0.0, peak_rss_bytes() / 1e6);
+}
+
+}  // namespace wren::cli

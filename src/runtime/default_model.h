@@ -1,0 +1,19 @@
+// The built-in default model: a small K3-architecture checkpoint with RANDOM weights and a real
+// BPE vocabulary (the first 16,384 ranks of o200k_base), created deterministically on first use
+// in the user's cache folder. It shows the machinery (tokenizer, chat format, streaming, expert
+// store), not language.
+#pragma once
+#include <string>
+
+namespace wren {
+
+/// Folder of the default model, creating it on first use (atomically: a temporary folder renamed
+/// into place). The vocabulary comes from `vocab_file` (written by scripts/setup.sh from the npm
+/// tiktoken package); cache folder: $XDG_CACHE_HOME/wren or ~/.cache/wren. Prints one notice on
+/// stderr saying the weights are random. Throws wren::Error naming what is missing.
+std::string ensure_default_model(const std::string& vocab_file);
+
+/// The vocabulary file setup writes: <source tree>/data/default-vocab.tiktoken.
+std::string default_vocab_file();
+
+}  // namespace wren

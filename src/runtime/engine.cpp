@@ -1,0 +1,25 @@
+// One loaded model ready to generate (see engine.h).
+#include "runtime/engine.h"
+
+#include <filesystem>
+
+#include "core/error.h"
+#include "runtime/default_model.h"
+
+namespace wren {
+
+Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
+  dir_ = o.model_dir.empty() ? ensure_default_model(default_vocab_file()) : o.model_dir;
+  model_ = load_model(dir_);
+  if (model_->config.expert_format == ExpertFormat::MXFP4)
+    store_ = open_expert_store(model_->weights, model_->config, o.expert_cache, o.direct, o.announce);
+  fwd_ = std::make_unique<Forward>(*model_, be_, ForwardOptions{o.chunk, o.layers}, store_.get());
+  if (std::filesystem::exists(dir_ + "/tiktoken.model")) tok_ = Tokenizer::load(dir_);
+}
+
+const Tokenizer& Engine::tokenizer() const {
+  check(tok_.has_value(), dir_ + ": no tiktoken.model here, so text prompts are not possible (use --ids)");
+  return *tok_;
+}
+
+}  // namespace wren

@@ -1,0 +1,52 @@
+// One loaded model ready to generate: weights, backend, expert source, forward pass and (when the
+// snapshot has one) the tokenizer. Front ends (run, chat, serve) hold one Engine and create a
+// SequenceState per conversation.
+#pragma once
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "backends/cpu/cpu_backend.h"
+#include "model/forward.h"
+#include "runtime/expert_store.h"
+#include "tokenizer/tokenizer.h"
+
+namespace wren {
+
+/// What to load and how.
+struct EngineOptions {
+  std::string model_dir;           ///< "" = the built-in default model
+  std::string expert_cache;        ///< --expert-cache ("" = default budget)
+  std::string direct = "auto";     ///< --direct
+  int chunk = 32, layers = -1, ctx = 4096;
+  bool announce = true;            ///< print the expert-cache line on stderr
+};
+
+class Engine {
+ public:
+  /// Loads the model (and its tokenizer if DIR has tiktoken.model). Throws wren::Error.
+  explicit Engine(const EngineOptions& o);
+
+  const Model& model() const { return *model_; }
+  const Config& config() const { return model_->config; }
+  Forward& forward() { return *fwd_; }
+  Backend& backend() { return be_; }
+  ExpertStore* store() { return store_.get(); }
+  /// The tokenizer, or throws wren::Error saying the snapshot has none.
+  const Tokenizer& tokenizer() const;
+  bool has_tokenizer() const { return tok_.has_value(); }
+  /// A fresh, empty sequence with room for the context given at construction.
+  std::unique_ptr<SequenceState> new_sequence() { return std::make_unique<SequenceState>(be_, config(), ctx_); }
+  const std::string& dir() const { return dir_; }
+
+ private:
+  std::string dir_;
+  int ctx_;
+  std::unique_ptr<Model> model_;
+  CpuBackend be_;
+  std::unique_ptr<ExpertStore> store_;
+  std::unique_ptr<Forward> fwd_;
+  std::optional<Tokenizer> tok_;
+};
+
+}  // namespace wren

@@ -1,0 +1,62 @@
+// Token sampling (see sampler.h).
+#include "runtime/sampler.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace wren {
+
+int argmax(const float* logits, int n) {
+  int best = 0;
+  for (int i = 1; i < n; ++i)
+    if (logits[i] > logits[best]) best = i;
+  return best;
+}
+
+Sampler::Sampler(const SamplerOptions& o) : o_(o), state_(o.seed ^ 0x2545f4914f6cdd1dull) {
+  check(o.top_p > 0.f && o.top_p <= 1.f, "--top-p must be in (0, 1], got " + std::to_string(o.top_p));
+  check(o.top_k >= 0, "--top-k must be >= 0");
+  check(std::isfinite(o.temperature) && o.temperature >= 0.f, "--temperature must be >= 0");
+}
+
+double Sampler::uniform() {
+  uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return double((z ^ (z >> 31)) >> 11) * (1.0 / 9007199254740992.0);
+}
+
+int Sampler::sample(const float* logits, int n) {
+  if (o_.temperature <= 0.f) return argmax(logits, n);
+  idx_.resize(n);
+  std::iota(idx_.begin(), idx_.end(), 0);
+  const int k = o_.top_k > 0 ? std::min(o_.top_k, n) : n;
+  auto by_logit = [&](int a, int b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); };
+  std::partial_sort(idx_.begin(), idx_.begin() + k, idx_.end(), by_logit);
+  idx_.resize(k);
+  p_.resize(k);
+  const double mx = logits[idx_[0]];
+  double sum = 0;
+  for (int i = 0; i < k; ++i) sum += (p_[i] = std::exp((double(logits[idx_[i]]) - mx) / o_.temperature));
+  int keep = k;  // nucleus: the smallest prefix whose mass reaches top_p
+  if (o_.top_p < 1.f) {
+    double acc = 0;
+    for (int i = 0; i < k; ++i) {
+      acc += p_[i] / sum;
+      if (acc >= o_.top_p) {
+        keep = i + 1;
+        break;
+      }
+    }
+    sum = std::accumulate(p_.begin(), p_.begin() + keep, 0.0);
+  }
+  double r = uniform() * sum;
+  for (int i = 0; i < keep; ++i)
+    if ((r -= p_[i]) < 0) return idx_[i];
+  return idx_[keep - 1];
+}
+
+}  // namespace wren
