@@ -6,7 +6,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
-#include "backends/cpu/cpu_backend.h"
+#include "backends/factory.h"
 #include "cli/commands.h"
 #include "runtime/f32_file.h"
 #include "core/error.h"
@@ -17,7 +17,7 @@ namespace wren::cli {
 namespace {
 
 struct RunArgs {
-  std::string model, ids, trace, logits, x0, dump_dir;
+  std::string model, ids, trace, logits, x0, dump_dir, backend = "auto";
   int n = 16, layers = -1, dump_layer = -1, dump_token = 0, chunk = 32, ctx = 4096;
   bool json = false;
 };
@@ -43,10 +43,12 @@ std::vector<int> parse_ids(const std::string& s) {
 void run(const RunArgs& a) {
   check(!a.ids.empty(), "no prompt: give --ids (text prompts arrive with the tokenizer)");
   const std::vector<int> prompt = parse_ids(a.ids);
+  resolve_backend(a.backend);  // fail on a bad or unusable --backend before loading the model
   auto model = load_model(a.model);
   const Config& c = model->config;
   const int T = int(prompt.size());
-  CpuBackend be;
+  std::unique_ptr<Backend> backend = make_backend(a.backend, model->weights);
+  Backend& be = *backend;
   Forward fwd(*model, be, {a.chunk, a.layers});
   SequenceState st(be, c, std::max(a.ctx, T + a.n));
 
@@ -98,8 +100,8 @@ void run(const RunArgs& a) {
     for (size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? " " : "", out[i]);
     std::printf("\n");
   }
-  std::fprintf(stderr, "wren: %d prompt tokens, prefill %.1f tok/s; %d generated, decode %.1f tok/s\n",
-               stats.prompt_tokens, stats.prompt_tokens / std::max(stats.prefill_s, 1e-9),
+  std::fprintf(stderr, "wren: backend %s; %d prompt tokens, prefill %.1f tok/s; %d generated, decode %.1f tok/s\n",
+               be.name(), stats.prompt_tokens, stats.prompt_tokens / std::max(stats.prefill_s, 1e-9),
                stats.generated_tokens,
                stats.generated_tokens > 1 ? (stats.generated_tokens - 1) / std::max(stats.decode_s, 1e-9) : 0.0);
 }
@@ -121,6 +123,8 @@ void add_run(CLI::App& app) {
   sub->add_option("--dump-token", a->dump_token, "Prompt position to dump (default 0)");
   sub->add_option("--dump-dir", a->dump_dir, "Folder for nrm_attn/att/nrm_mlp/mlp/hidden .f32 files");
   sub->add_option("--chunk", a->chunk, "Prefill chunk (tokens per layer-major pass)")->check(CLI::PositiveNumber);
+  sub->add_option("--backend", a->backend, "Op backend: cpu, cuda, or auto (default: cuda when built in and a GPU is present, else cpu)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub->add_option("--ctx", a->ctx, "Context capacity in tokens (MLA cache size)")->check(CLI::PositiveNumber);
   sub->callback([a] { run(*a); });
 }
