@@ -7,6 +7,7 @@ void add_bench(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks with a reference measured in the same run");
   bench->require_subcommand(1);
   add_bench_experts(bench);
+  add_bench_layers(bench);
 }
 
 }  // namespace wren::cli

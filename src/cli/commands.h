@@ -10,6 +10,7 @@ void add_inspect(CLI::App& app);
 void add_synth(CLI::App& app);
 void add_bench(CLI::App& app);
 void add_bench_experts(CLI::App* bench);
+void add_bench_layers(CLI::App* bench);
 void add_tokenize(CLI::App& app);
 
 }  // namespace wren::cli

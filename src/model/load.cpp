@@ -105,6 +105,8 @@ void validate_expert_scales(const ExpertRef& e) {
   const std::string file = e.contiguous ? e.file + ": " : "";
   for (const auto& p : parts) {
     const int groups = p.m->cols / mxfp4::kGroup;
+    // Fast path (this runs on an expert's first use, inside decode): no 255 byte anywhere.
+    if (!std::memchr(p.m->scale, mxfp4::kBadScale, size_t(p.m->rows) * groups)) continue;
     for (int r = 0; r < p.m->rows; ++r)
       for (int g = 0; g < groups; ++g)
         if (p.m->scale[size_t(r) * groups + g] == mxfp4::kBadScale)  // message built only on failure

@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "backends/cpu/cpu_backend.h"
+#include "backends/backend.h"
 #include "model/forward.h"
 #include "runtime/expert_store.h"
 #include "tokenizer/tokenizer.h"
@@ -18,6 +18,7 @@ struct EngineOptions {
   std::string model_dir;           ///< "" = the built-in default model
   std::string expert_cache;        ///< --expert-cache ("" = default budget)
   std::string direct = "auto";     ///< --direct
+  std::string backend = "auto";    ///< --backend: cpu, cuda or auto (backends/factory.h)
   int chunk = 32, layers = -1, ctx = 4096;
   bool announce = true;            ///< print the expert-cache line on stderr
 };
@@ -30,20 +31,20 @@ class Engine {
   const Model& model() const { return *model_; }
   const Config& config() const { return model_->config; }
   Forward& forward() { return *fwd_; }
-  Backend& backend() { return be_; }
+  Backend& backend() { return *be_; }
   ExpertStore* store() { return store_.get(); }
   /// The tokenizer, or throws wren::Error saying the snapshot has none.
   const Tokenizer& tokenizer() const;
   bool has_tokenizer() const { return tok_.has_value(); }
   /// A fresh, empty sequence with room for the context given at construction.
-  std::unique_ptr<SequenceState> new_sequence() { return std::make_unique<SequenceState>(be_, config(), ctx_); }
+  std::unique_ptr<SequenceState> new_sequence() { return std::make_unique<SequenceState>(*be_, config(), ctx_); }
   const std::string& dir() const { return dir_; }
 
  private:
   std::string dir_;
   int ctx_;
   std::unique_ptr<Model> model_;
-  CpuBackend be_;
+  std::unique_ptr<Backend> be_;
   std::unique_ptr<ExpertStore> store_;
   std::unique_ptr<Forward> fwd_;
   std::optional<Tokenizer> tok_;

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Negative control for the CUDA tests (gpu-backend.md §3.7): builds BUILD/wren_tests_planted, the
+# test binary with the bugs of tests/cuda_planted_bugs.patch planted in the CUDA kernels (one per
+# op: wrong nibble order, KV row written at position 0, decay skipped, ...). Every CudaOps test and
+# every CUDA model test must FAIL with it. Only the patched .cu files are recompiled (with the
+# build's own nvcc command lines) and the test binary relinked; BUILD must be a CUDA build.
+# Usage: scripts/cuda_planted.sh [BUILD]   (default build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+root=$(pwd)
+build=${1:-build}
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cp -r src "$tmp/src"
+(cd "$tmp" && patch -s -p1 < "$root/tests/cuda_planted_bugs.patch")
+mkdir -p "$tmp/obj"
+cp "$build/libwren_lib.a" "$tmp/libwren_lib.a"
+for cu in src/backends/cuda/*.cu; do
+  name=$(basename "$cu")
+  cmd=$(python3 -c 'import json,sys; [print(e["command"]) for e in json.load(open(sys.argv[1])) if e["file"].endswith(sys.argv[2])]' \
+        "$build/compile_commands.json" "/$cu")
+  [ -n "$cmd" ] || { echo "no compile command for $cu in $build" >&2; exit 1; }
+  cmd=${cmd//-I$root\/src/-I$tmp\/src}
+  cmd=${cmd//$root\/$cu/$tmp\/$cu}
+  cmd=$(sed -E "s# -o [^ ]+# -o $tmp/obj/$name.o#" <<<"$cmd")
+  (cd "$build" && eval "$cmd")
+done
+(cd "$tmp/obj" && ar r "$tmp/libwren_lib.a" ./*.cu.o)
+link=$(cd "$build" && ninja -t commands wren_tests | tail -1)
+link=${link#: && }
+link=${link%% && :*}
+link=${link// libwren_lib.a / $tmp\/libwren_lib.a }
+link=${link//-o wren_tests /-o wren_tests_planted }
+(cd "$build" && eval "$link")
+echo "built $build/wren_tests_planted"

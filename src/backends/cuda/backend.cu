@@ -1,0 +1,261 @@
+// CUDA backend: device selection, the compute stream, weight upload (host-pointer -> device map),
+// device memory ops and scratch. Layout: activations f32 device buffers from alloc(); weights in
+// arenas, each tensor 256-byte aligned (dense f32 [rows, cols]; expert packed then scale bytes).
+#include <cstdio>
+#include <cstring>
+
+#include "backends/cuda/cuda_common.cuh"
+
+namespace wren {
+
+using cuda::check_cuda;
+
+bool cuda_device_available(std::string* why) {
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    if (why) *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return false;
+  }
+  if (n == 0) {
+    if (why) *why = "cudaGetDeviceCount reports 0 devices";
+    return false;
+  }
+  return true;
+}
+
+// ---- Impl ----
+
+const float* CudaBackend::Impl::dense(const DenseWeight& w, const char* op) const {
+  const auto it = weights.find(w.data);
+  if (it == weights.end())
+    throw Error(std::string("CUDA backend: ") + op + ": weight [" + std::to_string(w.rows) + ", " +
+                std::to_string(w.cols) + "] has no device copy (call CudaBackend::upload first)");
+  return static_cast<const float*>(it->second.ptr);
+}
+
+const uint8_t* CudaBackend::Impl::bytes(const uint8_t* host, const char* op) const {
+  const auto it = weights.find(host);
+  if (it == weights.end())
+    throw Error(std::string("CUDA backend: ") + op +
+                ": MXFP4 expert tensor has no device copy (call CudaBackend::upload first)");
+  return static_cast<const uint8_t*>(it->second.ptr);
+}
+
+void* CudaBackend::Impl::scratch(cuda::Scratch& s, size_t n) {
+  if (s.bytes >= n) return s.ptr;
+  if (s.ptr) check_cuda(cudaFree(s.ptr), "cudaFree (scratch)");
+  s.ptr = nullptr;
+  s.bytes = 0;
+  const size_t want = n < 256 ? 256 : n;
+  check_cuda(cudaMalloc(&s.ptr, want), ("cudaMalloc of " + std::to_string(want) + " scratch bytes").c_str());
+  s.bytes = want;
+  return s.ptr;
+}
+
+void CudaBackend::Impl::launched(const char* what) {
+  ++stats.launches;
+  check_cuda(cudaGetLastError(), what);
+}
+
+void CudaBackend::Impl::sync(const char* what) {
+  ++stats.host_syncs;
+  check_cuda(cudaStreamSynchronize(stream), what);
+}
+
+// ---- lifetime ----
+
+CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
+  std::string why;
+  if (!cuda_device_available(&why)) throw Error("no CUDA device: " + why);
+  int n = 0;
+  check_cuda(cudaGetDeviceCount(&n), "cudaGetDeviceCount");
+  check(device >= 0 && device < n, "no CUDA device: device " + std::to_string(device) + " requested, " +
+                                       std::to_string(n) + " present");
+  impl_->device = device;
+  check_cuda(cudaSetDevice(device), "cudaSetDevice");
+  check_cuda(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
+  check_cuda(cudaDeviceGetAttribute(&impl_->max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
+             "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+}
+
+CudaBackend::~CudaBackend() {
+  Impl& m = *impl_;
+  if (m.stream) cudaStreamSynchronize(m.stream);
+  for (cuda::Scratch* s : {&m.ids, &m.act, &m.scores, &m.router_ids, &m.router_w})
+    if (s->ptr) cudaFree(s->ptr);
+  for (void* a : m.arenas) cudaFree(a);
+  if (m.pinned_ids) cudaFreeHost(m.pinned_ids);
+  if (m.pinned_w) cudaFreeHost(m.pinned_w);
+  if (m.stream) cudaStreamDestroy(m.stream);
+}
+
+CudaStats CudaBackend::stats() const { return impl_->stats; }
+
+void CudaBackend::synchronize() { impl_->sync("synchronize"); }
+
+// ---- upload ----
+
+namespace {
+
+/// One host tensor to mirror.
+struct Piece {
+  const void* host;
+  size_t bytes;
+};
+
+void add_dense(std::vector<Piece>& out, const DenseWeight& w) {
+  if (!w.data) return;
+  check(w.dtype == DType::F32, "CUDA backend: upload: dense weight [" + std::to_string(w.rows) + ", " +
+                                   std::to_string(w.cols) + "] is not f32 (the exact mode keeps every dense weight f32)");
+  out.push_back({w.data, size_t(w.rows) * size_t(w.cols) * sizeof(float)});
+}
+
+void add_mx(std::vector<Piece>& out, const MxMatrix& m) {
+  if (!m.packed) return;
+  check(m.cols % 32 == 0, "CUDA backend: upload: MXFP4 matrix with " + std::to_string(m.cols) +
+                              " columns (must be a multiple of 32)");
+  out.push_back({m.packed, size_t(m.rows) * size_t(m.cols / 2)});
+  out.push_back({m.scale, size_t(m.rows) * size_t(m.cols / 32)});
+}
+
+void add_expert(std::vector<Piece>& out, const ExpertRef& e) {
+  add_mx(out, e.w1);
+  add_mx(out, e.w2);
+  add_mx(out, e.w3);
+}
+
+/// Mirrors `pieces`: a host tensor already in the map is copied again into its device slot when
+/// that slot is large enough (so a re-upload refreshes the contents, and a host address reused by a
+/// new tensor never serves stale bytes, gpu-backend.md lesson 11); the others go into one new
+/// device arena and are added to the map.
+void upload_pieces(CudaBackend::Impl& m, const std::vector<Piece>& pieces) {
+  constexpr size_t kAlign = 256;
+  std::vector<Piece> fresh;
+  std::unordered_map<const void*, size_t> seen;  // host -> index in `fresh` or SIZE_MAX (refreshed)
+  for (const Piece& p : pieces) {
+    if (const auto s = seen.find(p.host); s != seen.end()) {  // the same tensor listed twice
+      if (s->second != SIZE_MAX) fresh[s->second].bytes = std::max(fresh[s->second].bytes, p.bytes);
+      else check(m.weights[p.host].bytes >= p.bytes, "CUDA backend: upload: one host tensor given with two sizes");
+      continue;
+    }
+    const auto it = m.weights.find(p.host);
+    if (it != m.weights.end() && it->second.bytes >= p.bytes) {
+      // On the compute stream: ordered after every queued op that may still read the old bytes.
+      check_cuda(cudaMemcpyAsync(it->second.ptr, p.host, p.bytes, cudaMemcpyHostToDevice, m.stream),
+                 "cudaMemcpyAsync (weight refresh)");
+      it->second.bytes = p.bytes;
+      m.stats.uploaded_bytes += p.bytes;
+      seen[p.host] = SIZE_MAX;
+      continue;
+    }
+    seen[p.host] = fresh.size();
+    fresh.push_back(p);
+  }
+  if (fresh.empty()) {
+    m.sync("upload");
+    return;
+  }
+  size_t total = 0;
+  for (const Piece& p : fresh) total += (p.bytes + kAlign - 1) / kAlign * kAlign;
+  void* arena = nullptr;
+  check_cuda(cudaMalloc(&arena, total), ("cudaMalloc of a " + std::to_string(total) + "-byte weight arena").c_str());
+  m.arenas.push_back(arena);
+  size_t off = 0;
+  for (const Piece& p : fresh) {
+    char* dst = static_cast<char*>(arena) + off;
+    check_cuda(cudaMemcpyAsync(dst, p.host, p.bytes, cudaMemcpyHostToDevice, m.stream), "cudaMemcpyAsync (weight upload)");
+    m.weights[p.host] = {dst, p.bytes};
+    off += (p.bytes + kAlign - 1) / kAlign * kAlign;
+    m.stats.uploaded_bytes += p.bytes;
+  }
+  m.stats.resident_tensors = m.weights.size();
+  m.sync("upload");
+}
+
+}  // namespace
+
+void CudaBackend::upload(const ModelWeights& w) {
+  std::vector<Piece> p;
+  for (const DenseWeight* d : {&w.embed, &w.final_norm, &w.out_res_norm, &w.out_res_proj, &w.out_mix, &w.lm_head})
+    add_dense(p, *d);
+  for (const LayerWeights& l : w.layers) {
+    for (const DenseWeight* d : {&l.input_norm, &l.post_norm, &l.attn_res_norm, &l.attn_res_proj,
+                                 &l.mlp_res_norm, &l.mlp_res_proj, &l.attn_mix, &l.mlp_mix})
+      add_dense(p, *d);
+    const KdaWeights& k = l.kda;
+    for (const DenseWeight* d : {&k.q, &k.k, &k.v, &k.q_conv, &k.k_conv, &k.v_conv, &k.f_a, &k.f_b,
+                                 &k.a_log, &k.dt_bias, &k.b, &k.g, &k.o_norm, &k.o})
+      add_dense(p, *d);
+    const MlaWeights& a = l.mla;
+    for (const DenseWeight* d : {&a.q_a, &a.q_a_norm, &a.q_b, &a.kv_a, &a.kv_a_norm, &a.kv_b, &a.g, &a.o})
+      add_dense(p, *d);
+    for (const DenseWeight* d : {&l.mlp.gate, &l.mlp.up, &l.mlp.down}) add_dense(p, *d);
+    const MoeWeights& m = l.moe;
+    for (const DenseWeight* d : {&m.router, &m.bias, &m.down, &m.norm, &m.up, &m.shared_gate,
+                                 &m.shared_up, &m.shared_down})
+      add_dense(p, *d);
+    for (const ExpertRef& e : m.experts) add_expert(p, e);
+  }
+  upload_pieces(*impl_, p);
+}
+
+void CudaBackend::upload(const DenseWeight& w) {
+  std::vector<Piece> p;
+  add_dense(p, w);
+  upload_pieces(*impl_, p);
+}
+
+void CudaBackend::upload(const ExpertRef& e) {
+  std::vector<Piece> p;
+  add_expert(p, e);
+  upload_pieces(*impl_, p);
+}
+
+// ---- memory ops ----
+
+float* CudaBackend::alloc(size_t n) {
+  void* p = nullptr;
+  const size_t bytes = (n ? n : 1) * sizeof(float);
+  check_cuda(cudaMalloc(&p, bytes), ("cudaMalloc of " + std::to_string(bytes) + " bytes").c_str());
+  check_cuda(cudaMemsetAsync(p, 0, bytes, impl_->stream), "cudaMemsetAsync (alloc)");
+  return static_cast<float*>(p);
+}
+
+void CudaBackend::release(float* p) {
+  // Called from destructors: report, never throw.
+  const cudaError_t err = cudaFree(p);
+  if (err != cudaSuccess) std::fprintf(stderr, "wren: CUDA backend: cudaFree failed: %s\n", cudaGetErrorString(err));
+}
+
+void CudaBackend::to_host(const float* src, size_t n, float* dst) {
+  check_cuda(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToHost, impl_->stream),
+             "cudaMemcpyAsync (to_host)");
+  impl_->sync("to_host");
+}
+
+void CudaBackend::from_host(const float* src, size_t n, float* dst) {
+  check_cuda(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyHostToDevice, impl_->stream),
+             "cudaMemcpyAsync (from_host)");
+  impl_->sync("from_host");  // the caller may reuse `src` at once
+}
+
+void CudaBackend::copy(const float* src, size_t n, float* dst) {
+  if (n == 0 || src == dst) return;
+  const size_t bytes = n * sizeof(float);
+  const char *s = reinterpret_cast<const char*>(src), *d = reinterpret_cast<const char*>(dst);
+  if (s < d + bytes && d < s + bytes) {  // overlapping (memmove semantics): stage through scratch
+    void* tmp = impl_->scratch(impl_->scores, bytes);
+    check_cuda(cudaMemcpyAsync(tmp, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream), "cudaMemcpyAsync (copy)");
+    check_cuda(cudaMemcpyAsync(dst, tmp, bytes, cudaMemcpyDeviceToDevice, impl_->stream), "cudaMemcpyAsync (copy)");
+    return;
+  }
+  check_cuda(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream), "cudaMemcpyAsync (copy)");
+}
+
+void CudaBackend::fill_zero(float* p, size_t n) {
+  check_cuda(cudaMemsetAsync(p, 0, n * sizeof(float), impl_->stream), "cudaMemsetAsync (fill_zero)");
+}
+
+}  // namespace wren

@@ -1,0 +1,123 @@
+// Shared pieces of the CUDA backend's .cu files: the backend's private state (CudaBackend::Impl),
+// error checking, launch bookkeeping, block reductions and the device transcendentals.
+// Not part of the public interface: only src/backends/cuda/*.cu include it.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "backends/cuda/cuda_backend.h"
+#include "core/error.h"
+
+namespace wren {
+namespace cuda {
+
+/// Throws wren::Error("<what>: <CUDA error name>: <string>") when `err` is not cudaSuccess.
+inline void check_cuda(cudaError_t err, const char* what) {
+  if (err != cudaSuccess)
+    throw Error(std::string("CUDA backend: ") + what + ": " + cudaGetErrorName(err) + ": " +
+                cudaGetErrorString(err));
+}
+
+/// A device copy of one host tensor.
+struct DeviceTensor {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+/// A grow-only device scratch buffer (stream-ordered reuse: every user is on the one stream).
+struct Scratch {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+};
+
+}  // namespace cuda
+
+struct CudaBackend::Impl {
+  int device = 0;
+  cudaStream_t stream = nullptr;
+  int max_smem_optin = 0;  ///< bytes of dynamic shared memory a block may opt into
+  std::unordered_map<const void*, cuda::DeviceTensor> weights;  ///< host tensor -> device copy
+  std::vector<void*> arenas;                                    ///< weight arenas (owned)
+  cuda::Scratch ids, act, scores, router_ids, router_w;         ///< per-op scratch
+  int* pinned_ids = nullptr;    ///< pinned host staging for router ids
+  float* pinned_w = nullptr;    ///< pinned host staging for router weights
+  size_t pinned_len = 0;        ///< entries in each pinned buffer
+  CudaStats stats;
+
+  /// Device copy of a dense f32 weight; throws naming `op` when it was never uploaded.
+  const float* dense(const DenseWeight& w, const char* op) const;
+  /// Device copy of MXFP4 bytes (packed or scale) of an uploaded expert.
+  const uint8_t* bytes(const uint8_t* host, const char* op) const;
+  /// Scratch `s` with at least `bytes` bytes.
+  void* scratch(cuda::Scratch& s, size_t bytes);
+  /// Counts one launch and checks it (cudaGetLastError), naming `what` on failure.
+  void launched(const char* what);
+  /// Waits for the stream; counts the sync.
+  void sync(const char* what);
+};
+
+namespace cuda {
+
+constexpr int kWarp = 32;
+constexpr unsigned kFull = 0xffffffffu;
+
+/// f32 exp / tanh through f64: correctly rounded except within ~2^-29 of a rounding boundary,
+/// so they agree with glibc's (0.502-ulp) expf almost always (CUDA's expf is 2-ulp).
+__device__ __forceinline__ float exp_f(float x) { return float(exp(double(x))); }
+__device__ __forceinline__ float tanh_f(float x) { return float(tanh(double(x))); }
+/// σ(x) in the CPU reference's form: 1 / (1 + e^-x) in f32.
+__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
+/// SiTU-GLU of one pair in the CPU reference's operation order (spec §4.4).
+__device__ __forceinline__ float situ_f(float g, float u, float b1, float b2) {
+  return (b1 * tanh_f(g / b1) * sigmoid_f(g)) * (b2 * tanh_f(u / b2));
+}
+
+/// Single-thread f32 dot in cpu::dot's order: 8 partial sums over i ≡ j (mod 8), then the tree
+/// ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)). Bit-identical to the CPU without FMA contraction.
+__device__ __forceinline__ float dot8(const float* a, const float* b, int n) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int i = 0;
+  for (; i + 8 <= n; i += 8)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) acc[j] += a[i + j] * b[i + j];
+  for (; i < n; ++i) acc[i & 7] += a[i] * b[i];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/// Sum of `v` over the block (all threads must call; blockDim.x a multiple of 32, <= 1024).
+/// `red` is >= 32 doubles of shared memory. Returns the total to every thread.
+__device__ __forceinline__ double block_sum(double v, double* red) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, nw = blockDim.x / kWarp;
+  __syncthreads();  // red may still be read from a previous call
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  double t = 0;
+  for (int w = 0; w < nw; ++w) t += red[w];  // every thread sums in the same order
+  return t;
+}
+
+/// Max of `v` over the block (exact in any order); same contract as block_sum.
+__device__ __forceinline__ float block_max(float v, float* red) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFull, v, o));
+  const int warp = threadIdx.x / kWarp, lane = threadIdx.x % kWarp, nw = blockDim.x / kWarp;
+  __syncthreads();
+  if (lane == 0) red[warp] = v;
+  __syncthreads();
+  float t = red[0];
+  for (int w = 1; w < nw; ++w) t = fmaxf(t, red[w]);
+  return t;
+}
+
+/// Blocks of `threads` covering n items, capped for grid-stride loops.
+inline unsigned grid_for(size_t n, int threads, unsigned cap = 65535u * 4) {
+  const size_t b = (n + threads - 1) / threads;
+  return unsigned(b == 0 ? 1 : (b > cap ? cap : b));
+}
+
+}  // namespace cuda
+}  // namespace wren

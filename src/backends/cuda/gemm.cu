@@ -1,0 +1,90 @@
+// CUDA backend: embedding lookup and the f32 GEMM/GEMV.
+// Layout: W [rows, cols] row-major (PyTorch Linear [out, in]); x [T, cols]; y [T, rows]; all f32.
+//
+// The GEMM reproduces cpu::dot's order exactly: a group of 8 lanes owns one output row; lane j
+// accumulates the products at columns i ≡ j (mod 8) in increasing i (one f32 partial per token),
+// then the group combines the 8 partials with xor-1, xor-2, xor-4 shuffles, which is the CPU's tree
+// ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)) (f32 addition commutes). Built with -fmad=false, the result
+// is bit-identical to the CPU backend. A block has 256 threads = 32 rows; blockIdx.y walks token
+// tiles of TT, so each weight element is read once per tile.
+#include <string>
+
+#include "backends/cuda/cuda_common.cuh"
+
+namespace wren {
+
+namespace {
+
+constexpr int kGemmThreads = 256;
+constexpr int kRowsPerBlock = kGemmThreads / 8;
+
+template <int TT>
+__global__ void gemm_kernel(const float* __restrict__ W, const float* __restrict__ x, int T, int rows,
+                            int cols, float* __restrict__ y) {
+  const int lane8 = threadIdx.x & 7;
+  const int row = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 3);
+  const int t0 = blockIdx.y * TT;
+  if (row >= rows) return;  // whole 8-lane groups leave together; shuffles use the group mask
+  const unsigned mask = 0xffu << (threadIdx.x & 24);
+  const float* w = W + size_t(row) * cols;
+  float acc[TT];
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) acc[tt] = 0.f;
+  const int nt = T - t0 < TT ? T - t0 : TT;
+  for (int i = lane8; i < cols; i += 8) {
+    const float wv = __ldg(w + i);
+#pragma unroll
+    for (int tt = 0; tt < TT; ++tt)
+      if (tt < nt) acc[tt] += wv * __ldg(x + size_t(t0 + tt) * cols + i);
+  }
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) {
+    float s = acc[tt];
+    s = s + __shfl_xor_sync(mask, s, 1);
+    s = s + __shfl_xor_sync(mask, s, 2);
+    s = s + __shfl_xor_sync(mask, s, 4);
+    if (lane8 == 0 && tt < nt) y[size_t(t0 + tt) * rows + row] = s;
+  }
+}
+
+__global__ void embed_kernel(const float* __restrict__ table, const int* __restrict__ ids, int D,
+                             float* __restrict__ x) {
+  const int t = blockIdx.x;
+  const float* src = table + size_t(ids[t]) * D;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) x[size_t(t) * D + i] = src[i];
+}
+
+}  // namespace
+
+void CudaBackend::embed(const DenseWeight& table, const int* ids, int T, float* x) {
+  Impl& m = *impl_;
+  for (int t = 0; t < T; ++t)
+    if (ids[t] < 0 || ids[t] >= table.rows)
+      throw Error("token id " + std::to_string(ids[t]) + " is outside the vocabulary [0, " +
+                  std::to_string(table.rows) + ")");
+  const float* dt = m.dense(table, "embed");
+  int* dids = static_cast<int*>(m.scratch(m.ids, size_t(T) * sizeof(int)));
+  // Pageable source: the copy returns once `ids` is staged, so the caller may reuse it.
+  cuda::check_cuda(cudaMemcpyAsync(dids, ids, size_t(T) * sizeof(int), cudaMemcpyHostToDevice, m.stream),
+                   "cudaMemcpyAsync (embed ids)");
+  embed_kernel<<<T, 256, 0, m.stream>>>(dt, dids, int(table.cols), x);
+  m.launched("embed kernel");
+}
+
+void CudaBackend::gemm(const DenseWeight& W, const float* x, int T, float* y) {
+  Impl& m = *impl_;
+  if (T <= 0 || W.rows == 0) return;
+  const float* dw = m.dense(W, "gemm");
+  const int rows = int(W.rows), cols = int(W.cols);
+  const unsigned gx = unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  if (T == 1) {
+    gemm_kernel<1><<<dim3(gx, 1), kGemmThreads, 0, m.stream>>>(dw, x, T, rows, cols, y);
+  } else if (T <= 4) {
+    gemm_kernel<4><<<dim3(gx, 1), kGemmThreads, 0, m.stream>>>(dw, x, T, rows, cols, y);
+  } else {
+    gemm_kernel<8><<<dim3(gx, unsigned((T + 7) / 8)), kGemmThreads, 0, m.stream>>>(dw, x, T, rows, cols, y);
+  }
+  m.launched("gemm kernel");
+}
+
+}  // namespace wren

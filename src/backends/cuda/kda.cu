@@ -1,0 +1,157 @@
+// CUDA backend: the fused KDA step (spec kimi-k3.md §4.2 steps 2-7), ONE launch per chunk of T
+// tokens: block h owns head h for the whole chunk and loops the tokens in order, doing conv + SiLU,
+// L2 norms, the decay/beta gates, the delta-rule state update and read, the per-head RMSNorm and
+// the output gate with no host round trip (gpu-backend.md §2.13).
+// Layout: q, k, v, z, gate, out [T, P] (P = H·d); beta [T, H]; S [H, d, d] as S[key][value];
+// conv windows [3, P, K-1] oldest first; conv weights [P, K] with tap K-1 = the current token.
+//
+// Thread c of a block owns value column c of S_h: the decay + u = kᵀS pass and the update + o = qᵀS
+// pass walk the keys r in increasing order, the CPU's summation order, so the recurrence is the
+// CPU's arithmetic; S_h lives in shared memory for the chunk (d² f32, 64 KB at d = 128; opt-in
+// above 48 KB) or, when it does not fit, is updated in place in global memory.
+#include <cmath>
+#include <string>
+
+#include "backends/cuda/cuda_common.cuh"
+
+namespace wren {
+
+namespace {
+
+struct KdaArgs {
+  const float *q, *k, *v, *z, *beta, *gate;  // activations
+  const float *q_conv, *k_conv, *v_conv, *a_log, *dt_bias, *o_norm;  // weights
+  float *S, *conv, *out;
+  int H, d, K, T;
+  float lower, eps;
+  bool softplus_gate;  // Kimi Linear: g = -exp(A) * softplus(z); K3: g = lower * sigmoid(exp(A) * z)
+  bool smem_state;
+};
+
+/// Causal depthwise conv over the window + SiLU for one channel; shifts the window.
+__device__ __forceinline__ float conv_silu(float x, const float* wc, float* wi, int K) {
+  float acc = wc[K - 1] * x;
+  for (int j = 0; j < K - 1; ++j) acc += wc[j] * wi[j];
+  for (int j = 0; j + 1 < K - 1; ++j) wi[j] = wi[j + 1];
+  if (K > 1) wi[K - 2] = x;
+  return acc * cuda::sigmoid_f(acc);
+}
+
+__global__ void kda_kernel(KdaArgs a) {
+  extern __shared__ float smem[];
+  __shared__ double red[32];
+  const int h = blockIdx.x, d = a.d, P = a.H * d, K = a.K, c = threadIdx.x;
+  float* qs = smem;            // [d] q, then normalized
+  float* ks = qs + d;          // [d]
+  float* vs = ks + d;          // [d]
+  float* al = vs + d;          // [d] alpha
+  float* os = al + d;          // [d] o
+  float* S = a.smem_state ? os + d : a.S + size_t(h) * d * d;
+  float* Sg = a.S + size_t(h) * d * d;
+  if (a.smem_state)
+    for (int i = threadIdx.x; i < d * d; i += blockDim.x) S[i] = Sg[i];
+  const float qscale = 1.0f / sqrtf(float(d));
+  const float A = cuda::exp_f(a.a_log[h]);
+  const float* convw[3] = {a.q_conv, a.k_conv, a.v_conv};
+  const float* ins[3] = {a.q, a.k, a.v};
+  float* outs[3] = {qs, ks, vs};
+  __syncthreads();
+  for (int t = 0; t < a.T; ++t) {
+    // Conv + SiLU of this head's 3·d channels (q, k, v).
+    for (int i = threadIdx.x; i < 3 * d; i += blockDim.x) {
+      const int m = i / d, r = i % d, ch = h * d + r;
+      float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
+      outs[m][r] = conv_silu(ins[m][size_t(t) * P + ch], convw[m] + size_t(ch) * K, win, K);
+    }
+    __syncthreads();
+    // L2 norms of q (× d^-½) and k: v / sqrt(Σv² + 1e-6), the sum in f64.
+    double sq = 0, sk = 0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+      sq += double(qs[i]) * qs[i];
+      sk += double(ks[i]) * ks[i];
+    }
+    sq = cuda::block_sum(sq, red);
+    sk = cuda::block_sum(sk, red);
+    const float invq = float(1.0 / sqrt(sq + 1e-6)) * qscale, invk = float(1.0 / sqrt(sk + 1e-6)) * 1.0f;
+    __syncthreads();
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+      qs[i] *= invq;
+      ks[i] *= invk;
+      const int ch = h * d + i;
+      const float zc = a.z[size_t(t) * P + ch] + a.dt_bias[ch];
+      const float g = a.softplus_gate ? -A * (zc > 20.f ? zc : log1pf(cuda::exp_f(zc)))
+                                      : a.lower * cuda::sigmoid_f(A * zc);
+      al[i] = cuda::exp_f(g);
+    }
+    const float b = cuda::sigmoid_f(a.beta[size_t(t) * a.H + h]);
+    __syncthreads();
+    // Delta rule on column c: decay rows, u = kᵀS, write k ⊗ β(v − u), read o = qᵀS.
+    if (c < d) {
+      float u = 0;
+      for (int r = 0; r < d; ++r) {
+        const float s = S[r * d + c] * al[r];
+        S[r * d + c] = s;
+        u += ks[r] * s;
+      }
+      u = b * (vs[c] - u);
+      float o = 0;
+      for (int r = 0; r < d; ++r) {
+        const float s = S[r * d + c] + ks[r] * u;
+        S[r * d + c] = s;
+        o += qs[r] * s;
+      }
+      os[c] = o;
+    }
+    __syncthreads();
+    // Per-head RMSNorm (shared o_norm weight), then × σ(gate).
+    double so = 0;
+    for (int i = threadIdx.x; i < d; i += blockDim.x) so += double(os[i]) * os[i];
+    so = cuda::block_sum(so, red);
+    const float inv = float(1.0 / sqrt(so / d + a.eps));
+    for (int i = threadIdx.x; i < d; i += blockDim.x) {
+      const size_t at = size_t(t) * P + size_t(h) * d + i;
+      float y = os[i] * inv * a.o_norm[i];
+      y *= cuda::sigmoid_f(a.gate[at]);
+      a.out[at] = y;
+    }
+    __syncthreads();  // qs/ks/vs/os are rewritten by the next token
+  }
+  if (a.smem_state)
+    for (int i = threadIdx.x; i < d * d; i += blockDim.x) Sg[i] = S[i];
+}
+
+}  // namespace
+
+void CudaBackend::kda_core(const KdaParams& p, const KdaWeights& w, KdaState& s, const float* q, const float* k,
+                           const float* v, const float* z, const float* beta, const float* gate, int T,
+                           float* out) {
+  Impl& m = *impl_;
+  if (T <= 0) return;
+  if (p.head_dim < 1 || p.head_dim > 1024)
+    throw Error("CUDA backend: kda_core: head_dim " + std::to_string(p.head_dim) + " (supported: 1..1024)");
+  if (p.conv_kernel < 1) throw Error("CUDA backend: kda_core: conv kernel must be >= 1");
+  KdaArgs a{};
+  a.q = q, a.k = k, a.v = v, a.z = z, a.beta = beta, a.gate = gate;
+  a.q_conv = m.dense(w.q_conv, "kda_core (q_conv)");
+  a.k_conv = m.dense(w.k_conv, "kda_core (k_conv)");
+  a.v_conv = m.dense(w.v_conv, "kda_core (v_conv)");
+  a.a_log = m.dense(w.a_log, "kda_core (A_log)");
+  a.dt_bias = m.dense(w.dt_bias, "kda_core (dt_bias)");
+  a.o_norm = m.dense(w.o_norm, "kda_core (o_norm)");
+  a.S = s.S, a.conv = s.conv, a.out = out;
+  a.H = p.heads, a.d = p.head_dim, a.K = p.conv_kernel, a.T = T;
+  a.lower = p.gate_lower_bound, a.eps = p.eps;
+  a.softplus_gate = p.gate == KdaGate::Softplus;
+  const size_t vec_bytes = 5 * size_t(p.head_dim) * sizeof(float);
+  const size_t state_bytes = size_t(p.head_dim) * p.head_dim * sizeof(float);
+  a.smem_state = vec_bytes + state_bytes + 1024 <= size_t(m.max_smem_optin);
+  const size_t smem = vec_bytes + (a.smem_state ? state_bytes : 0);
+  if (smem > 48 * 1024)
+    cuda::check_cuda(cudaFuncSetAttribute(kda_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                     "cudaFuncSetAttribute (kda_core shared memory)");
+  const int threads = (p.head_dim + 31) / 32 * 32;
+  kda_kernel<<<p.heads, threads, smem, m.stream>>>(a);
+  m.launched("kda_core kernel");
+}
+
+}  // namespace wren

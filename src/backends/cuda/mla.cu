@@ -1,0 +1,126 @@
+// CUDA backend: gated NoPE MLA, absorbed form over the device latent cache (spec kimi-k3.md §4.3).
+// Layout: q [T, H, nope+extra]; ckv [T, kv_lora+extra] (pre-norm); cache rows [kv_lora normed
+// latent | extra raw key], [capacity, kv_lora+extra] f32; kv_b [H·(nope+v), kv_lora] with per head
+// rows [k_nope (nope) | v (v_head)]; ctx [T, H·v_head].
+//
+// Two launches per chunk: (1) one block per token writes its cache row at position length + t
+// (RMSNorm in f64 as on the CPU, key part copied raw: NoPE); (2) one block per (head, token)
+// attends over positions [0, length + t] (causal), so every row it reads was written by (1).
+// Inside (2) each quantity is formed in the CPU's order: q_abs[j] summed over the nope dims in
+// order, each score by cpu::dot's 8-partial order (one thread per position), the latent context
+// summed over positions in order (one thread per latent dim), the output by cpu::dot per v dim.
+// Scores and probabilities of a block live in a global scratch [T, H, length + T].
+#include <cmath>
+#include <string>
+
+#include "backends/cuda/cuda_common.cuh"
+
+namespace wren {
+
+namespace {
+
+constexpr int kMlaThreads = 256;
+
+__global__ void mla_cache_write_kernel(const float* __restrict__ ckv, int kv_lora, int extra,
+                                       const float* __restrict__ norm_w, float eps, float* cache, int pos0) {
+  __shared__ double red[32];
+  const int t = blockIdx.x, W = kv_lora + extra;
+  const float* in = ckv + size_t(t) * W;
+  float* row = cache + size_t(pos0 + t) * W;
+  double ss = 0;
+  for (int i = threadIdx.x; i < kv_lora; i += blockDim.x) ss += double(in[i]) * in[i];
+  ss = cuda::block_sum(ss, red);
+  const float inv = float(1.0 / sqrt(ss / kv_lora + eps));
+  for (int i = threadIdx.x; i < kv_lora; i += blockDim.x) row[i] = in[i] * inv * norm_w[i];
+  for (int j = threadIdx.x; j < extra; j += blockDim.x) row[kv_lora + j] = in[kv_lora + j];
+}
+
+struct MlaArgs {
+  const float *q, *kvb, *cache;
+  float *scores, *ctx;
+  int H, nope, extra, v_head, kv_lora, pos0, span;  // span = scores per (t, h)
+  float scale;
+};
+
+__global__ void mla_attend_kernel(MlaArgs a) {
+  extern __shared__ float sm[];
+  __shared__ double red[32];
+  __shared__ float redf[32];
+  const int h = blockIdx.x, t = blockIdx.y, H = a.H;
+  const int qh = a.nope + a.extra, kvh = a.nope + a.v_head, W = a.kv_lora + a.extra;
+  const int n = a.pos0 + t + 1;  // causal: this token's own row is the last
+  float* q_abs = sm;               // [kv_lora]
+  float* qx = q_abs + a.kv_lora;   // [extra]
+  float* cbar = qx + a.extra;      // [kv_lora]
+  float* sc = a.scores + (size_t(t) * H + h) * a.span;
+  const float* qn = a.q + (size_t(t) * H + h) * qh;
+  for (int j = threadIdx.x; j < a.kv_lora; j += blockDim.x) {
+    float acc = 0;
+    for (int dd = 0; dd < a.nope; ++dd) acc += qn[dd] * a.kvb[(size_t(h) * kvh + dd) * a.kv_lora + j];
+    q_abs[j] = acc;
+  }
+  for (int j = threadIdx.x; j < a.extra; j += blockDim.x) qx[j] = qn[a.nope + j];
+  __syncthreads();
+  float mx = -INFINITY;
+  for (int s = threadIdx.x; s < n; s += blockDim.x) {
+    const float* c = a.cache + size_t(s) * W;
+    const float v = (cuda::dot8(q_abs, c, a.kv_lora) + cuda::dot8(qx, c + a.kv_lora, a.extra)) * a.scale;
+    sc[s] = v;
+    mx = fmaxf(mx, v);
+  }
+  mx = cuda::block_max(mx, redf);
+  double sum = 0;
+  for (int s = threadIdx.x; s < n; s += blockDim.x) {
+    const float e = cuda::exp_f(sc[s] - mx);
+    sc[s] = e;
+    sum += e;
+  }
+  sum = cuda::block_sum(sum, red);  // block_sum's barrier also orders the sc[] writes
+  for (int s = threadIdx.x; s < n; s += blockDim.x) sc[s] = float(sc[s] / sum);
+  __syncthreads();
+  for (int j = threadIdx.x; j < a.kv_lora; j += blockDim.x) {
+    float acc = 0;
+    for (int s = 0; s < n; ++s) acc += sc[s] * a.cache[size_t(s) * W + j];
+    cbar[j] = acc;
+  }
+  __syncthreads();
+  float* out = a.ctx + (size_t(t) * H + h) * a.v_head;
+  for (int dd = threadIdx.x; dd < a.v_head; dd += blockDim.x)
+    out[dd] = cuda::dot8(a.kvb + (size_t(h) * kvh + a.nope + dd) * a.kv_lora, cbar, a.kv_lora);
+}
+
+}  // namespace
+
+void CudaBackend::mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& cache, const float* q,
+                             const float* ckv, int T, float* ctx) {
+  Impl& m = *impl_;
+  if (T <= 0) return;
+  if (cache.length + T > cache.capacity)
+    throw Error("context limit reached: the MLA cache holds " + std::to_string(cache.capacity) + " tokens (raise --ctx)");
+  const int pos0 = cache.length;
+  mla_cache_write_kernel<<<T, kMlaThreads, 0, m.stream>>>(ckv, p.kv_lora, p.extra,
+                                                          m.dense(w.kv_a_norm, "mla_attend (kv_a_norm)"),
+                                                          p.latent_eps, cache.kv, pos0);
+  m.launched("mla cache-write kernel");
+  MlaArgs a{};
+  a.q = q;
+  a.kvb = m.dense(w.kv_b, "mla_attend (kv_b)");
+  a.cache = cache.kv;
+  a.ctx = ctx;
+  a.H = p.heads, a.nope = p.nope, a.extra = p.extra, a.v_head = p.v_head, a.kv_lora = p.kv_lora;
+  a.pos0 = pos0;
+  a.span = pos0 + T;
+  a.scores = static_cast<float*>(m.scratch(m.scores, size_t(T) * p.heads * a.span * sizeof(float)));
+  a.scale = 1.0f / std::sqrt(float(p.nope + p.extra));
+  const size_t smem = (2 * size_t(p.kv_lora) + p.extra) * sizeof(float);
+  if (smem + 1024 > size_t(m.max_smem_optin))
+    throw Error("CUDA backend: mla_attend: kv_lora " + std::to_string(p.kv_lora) + " needs too much shared memory");
+  if (smem > 48 * 1024)
+    cuda::check_cuda(cudaFuncSetAttribute(mla_attend_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                     "cudaFuncSetAttribute (mla_attend shared memory)");
+  mla_attend_kernel<<<dim3(p.heads, T), kMlaThreads, smem, m.stream>>>(a);
+  m.launched("mla_attend kernel");
+  cache.length += T;
+}
+
+}  // namespace wren

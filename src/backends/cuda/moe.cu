@@ -1,0 +1,240 @@
+// CUDA backend: sigmoid router with biased top-k, one routed expert on the packed MXFP4 layout, and
+// the weighted expert sum (spec kimi-k3.md §4.4, §5).
+// Layout: logits [T, E] device; ids/weights [T, k] HOST; an expert's matrices are packed
+// [rows, cols/2] u8 (column 2j in the low nibble of byte j) + ue8m0 scale [rows, cols/32] u8,
+// decoded with the one codec (core/mxfp4.h); z, y [latent] device; ys [m, n] device.
+//
+// Router: one block per token; k rounds of a block arg-max over σ(logit) + bias with ties to the
+// lower id (the CPU's strict '>' scan), the raw σ weights renormalized by the sum in selection
+// order. The device ids/weights come back through pinned host buffers (one sync per call).
+// Expert: two launches. One warp per output row; lane l takes the 32-column groups l, l+32, ...:
+// Σ e2m1·x over the group in column order, × the group's exact power-of-two scale, as on the CPU;
+// lane 0 then adds the group terms in group order (the CPU's order). The input vector sits in
+// shared memory at a stride of 33 floats per group, so the 32 lanes (32 different groups) hit 32
+// different banks. Launch 1 computes W1·z and W3·z and applies SiTU; launch 2 computes W2·act.
+#include <string>
+
+#include "backends/cuda/cuda_common.cuh"
+#include "core/mxfp4.h"
+
+namespace wren {
+
+namespace {
+
+constexpr int kRouterThreads = 256;
+constexpr int kMxWarps = 8;
+constexpr int kMaxWeighted = 64;  ///< experts per weighted sum (K3: top-16)
+
+struct Best {
+  float v;
+  int i;  // -1 = none
+};
+
+/// a better than b: larger value, ties to the lower id; "none" loses.
+__device__ __forceinline__ bool better(const Best& a, const Best& b) {
+  if (a.i < 0) return false;
+  if (b.i < 0) return true;
+  return a.v > b.v || (a.v == b.v && a.i < b.i);
+}
+
+__global__ void router_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int E, int k,
+                              int* __restrict__ ids, float* __restrict__ weights) {
+  extern __shared__ float rs[];
+  float* s = rs;                                         // [E] σ(logit)
+  float* biased = s + E;                                 // [E]
+  unsigned char* taken = reinterpret_cast<unsigned char*>(biased + E);  // [E]
+  __shared__ float bv[32];
+  __shared__ int bi[32];
+  __shared__ int chosen[kMaxWeighted * 4];
+  const int t = blockIdx.x;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) {
+    s[e] = cuda::sigmoid_f(logits[size_t(t) * E + e]);
+    biased[e] = s[e] + bias[e];
+    taken[e] = 0;
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, nw = blockDim.x / 32;
+  for (int j = 0; j < k; ++j) {
+    Best b{0.f, -1};
+    for (int e = threadIdx.x; e < E; e += blockDim.x)  // ascending: strict '>' keeps the lower id
+      if (!taken[e] && (b.i < 0 || biased[e] > b.v)) b = {biased[e], e};
+    for (int o = 16; o > 0; o >>= 1) {
+      const Best other{__shfl_xor_sync(cuda::kFull, b.v, o), __shfl_xor_sync(cuda::kFull, b.i, o)};
+      if (better(other, b)) b = other;
+    }
+    if (lane == 0) bv[warp] = b.v, bi[warp] = b.i;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      Best best{bv[0], bi[0]};
+      for (int w = 1; w < nw; ++w)
+        if (better(Best{bv[w], bi[w]}, best)) best = {bv[w], bi[w]};
+      taken[best.i] = 1;
+      chosen[j] = best.i;
+    }
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) {
+    float total = 0;
+    for (int j = 0; j < k; ++j) total += s[chosen[j]];
+    for (int j = 0; j < k; ++j) {
+      ids[size_t(t) * k + j] = chosen[j];
+      weights[size_t(t) * k + j] = s[chosen[j]] / (total + 1e-20f);
+    }
+  }
+}
+
+/// Group term of one 32-column group: (Σ_j e2m1[code_j] · x_j) · 2^(scale - 127), CPU order.
+__device__ __forceinline__ float mx_group(const uint8_t* packed_row, const uint8_t* scale_row, int g,
+                                          const float* xs, const float* lut) {
+  const uint4 raw = *reinterpret_cast<const uint4*>(packed_row + size_t(g) * 16);
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+  const float* xg = xs + g * 33;
+  float part = 0;
+#pragma unroll
+  for (int w = 0; w < 4; ++w)
+#pragma unroll
+    for (int b = 0; b < 4; ++b) {
+      const uint32_t byte = (words[w] >> (8 * b)) & 0xFFu;  // little-endian: byte 4w+b of the group
+      const int col = (w * 4 + b) * 2;
+      part += lut[byte & 0xF] * xg[col];       // low nibble = even column
+      part += lut[byte >> 4] * xg[col + 1];    // high nibble = odd column
+    }
+  return part * mxfp4::scale_value(scale_row[g]);
+}
+
+/// One warp: y = (M · x)[row] for matrix M (rows × cols) with the per-group terms summed in order.
+__device__ __forceinline__ float mx_row(const uint8_t* packed, const uint8_t* scale, int row, int cols,
+                                        const float* xs, const float* lut, float* terms) {
+  const int lane = threadIdx.x % 32, groups = cols / mxfp4::kGroup;
+  const uint8_t* pr = packed + size_t(row) * (cols / 2);
+  const uint8_t* sr = scale + size_t(row) * groups;
+  for (int g = lane; g < groups; g += 32) terms[g] = mx_group(pr, sr, g, xs, lut);
+  __syncwarp();
+  float acc = 0;
+  if (lane == 0)
+    for (int g = 0; g < groups; ++g) acc += terms[g];
+  __syncwarp();  // terms is reused by the caller's next row
+  return acc;
+}
+
+struct MxArgs {
+  const uint8_t *p1, *s1, *p3, *s3;  // gate/up (launch 1) or p1/s1 = down (launch 2)
+  const float* x;
+  float* y;
+  int rows, cols;
+  float b1, b2;
+};
+
+template <bool kGateUp>
+__global__ void mx_kernel(MxArgs a) {
+  extern __shared__ float xsm[];  // [groups * 33] input, then [kMxWarps * groups] terms
+  __shared__ float lut[16];
+  const int groups = a.cols / mxfp4::kGroup;
+  if (threadIdx.x < 16) lut[threadIdx.x] = mxfp4::e2m1_value(uint8_t(threadIdx.x));
+  for (int c = threadIdx.x; c < a.cols; c += blockDim.x) xsm[(c / 32) * 33 + c % 32] = a.x[c];
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  float* terms = xsm + groups * 33 + warp * groups;
+  for (int row = blockIdx.x * kMxWarps + warp; row < a.rows; row += gridDim.x * kMxWarps) {
+    const float g = mx_row(a.p1, a.s1, row, a.cols, xsm, lut, terms);
+    if (kGateUp) {
+      const float u = mx_row(a.p3, a.s3, row, a.cols, xsm, lut, terms);
+      if (lane == 0) a.y[row] = cuda::situ_f(g, u, a.b1, a.b2);
+    } else if (lane == 0) {
+      a.y[row] = g;
+    }
+  }
+}
+
+struct Weights {
+  float w[kMaxWeighted];
+};
+
+__global__ void weighted_sum_kernel(const float* __restrict__ ys, Weights w, int m, int n, float* __restrict__ y) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    float acc = 0;
+    for (int j = 0; j < m; ++j) acc += w.w[j] * ys[size_t(j) * n + i];
+    y[i] = acc;
+  }
+}
+
+/// Launch of one MXFP4 matrix pass over `rows` outputs.
+template <bool kGateUp>
+void launch_mx(CudaBackend::Impl& m, const MxArgs& a, const char* what) {
+  const int groups = a.cols / mxfp4::kGroup;
+  const size_t smem = (size_t(groups) * 33 + size_t(kMxWarps) * groups) * sizeof(float);
+  if (smem + 1024 > size_t(m.max_smem_optin))
+    throw Error("CUDA backend: expert_ffn: " + std::to_string(a.cols) + " columns need too much shared memory");
+  if (smem > 48 * 1024)
+    cuda::check_cuda(cudaFuncSetAttribute(mx_kernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                     "cudaFuncSetAttribute (expert_ffn shared memory)");
+  const unsigned blocks = unsigned((a.rows + kMxWarps - 1) / kMxWarps);
+  mx_kernel<kGateUp><<<blocks, kMxWarps * 32, smem, m.stream>>>(a);
+  m.launched(what);
+}
+
+}  // namespace
+
+void CudaBackend::router_topk(const float* logits, const DenseWeight& bias, int T, int E, int k, int* ids,
+                              float* weights) {
+  Impl& m = *impl_;
+  if (T <= 0) return;
+  if (k < 1 || k > E || k > kMaxWeighted * 4)
+    throw Error("CUDA backend: router_topk: top-" + std::to_string(k) + " of " + std::to_string(E) + " is not supported");
+  const size_t smem = size_t(E) * (2 * sizeof(float) + 1);
+  if (smem + 2048 > size_t(m.max_smem_optin))
+    throw Error("CUDA backend: router_topk: " + std::to_string(E) + " experts need too much shared memory");
+  if (smem > 48 * 1024)
+    cuda::check_cuda(cudaFuncSetAttribute(router_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                     "cudaFuncSetAttribute (router shared memory)");
+  const size_t n = size_t(T) * k;
+  int* dids = static_cast<int*>(m.scratch(m.router_ids, n * sizeof(int)));
+  float* dw = static_cast<float*>(m.scratch(m.router_w, n * sizeof(float)));
+  router_kernel<<<T, kRouterThreads, smem, m.stream>>>(logits, m.dense(bias, "router_topk (bias)"), E, k, dids, dw);
+  m.launched("router kernel");
+  if (m.pinned_len < n) {
+    if (m.pinned_ids) cuda::check_cuda(cudaFreeHost(m.pinned_ids), "cudaFreeHost");
+    if (m.pinned_w) cuda::check_cuda(cudaFreeHost(m.pinned_w), "cudaFreeHost");
+    m.pinned_ids = nullptr, m.pinned_w = nullptr, m.pinned_len = 0;
+    cuda::check_cuda(cudaHostAlloc(&m.pinned_ids, n * sizeof(int), cudaHostAllocDefault), "cudaHostAlloc (router ids)");
+    cuda::check_cuda(cudaHostAlloc(&m.pinned_w, n * sizeof(float), cudaHostAllocDefault), "cudaHostAlloc (router weights)");
+    m.pinned_len = n;
+  }
+  cuda::check_cuda(cudaMemcpyAsync(m.pinned_ids, dids, n * sizeof(int), cudaMemcpyDeviceToHost, m.stream),
+                   "cudaMemcpyAsync (router ids)");
+  cuda::check_cuda(cudaMemcpyAsync(m.pinned_w, dw, n * sizeof(float), cudaMemcpyDeviceToHost, m.stream),
+                   "cudaMemcpyAsync (router weights)");
+  m.sync("router_topk");
+  std::copy(m.pinned_ids, m.pinned_ids + n, ids);
+  std::copy(m.pinned_w, m.pinned_w + n, weights);
+}
+
+void CudaBackend::expert_ffn(const ExpertRef& e, const float* z, float b1, float b2, float* y) {
+  Impl& m = *impl_;
+  if (e.w1.rows != e.w3.rows || e.w1.cols != e.w3.cols || e.w2.cols != e.w1.rows)
+    throw Error("CUDA backend: expert_ffn: inconsistent expert shapes (" + e.name + ")");
+  ++m.stats.expert_calls;
+  float* act = static_cast<float*>(m.scratch(m.act, size_t(e.w1.rows) * sizeof(float)));
+  MxArgs a{};
+  a.p1 = m.bytes(e.w1.packed, "expert_ffn (w1)"), a.s1 = m.bytes(e.w1.scale, "expert_ffn (w1 scale)");
+  a.p3 = m.bytes(e.w3.packed, "expert_ffn (w3)"), a.s3 = m.bytes(e.w3.scale, "expert_ffn (w3 scale)");
+  a.x = z, a.y = act, a.rows = e.w1.rows, a.cols = e.w1.cols, a.b1 = b1, a.b2 = b2;
+  launch_mx<true>(m, a, "expert_ffn gate/up kernel");
+  MxArgs d{};
+  d.p1 = m.bytes(e.w2.packed, "expert_ffn (w2)"), d.s1 = m.bytes(e.w2.scale, "expert_ffn (w2 scale)");
+  d.x = act, d.y = y, d.rows = e.w2.rows, d.cols = e.w2.cols;
+  launch_mx<false>(m, d, "expert_ffn down kernel");
+}
+
+void CudaBackend::weighted_sum(const float* ys, const float* weights, int m, int n, float* y) {
+  if (m < 0 || m > kMaxWeighted)
+    throw Error("CUDA backend: weighted_sum: " + std::to_string(m) + " terms (supported: 0.." +
+                std::to_string(kMaxWeighted) + ")");
+  if (n <= 0) return;
+  Weights w{};
+  for (int j = 0; j < m; ++j) w.w[j] = weights[j];
+  weighted_sum_kernel<<<cuda::grid_for(size_t(n), 256), 256, 0, impl_->stream>>>(ys, w, m, n, y);
+  impl_->launched("weighted_sum kernel");
+}
+
+}  // namespace wren

@@ -1,0 +1,92 @@
+// CUDA backend: RMSNorm and the AttnRes mix (spec kimi-k3.md §4.1).
+// Layout: x, y [T, n] f32 row-major, w [n]; mix entries are T×D device buffers, w = norm ⊙ proj [D].
+//
+// One block per token row. Sums of squares and AttnRes scores are accumulated in f64 (a block
+// tree instead of the CPU's sequential f64 loop: the two differ by ~1e-16 relative, far below the
+// f32 rounding that follows); the 1/rms factor, the softmax weights and the f32 mix sum are then
+// formed exactly as on the CPU (same expressions, same entry order, no FMA contraction).
+#include <cmath>
+#include <string>
+
+#include "backends/cuda/cuda_common.cuh"
+
+namespace wren {
+
+namespace {
+
+constexpr int kNormThreads = 256;
+constexpr int kMaxMix = 32;  ///< AttnRes entries per mix (K3 needs <= 9: ceil(93/B) + 1)
+
+__global__ void rms_norm_kernel(const float* __restrict__ x, int n, const float* __restrict__ w, float eps,
+                                float* __restrict__ y) {
+  __shared__ double red[32];
+  const float* xr = x + size_t(blockIdx.x) * n;
+  float* yr = y + size_t(blockIdx.x) * n;
+  double ss = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += double(xr[i]) * xr[i];
+  ss = cuda::block_sum(ss, red);
+  const float inv = float(1.0 / sqrt(ss / n + eps));
+  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+}
+
+/// Entry pointers passed by value (kernel parameters), at most kMaxMix.
+struct MixEntries {
+  const float* p[kMaxMix];
+};
+
+__global__ void attnres_mix_kernel(MixEntries entries, int n_entries, int D, const float* __restrict__ w,
+                                   float eps, float* __restrict__ out) {
+  __shared__ double red[32];
+  __shared__ float prob[kMaxMix];
+  __shared__ double score[kMaxMix];
+  const size_t off = size_t(blockIdx.x) * D;
+  for (int e = 0; e < n_entries; ++e) {
+    const float* v = entries.p[e] + off;
+    double dotw = 0, ss = 0;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+      dotw += double(v[i]) * w[i];
+      ss += double(v[i]) * v[i];
+    }
+    dotw = cuda::block_sum(dotw, red);
+    ss = cuda::block_sum(ss, red);
+    if (threadIdx.x == 0) score[e] = dotw / sqrt(ss / D + eps);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {  // softmax over entries in f64, in the CPU's order
+    double mx = -INFINITY;
+    for (int e = 0; e < n_entries; ++e) mx = fmax(mx, score[e]);
+    double sum = 0;
+    for (int e = 0; e < n_entries; ++e) sum += (score[e] = exp(score[e] - mx));
+    for (int e = 0; e < n_entries; ++e) prob[e] = float(score[e] / sum);
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < D; i += blockDim.x) {
+    float o = 0;
+    for (int e = 0; e < n_entries; ++e) o += prob[e] * entries.p[e][off + i];
+    out[off + i] = o;
+  }
+}
+
+}  // namespace
+
+void CudaBackend::rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) {
+  Impl& m = *impl_;
+  if (T <= 0) return;
+  rms_norm_kernel<<<T, kNormThreads, 0, m.stream>>>(x, n, m.dense(w, "rms_norm"), eps, y);
+  m.launched("rms_norm kernel");
+}
+
+void CudaBackend::attnres_mix(const float* const* entries, int n_entries, int T, int D, const DenseWeight& w,
+                              float eps, float* out) {
+  Impl& m = *impl_;
+  if (n_entries < 1 || n_entries > kMaxMix)
+    throw Error("CUDA backend: attnres_mix: " + std::to_string(n_entries) + " entries (supported: 1.." +
+                std::to_string(kMaxMix) + ")");
+  if (T <= 0) return;
+  MixEntries e{};
+  for (int i = 0; i < n_entries; ++i) e.p[i] = entries[i];
+  attnres_mix_kernel<<<T, kNormThreads, 0, m.stream>>>(e, n_entries, D, m.dense(w, "attnres_mix"), eps, out);
+  m.launched("attnres_mix kernel");
+}
+
+}  // namespace wren

@@ -1,0 +1,55 @@
+// Backend selection (see factory.h).
+#include "backends/factory.h"
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#ifdef WREN_HAVE_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
+
+namespace wren {
+
+bool cuda_built() {
+#ifdef WREN_HAVE_CUDA
+  return true;
+#else
+  return false;
+#endif
+}
+
+bool cuda_usable(std::string* why) {
+#ifdef WREN_HAVE_CUDA
+  std::string reason;
+  if (cuda_device_available(&reason)) return true;
+  if (why) *why = "no CUDA device: " + reason;
+  return false;
+#else
+  if (why) *why = "this build has no CUDA backend (configure with -DWREN_CUDA=ON and nvcc installed)";
+  return false;
+#endif
+}
+
+std::string resolve_backend(const std::string& name) {
+  if (name == "cpu") return "cpu";
+  if (name == "auto") return cuda_usable(nullptr) ? "cuda" : "cpu";
+  if (name == "cuda") {
+    std::string why;
+    if (!cuda_usable(&why)) throw Error("--backend cuda: " + why);
+    return "cuda";
+  }
+  throw Error("--backend: '" + name + "' is not a backend (expected cpu, cuda or auto)");
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights) {
+  const std::string kind = resolve_backend(name);
+#ifdef WREN_HAVE_CUDA
+  if (kind == "cuda") {
+    auto be = std::make_unique<CudaBackend>();
+    be->upload(weights);
+    return be;
+  }
+#endif
+  return std::make_unique<CpuBackend>();
+}
+
+}  // namespace wren

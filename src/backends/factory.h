@@ -1,0 +1,26 @@
+// Backend selection: `--backend cpu|cuda|auto` (design.md §1: one op interface, one backend per run).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "backends/backend.h"
+#include "model/weights.h"
+
+namespace wren {
+
+/// True when this build contains the CUDA backend (configured with WREN_CUDA and nvcc found).
+bool cuda_built();
+
+/// True when a CUDA backend can run here: built in and a device present. Otherwise false with the
+/// reason in *why ("this build has no CUDA backend ..." or "no CUDA device: ...").
+bool cuda_usable(std::string* why);
+
+/// Resolves "cpu", "cuda" or "auto" (auto = cuda when cuda_usable(), else cpu) to "cpu" or "cuda".
+/// Throws wren::Error for any other name, and for "cuda" when CUDA is not usable (naming why).
+std::string resolve_backend(const std::string& name);
+
+/// Creates the backend `name` (resolved as above) and gives it the model's weights (the CUDA
+/// backend mirrors them to device memory). Throws wren::Error.
+std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights);
+
+}  // namespace wren

@@ -1,0 +1,303 @@
+// `wren bench layers`: decode time per layer against the memory floor, TTFT and prefill tok/s, on a
+// random-weight model built in memory at true K3 layer sizes (preset k3: hidden 7168, KDA 96×128,
+// MLA 96 heads / kv_lora 512, 896 MXFP4 experts top-16, latent 3584) or a tiny preset for tests.
+//
+// Per-layer decode time = t(first i+1 layers) − t(first i layers) for one decode token (median of
+// --decode tokens); the floor of layer i = bytes it must read per token (its dense f32 weights, its
+// top-k experts' MXFP4 bytes, its KDA state read + written or its MLA cache rows) / the backend's
+// measured copy bandwidth (bytes read + written by a 1 GiB device copy, over the time).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "backends/factory.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "model/forward.h"
+#include "model/tensor_table.h"
+#include "runtime/generate.h"
+#include "synth/random_model.h"
+#ifdef WREN_HAVE_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
+
+namespace wren::cli {
+
+namespace {
+
+using clock_type = std::chrono::steady_clock;
+
+struct BenchArgs {
+  std::string backend = "auto", preset = "k3";
+  int kda = 3, mla = 1, experts = 896, distinct = 64, vocab = 16384, prompt = 1024, decode = 16, chunk = 32;
+  uint64_t seed = 1;
+  bool json = false;
+};
+
+/// The K3 text config (spec kimi-k3.md §1) with `kda` KDA layers then `mla` MLA layers, all MoE.
+nlohmann::json bench_config(const BenchArgs& a) {
+  const bool k3 = a.preset == "k3";
+  const int L = a.kda + a.mla;
+  std::vector<int> kda, full;
+  for (int i = 1; i <= L; ++i) (i <= a.kda ? kda : full).push_back(i);
+  nlohmann::json t = {
+      {"model_type", "kimi_linear"}, {"hidden_size", k3 ? 7168 : 128}, {"num_hidden_layers", L},
+      {"vocab_size", a.vocab}, {"first_k_dense_replace", 0}, {"num_attention_heads", k3 ? 96 : 4},
+      {"num_key_value_heads", k3 ? 96 : 4}, {"q_lora_rank", k3 ? 1536 : 64}, {"kv_lora_rank", k3 ? 512 : 32},
+      {"qk_nope_head_dim", k3 ? 128 : 32}, {"qk_rope_head_dim", k3 ? 64 : 16}, {"v_head_dim", k3 ? 128 : 32},
+      {"num_experts", a.experts}, {"num_experts_per_token", k3 ? 16 : 4},
+      {"moe_intermediate_size", k3 ? 3072 : 64}, {"routed_expert_hidden_size", k3 ? 3584 : 64},
+      {"num_shared_experts", 2}, {"attn_res_block_size", 12}, {"activation_situ_beta", 4.0},
+      {"activation_situ_linear_beta", 25.0}, {"rms_norm_eps", 1e-5}, {"hidden_act", "situ"},
+      {"latent_moe_use_norm", true}, {"moe_router_activation_func", "sigmoid"}, {"moe_renormalize", true},
+      {"routed_scaling_factor", 1.0}, {"use_grouped_topk", true}, {"num_expert_group", 1}, {"topk_group", 1},
+      {"topk_method", "noaux_tc"}, {"moe_layer_freq", 1}, {"mla_use_nope", true}, {"mla_use_output_gate", true},
+      {"num_nextn_predict_layers", 0}, {"tie_word_embeddings", false},
+      {"linear_attn_config",
+       {{"num_heads", k3 ? 96 : 4}, {"head_dim", k3 ? 128 : 32}, {"short_conv_kernel_size", 4},
+        {"gate_lower_bound", -5.0}, {"use_full_rank_gate", true}, {"kda_layers", kda}, {"full_attn_layers", full}}}};
+  nlohmann::json q = {{"quant_method", "compressed-tensors"}, {"format", "mxfp4-pack-quantized"},
+                      {"config_groups", {{"group_0", {{"format", "mxfp4-pack-quantized"}, {"targets", {"Linear"}},
+                                                      {"weights", {{"num_bits", 4}, {"type", "float"}, {"group_size", 32}}},
+                                                      {"input_activations", nullptr}}}}}};
+  return {{"model_type", "kimi_k3"}, {"bos_token_id", 1}, {"eos_token_id", 2}, {"tie_word_embeddings", false},
+          {"text_config", t}, {"quantization_config", q}};
+}
+
+/// Bytes one decode token must read in layer i (dense f32 weights + top-k experts + state).
+std::vector<double> layer_bytes(const Config& c, int position) {
+  std::vector<double> bytes(c.n_layers, 0.0);
+  ModelWeights shapes;
+  for_each_tensor(c, shapes, [&](const TensorSpec& s) {
+    if (s.is_expert() || s.layer < 0) return;
+    double n = 4;
+    for (int64_t d : s.shape) n *= double(d);
+    bytes[s.layer] += n;
+  });
+  for (int i = 0; i < c.n_layers; ++i) {
+    bytes[i] += 2.0 * c.hidden * 4;  // attn_mix + mlp_mix vectors (derived)
+    if (c.layers[i].ffn == Ffn::MoE) bytes[i] += double(c.top_k) * double(c.expert_bytes());
+    if (c.layers[i].mixer == Mixer::KDA) bytes[i] += 2.0 * c.kda_heads * c.kda_head_dim * c.kda_head_dim * 4;
+    else bytes[i] += double(position + 1) * c.mla_cache_width() * 4;
+  }
+  return bytes;
+}
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+/// Median seconds per decode token with the first `layers` layers, after an 8-token prefill.
+double decode_time(const Model& m, Backend& be, int layers, int tokens, uint64_t* launches) {
+  Forward fwd(m, be, {32, layers});
+  SequenceState st(be, m.config, 64 + tokens);
+  std::vector<int> ids(8);
+  for (int i = 0; i < 8; ++i) ids[i] = 3 + i;
+  std::vector<float> logits(m.config.vocab);
+  fwd.run(st, ids.data(), nullptr, 8, logits.data(), false);
+  std::vector<double> t;
+#ifdef WREN_HAVE_CUDA
+  auto* cuda = dynamic_cast<CudaBackend*>(&be);
+  const uint64_t l0 = cuda ? cuda->stats().launches : 0;
+#endif
+  for (int i = 0; i < tokens; ++i) {
+    const int id = argmax(logits.data(), m.config.vocab);
+    const auto t0 = clock_type::now();
+    fwd.run(st, &id, nullptr, 1, logits.data(), false);  // ends with a device -> host copy (sync)
+    t.push_back(seconds_since(t0));
+  }
+#ifdef WREN_HAVE_CUDA
+  if (launches) *launches = cuda ? (cuda->stats().launches - l0) / std::max(tokens, 1) : 0;
+#else
+  if (launches) *launches = 0;
+#endif
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+/// Bandwidth of a large device copy: (bytes read + bytes written) / seconds, median of 5.
+double copy_bandwidth(Backend& be, size_t floats) {
+  float* a = be.alloc(floats);
+  float* b = be.alloc(floats);
+  std::vector<double> t;
+  float probe;
+  for (int i = 0; i < 6; ++i) {
+    be.to_host(a, 1, &probe);  // drain the queue
+    const auto t0 = clock_type::now();
+    be.copy(a, floats, b);
+    be.to_host(b, 1, &probe);
+    if (i) t.push_back(seconds_since(t0));
+  }
+  be.release(a);
+  be.release(b);
+  std::sort(t.begin(), t.end());
+  return 2.0 * floats * 4 / t[t.size() / 2];
+}
+
+/// A progress line on stderr with the seconds since `start` (long runs stay observable).
+void progress(clock_type::time_point start, const std::string& what) {
+  std::fprintf(stderr, "wren bench: [%7.2f s] %s\n", seconds_since(start), what.c_str());
+  std::fflush(stderr);
+}
+
+/// Median seconds of `reps` calls of `op` (then one device -> host read to drain the queue).
+template <class Op>
+double time_op(Backend& be, float* probe_buf, int reps, Op&& op) {
+  std::vector<double> t;
+  float probe;
+  for (int r = 0; r < 5; ++r) {
+    be.to_host(probe_buf, 1, &probe);
+    const auto t0 = clock_type::now();
+    for (int i = 0; i < reps; ++i) op(i);
+    be.to_host(probe_buf, 1, &probe);
+    t.push_back(seconds_since(t0) / reps);
+  }
+  std::sort(t.begin(), t.end());
+  return t[2];
+}
+
+/// Decode-shape timings of single ops of layer 0 (a KDA + MoE layer at the preset's sizes), with
+/// the bytes each must read: where the layer's time goes.
+void op_table(const Model& m, Backend& be, double bw) {
+  const Config& c = m.config;
+  const LayerWeights& l = m.weights.layers[0];
+  if (c.layers[0].mixer != Mixer::KDA) return;
+  const size_t D = c.hidden, P = c.kda_width();
+  float* x = be.alloc(D * 32);
+  float* y = be.alloc(std::max(P, size_t(c.n_experts)) * 32);
+  std::vector<float> ones(D * 32, 0.01f);
+  be.from_host(ones.data(), ones.size(), x);
+  std::printf("%-34s %10s %10s %8s\n", "op (layer 0, decode shapes)", "us", "MB", "GB/s");
+  auto row = [&](const std::string& name, double s, double bytes) {
+    std::printf("%-34s %10.1f %10.2f %8.0f\n", name.c_str(), s * 1e6, bytes / 1e6, bytes / s / 1e9);
+  };
+  for (int T : {1, 32}) {
+    const DenseWeight& q = l.kda.q;
+    const double s = time_op(be, y, 10, [&](int) { be.gemm(q, x, T, y); });
+    row("gemm q_proj " + std::to_string(q.rows) + "x" + std::to_string(q.cols) + " T=" + std::to_string(T), s,
+        double(q.rows) * q.cols * 4);
+  }
+  for (const DenseWeight* w : {&l.kda.o, &l.moe.router, &l.moe.down, &l.moe.shared_gate, &l.kda.f_a}) {
+    const double s = time_op(be, y, 10, [&](int) { be.gemm(*w, x, 1, y); });
+    row("gemm " + std::to_string(w->rows) + "x" + std::to_string(w->cols) + " T=1", s, double(w->rows) * w->cols * 4);
+  }
+  {
+    const double s = time_op(be, y, 16, [&](int i) {
+      be.expert_ffn(l.moe.experts[size_t(i * 37) % l.moe.experts.size()], x, c.situ_b1, c.situ_b2, y);
+    });
+    row("expert_ffn (distinct experts)", s, double(c.expert_bytes()));
+  }
+  {
+    std::vector<int> ids(c.top_k);
+    std::vector<float> w(c.top_k);
+    const double s = time_op(be, y, 10, [&](int) { be.router_topk(y, l.moe.bias, 1, c.n_experts, c.top_k, ids.data(), w.data()); });
+    row("router_topk (incl. host sync)", s, double(c.n_experts) * 8);
+  }
+  {
+    SequenceState st(be, c, 8);
+    float* buf = be.alloc(P * 6);
+    const KdaParams p{c.kda_heads, c.kda_head_dim, c.conv_kernel, c.gate_lower_bound, c.rms_eps};
+    const double s = time_op(be, y, 10, [&](int) {
+      be.kda_core(p, l.kda, st.kda(0), buf, buf + P, buf + 2 * P, buf + 3 * P, buf + 4 * P, buf + 5 * P, 1, y);
+    });
+    row("kda_core T=1 (state r+w)", s, 2.0 * c.kda_heads * c.kda_head_dim * c.kda_head_dim * 4);
+    be.release(buf);
+  }
+  std::printf("(copy bandwidth %.0f GB/s)\n", bw / 1e9);
+  be.release(x);
+  be.release(y);
+}
+
+void bench_layers(const BenchArgs& a) {
+  check(a.preset == "k3" || a.preset == "tiny", "--preset: expected k3 or tiny");
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);
+  const auto start = clock_type::now();
+  check(a.kda >= 0 && a.mla >= 0 && a.kda + a.mla >= 1, "--kda/--mla: at least one layer");
+  const std::string kind = resolve_backend(a.backend);
+  auto t0 = clock_type::now();
+  auto model = make_random_model(bench_config(a), a.seed, std::min(a.distinct, a.experts));
+  const double gen_s = seconds_since(t0);
+  progress(start, "random model built");
+  t0 = clock_type::now();
+  auto be = make_backend(kind, model->weights);
+  const double upload_s = seconds_since(t0);
+  progress(start, std::string("backend ") + be->name() + " ready (weights uploaded)");
+  const Config& c = model->config;
+  const double bw = copy_bandwidth(*be, a.preset == "k3" ? (size_t(1) << 28) : (size_t(1) << 22));
+  progress(start, "copy bandwidth " + std::to_string(bw / 1e9) + " GB/s");
+  op_table(*model, *be, bw);
+
+  // Per-layer decode: differences of cumulative runs.
+  std::vector<double> cum(c.n_layers + 1);
+  std::vector<uint64_t> launches(c.n_layers + 1);
+  for (int k = 0; k <= c.n_layers; ++k) {
+    cum[k] = decode_time(*model, *be, k, a.decode, &launches[k]);
+    progress(start, "decode with " + std::to_string(k) + " layers: " + std::to_string(cum[k] * 1e3) + " ms/token");
+  }
+  const std::vector<double> bytes = layer_bytes(c, 8 + a.decode / 2);
+
+  // Prefill of a --prompt-token prompt: TTFT (prefill + the first token's logits) and tok/s.
+  std::mt19937 g(a.seed);
+  std::vector<int> ids(a.prompt);
+  for (int& id : ids) id = int(g() % unsigned(c.vocab));
+  double ttft = 0;
+  {
+    Forward fwd(*model, *be, {a.chunk, -1});
+    SequenceState st(*be, c, a.prompt + 8);
+    std::vector<float> logits(c.vocab);
+    const auto p0 = clock_type::now();
+    fwd.run(st, ids.data(), nullptr, a.prompt, logits.data(), false);
+    ttft = seconds_since(p0);
+  }
+  progress(start, "prefill done");
+
+  nlohmann::json out = {{"backend", be->name()}, {"preset", a.preset}, {"copy_GBps", bw / 1e9},
+                        {"model_gen_s", gen_s}, {"upload_s", upload_s}, {"decode_tokens", a.decode},
+                        {"full_decode_ms", cum.back() * 1e3}, {"launches_per_token", launches.back()},
+                        {"prompt", a.prompt}, {"chunk", a.chunk}, {"ttft_s", ttft}, {"prefill_tok_s", a.prompt / ttft}};
+  std::printf("wren bench: backend %s, preset %s (hidden %d, %d KDA + %d MLA layers, %d experts top-%d, "
+              "%d distinct), copy bandwidth %.0f GB/s (read+write)\n",
+              be->name(), a.preset.c_str(), c.hidden, a.kda, a.mla, c.n_experts, c.top_k,
+              std::min(a.distinct, a.experts), bw / 1e9);
+  std::printf("%-6s %-4s %12s %12s %12s %8s %10s\n", "layer", "type", "decode_ms", "MB_read", "floor_ms", "ratio",
+              "launches");
+  for (int i = 0; i < c.n_layers; ++i) {
+    const double ms = (cum[i + 1] - cum[i]) * 1e3, floor_ms = bytes[i] / bw * 1e3;
+    const char* type = c.layers[i].mixer == Mixer::KDA ? "KDA" : "MLA";
+    std::printf("%-6d %-4s %12.3f %12.1f %12.3f %8.2f %10llu\n", i, type, ms, bytes[i] / 1e6, floor_ms,
+                ms / floor_ms, (unsigned long long)(launches[i + 1] - launches[i]));
+    out["layers"].push_back({{"layer", i}, {"type", type}, {"decode_ms", ms}, {"bytes", bytes[i]},
+                             {"floor_ms", floor_ms}, {"ratio", ms / floor_ms},
+                             {"launches", launches[i + 1] - launches[i]}});
+  }
+  std::printf("embedding + final mix/norm + lm_head (vocab %d): %.3f ms; whole decode token %.3f ms, %llu launches\n",
+              c.vocab, cum[0] * 1e3, cum.back() * 1e3, (unsigned long long)launches.back());
+  std::printf("prefill %d tokens (chunk %d): TTFT %.3f s, %.1f tok/s\n", a.prompt, a.chunk, ttft, a.prompt / ttft);
+  if (a.json) std::printf("%s\n", out.dump().c_str());
+}
+
+}  // namespace
+
+void add_bench_layers(CLI::App* bench) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* sub = bench->add_subcommand("layers", "Per-layer decode time vs the memory floor, TTFT and prefill tok/s on a random in-memory model");
+  sub->add_option("--backend", a->backend, "cpu, cuda or auto (default)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub->add_option("--preset", a->preset, "k3 (true K3 layer sizes, default) or tiny");
+  sub->add_option("--kda", a->kda, "KDA layers (default 3)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--mla", a->mla, "MLA layers after them (default 1)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--experts", a->experts, "Routed experts per layer (default 896)")->check(CLI::PositiveNumber);
+  sub->add_option("--distinct-experts", a->distinct, "Distinct random experts backing them (default 64)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--vocab", a->vocab, "Vocabulary size (default 16384)")->check(CLI::PositiveNumber);
+  sub->add_option("--prompt", a->prompt, "Prefill prompt length (default 1024)")->check(CLI::PositiveNumber);
+  sub->add_option("--decode", a->decode, "Decode tokens timed per configuration (default 16)")->check(CLI::PositiveNumber);
+  sub->add_option("--chunk", a->chunk, "Prefill chunk (default 32)")->check(CLI::PositiveNumber);
+  sub->add_option("--seed", a->seed, "Weight seed (default 1)");
+  sub->add_flag("--json", a->json, "Also print the numbers as one JSON object");
+  sub->callback([a] { bench_layers(*a); });
+}
+
+}  // namespace wren::cli

@@ -1,0 +1,102 @@
+// Random-weight models in memory (see random_model.h). Filling is split over threads: a K3-sized
+// layer pair is several GB of f32.
+#include "synth/random_model.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <thread>
+#include <vector>
+
+#include "core/error.h"
+#include "loader/config.h"
+#include "model/tensor_table.h"
+
+namespace wren {
+
+namespace {
+
+uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+/// Fills dst[n] with uniform values in [lo, hi) from `seed`, in parallel; deterministic.
+void fill_uniform(float* dst, size_t n, float lo, float hi, uint64_t seed) {
+  const unsigned threads = std::max(1u, std::min(32u, std::thread::hardware_concurrency()));
+  const size_t per = (n + threads - 1) / threads;
+  std::vector<std::thread> pool;
+  for (unsigned t = 0; t < threads; ++t)
+    pool.emplace_back([=] {
+      uint64_t s = mix64(seed + 0x9e3779b97f4a7c15ull * (t + 1));
+      const size_t end = std::min(n, (t + 1) * per);
+      for (size_t i = t * per; i < end; ++i) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;  // xorshift64
+        dst[i] = lo + (hi - lo) * float((s >> 40) * (1.0 / (1ull << 24)));
+      }
+    });
+  for (auto& th : pool) th.join();
+}
+
+void fill_bytes(uint8_t* dst, size_t n, uint8_t lo, uint8_t hi, uint64_t seed) {
+  uint64_t s = mix64(seed) | 1;
+  for (size_t i = 0; i < n; ++i) {
+    s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+    dst[i] = uint8_t(lo + (s >> 32) % (unsigned(hi) - lo + 1));
+  }
+}
+
+void mix_vector(ModelWeights& w, const DenseWeight& norm, const DenseWeight& proj, DenseWeight& out) {
+  float* v = w.alloc(norm.cols);
+  for (int64_t i = 0; i < norm.cols; ++i) v[i] = norm.f32()[i] * proj.f32()[i];
+  out = {DType::F32, 1, norm.cols, v};
+}
+
+}  // namespace
+
+std::unique_ptr<Model> make_random_model(const nlohmann::json& config, uint64_t seed, int distinct_experts) {
+  check(distinct_experts >= 1, "random model: distinct_experts must be at least 1");
+  auto m = std::make_unique<Model>();
+  m->config = parse_config(config, "random model config");
+  ModelWeights& w = m->weights;
+  std::map<std::pair<int, int>, uint8_t*> pool;  // (pool entry, part) -> bytes
+  uint64_t index = 0;
+  for_each_tensor(m->config, w, [&](const TensorSpec& s) {
+    ++index;
+    size_t n = 1;
+    for (int64_t d : s.shape) n *= size_t(d);
+    if (!s.is_expert()) {
+      float* dst = w.alloc(n);
+      const bool norm = s.name.find("norm") != std::string::npos;
+      if (norm) fill_uniform(dst, n, 0.9f, 1.1f, seed * 1000003 + index);
+      else if (s.shape.size() == 1) fill_uniform(dst, n, -0.1f, 0.1f, seed * 1000003 + index);
+      else {
+        const float a = 1.0f / std::sqrt(float(s.dense->cols));
+        fill_uniform(dst, n, -a, a, seed * 1000003 + index);
+      }
+      s.dense->dtype = DType::F32;
+      s.dense->data = dst;
+      return;
+    }
+    const auto& experts = w.layers[s.layer].moe.experts;
+    const int e = int(s.expert - experts.data());
+    const std::pair<int, int> key{e % distinct_experts, s.part};
+    uint8_t*& bytes = pool[key];
+    if (!bytes) {
+      bytes = reinterpret_cast<uint8_t*>(w.alloc((n + 3) / 4));
+      if (s.kind == TensorKind::ExpertScale) fill_bytes(bytes, n, 118, 124, seed * 7919 + index);
+      else fill_bytes(bytes, n, 0, 255, seed * 7919 + index);
+    }
+    *s.bytes = bytes;
+  });
+  for (LayerWeights& l : w.layers) {
+    mix_vector(w, l.attn_res_norm, l.attn_res_proj, l.attn_mix);
+    mix_vector(w, l.mlp_res_norm, l.mlp_res_proj, l.mlp_mix);
+  }
+  mix_vector(w, w.out_res_norm, w.out_res_proj, w.out_mix);
+  return m;
+}
+
+}  // namespace wren

@@ -1,0 +1,514 @@
+// Every CUDA op against the CPU reference backend (gpu-backend.md §3.2): random non-zero inputs,
+// many shapes including awkward ones (sizes not multiples of 32, T = 1, T = 33, K3 sizes), outputs
+// poisoned with NaN before each GPU call so an unwritten element fails, state carried over several
+// calls. Each op states its tolerance next to its test (rel-L2 = ‖gpu − cpu‖ / ‖cpu‖); a summary
+// of the worst error per op is printed at the end. Without a device every test skips with
+// "no CUDA device: ..."; without the CUDA build, with "CUDA backend not built".
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
+#include "core/mxfp4.h"
+#include "test_util.h"
+#ifdef WREN_HAVE_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
+
+namespace wren {
+namespace {
+
+#ifndef WREN_HAVE_CUDA
+TEST(CudaOps, NotBuilt) { GTEST_SKIP() << "CUDA backend not built (configure with -DWREN_CUDA=ON; nvcc needed)"; }
+#else
+
+// ---- comparison and reporting ----
+
+struct Diff {
+  double max_abs = 0, rel_l2 = 0;
+  size_t nan_mismatch = 0;  ///< positions where exactly one side is NaN (e.g. unwritten poison)
+  bool identical = true;
+};
+
+Diff diff(const std::vector<float>& gpu, const std::vector<float>& cpu) {
+  Diff d;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < cpu.size(); ++i) {
+    const bool gn = std::isnan(gpu[i]), cn = std::isnan(cpu[i]);
+    if (gn || cn) {
+      d.nan_mismatch += gn != cn;
+      d.identical = d.identical && gn && cn;
+      continue;
+    }
+    if (std::memcmp(&gpu[i], &cpu[i], 4) != 0) d.identical = false;
+    const double e = std::fabs(double(gpu[i]) - cpu[i]);
+    d.max_abs = std::max(d.max_abs, e);
+    num += e * e;
+    den += double(cpu[i]) * cpu[i];
+  }
+  d.rel_l2 = std::sqrt(num / (den > 0 ? den : 1e-300));
+  if (den == 0 && num == 0) d.rel_l2 = 0;
+  return d;
+}
+
+struct OpReport {
+  double worst_rel = 0, worst_abs = 0, tol = 0;
+  int cases = 0, identical = 0;
+};
+std::map<std::string, OpReport>& reports() {
+  static std::map<std::string, OpReport> r;
+  return r;
+}
+
+/// Records and checks one comparison: no NaN mismatch, rel-L2 <= tol.
+void expect_close(const std::string& op, const std::string& shape, const std::vector<float>& gpu,
+                  const std::vector<float>& cpu, double tol) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << op << " " << shape;
+  const Diff d = diff(gpu, cpu);
+  OpReport& r = reports()[op];
+  r.worst_rel = std::max(r.worst_rel, d.rel_l2);
+  r.worst_abs = std::max(r.worst_abs, d.max_abs);
+  r.tol = tol;
+  ++r.cases;
+  r.identical += d.identical;
+  EXPECT_EQ(d.nan_mismatch, 0u) << op << " " << shape << ": NaN on one side only (unwritten output?)";
+  EXPECT_LE(d.rel_l2, tol) << op << " " << shape << ": max |Δ| " << d.max_abs;
+}
+
+class ReportEnv : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    if (reports().empty()) return;
+    std::printf("[ cuda ops ] op: cases, bit-identical cases, worst rel-L2, worst max|Δ| (tolerance rel-L2)\n");
+    for (const auto& [op, r] : reports())
+      std::printf("[ cuda ops ] %-14s %4d cases, %4d identical, rel-L2 %.3g, max|Δ| %.3g (tol %.0e)\n", op.c_str(),
+                  r.cases, r.identical, r.worst_rel, r.worst_abs, r.tol);
+  }
+};
+const auto* const kReportEnv = ::testing::AddGlobalTestEnvironment(new ReportEnv);
+
+// ---- fixture and buffers ----
+
+std::vector<float> random_vec(std::mt19937& g, size_t n, float lo = -1.f, float hi = 1.f) {
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (float& x : v) {
+    do x = u(g);
+    while (x == 0.f);
+  }
+  return v;
+}
+
+/// A weight owned by the test: host storage + DenseWeight view.
+struct HostWeight {
+  std::vector<float> data;
+  DenseWeight w;
+  HostWeight(std::vector<float> d, int64_t rows, int64_t cols) : data(std::move(d)) {
+    w.rows = rows, w.cols = cols, w.data = data.data();
+  }
+};
+
+class CudaOps : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string why;
+    if (cuda_device_available(&why)) be_ = new CudaBackend();
+    else why_ = new std::string(why);
+  }
+  static void TearDownTestSuite() {
+    delete be_;
+    be_ = nullptr;
+    delete why_;
+    why_ = nullptr;
+  }
+  void SetUp() override {
+    if (!be_) GTEST_SKIP() << "no CUDA device: " << *why_;
+  }
+  /// Device copy of host data (released by the fixture).
+  float* dev(const std::vector<float>& h) {
+    float* p = be_->alloc(h.size());
+    be_->from_host(h.data(), h.size(), p);
+    owned_.push_back(p);
+    return p;
+  }
+  /// Device buffer of n floats filled with NaN (poison).
+  float* poisoned(size_t n) { return dev(std::vector<float>(n, std::nanf(""))); }
+  std::vector<float> host(const float* d, size_t n) {
+    std::vector<float> h(n);
+    be_->to_host(d, n, h.data());
+    return h;
+  }
+  void TearDown() override {
+    for (float* p : owned_) be_->release(p);
+    owned_.clear();
+  }
+  static CudaBackend* be_;
+  static std::string* why_;
+  CpuBackend cpu_;
+  std::vector<float*> owned_;
+};
+CudaBackend* CudaOps::be_ = nullptr;
+std::string* CudaOps::why_ = nullptr;
+
+std::string shape(std::initializer_list<std::pair<const char*, long>> kv) {
+  std::string s;
+  for (const auto& [k, v] : kv) s += std::string(s.empty() ? "" : " ") + k + "=" + std::to_string(v);
+  return s;
+}
+
+// ---- memory ----
+
+TEST_F(CudaOps, MemoryAllocZeroCopyRoundTrip) {
+  std::mt19937 g(1);
+  const size_t n = 1000;
+  float* a = be_->alloc(n);
+  owned_.push_back(a);
+  EXPECT_EQ(host(a, n), std::vector<float>(n, 0.f)) << "alloc must zero-fill";
+  const auto x = random_vec(g, n);
+  float* b = dev(x);
+  EXPECT_EQ(host(b, n), x);
+  be_->copy(b, n, a);
+  EXPECT_EQ(host(a, n), x);
+  be_->copy(a, n - 10, a + 10);  // overlapping: memmove semantics
+  std::vector<float> want = x;
+  std::memmove(want.data() + 10, want.data(), (n - 10) * 4);
+  EXPECT_EQ(host(a, n), want);
+  be_->fill_zero(a + 5, 7);
+  std::fill(want.begin() + 5, want.begin() + 12, 0.f);
+  EXPECT_EQ(host(a, n), want);
+}
+
+TEST_F(CudaOps, WeightNotUploadedIsAnError) {
+  HostWeight w({1, 2, 3, 4}, 2, 2);
+  float* x = dev({1, 1});
+  float* y = poisoned(2);
+  try {
+    be_->gemm(w.w, x, 1, y);
+    FAIL() << "gemm with a weight that was never uploaded must throw";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no device copy"), std::string::npos) << e.what();
+  }
+}
+
+// ---- dense ----
+
+// gemm: reproduces cpu::dot's order (8 lanes, CPU tree) -> expected bit-identical; tolerance rel-L2 1e-6.
+TEST_F(CudaOps, GemmMatchesCpu) {
+  std::mt19937 g(2);
+  const int cases[][3] = {{1, 1, 1},    {7, 5, 1},     {33, 31, 1},   {64, 128, 1}, {100, 257, 3},
+                          {129, 96, 8}, {257, 33, 9},  {31, 1000, 33}, {1000, 7, 17}, {4352, 128, 2},
+                          {96, 7168, 1}, {300, 3584, 5}, {12, 12288, 33}};
+  for (const auto& c : cases) {
+    const int rows = c[0], cols = c[1], T = c[2];
+    HostWeight w(random_vec(g, size_t(rows) * cols), rows, cols);
+    const auto x = random_vec(g, size_t(T) * cols);
+    be_->upload(w.w);
+    float* dx = dev(x);
+    float* dy = poisoned(size_t(T) * rows);
+    be_->gemm(w.w, dx, T, dy);
+    std::vector<float> ref(size_t(T) * rows);
+    cpu_.gemm(w.w, x.data(), T, ref.data());
+    expect_close("gemm", shape({{"rows", rows}, {"cols", cols}, {"T", T}}), host(dy, ref.size()), ref, 1e-6);
+  }
+}
+
+// embed: a row copy -> exact.
+TEST_F(CudaOps, EmbedMatchesCpu) {
+  std::mt19937 g(3);
+  const int V = 77, D = 45;
+  HostWeight table(random_vec(g, size_t(V) * D), V, D);
+  be_->upload(table.w);
+  for (const std::vector<int>& ids : {std::vector<int>{0}, std::vector<int>{76, 0, 5, 5, 33},
+                                      std::vector<int>(33, 12)}) {
+    const int T = int(ids.size());
+    float* dx = poisoned(size_t(T) * D);
+    be_->embed(table.w, ids.data(), T, dx);
+    std::vector<float> ref(size_t(T) * D);
+    cpu_.embed(table.w, ids.data(), T, ref.data());
+    expect_close("embed", shape({{"T", T}}), host(dx, ref.size()), ref, 0.0);
+  }
+  const int bad = V;
+  float* dx = poisoned(D);
+  EXPECT_THROW(be_->embed(table.w, &bad, 1, dx), Error);
+}
+
+// rms_norm: f64 sum of squares (tree vs sequential: ~1e-16) -> tolerance rel-L2 1e-6.
+TEST_F(CudaOps, RmsNormMatchesCpu) {
+  std::mt19937 g(4);
+  for (int n : {1, 7, 31, 128, 257, 1000, 7168})
+    for (int T : {1, 3, 33}) {
+      HostWeight w(random_vec(g, n, 0.5f, 1.5f), 1, n);
+      be_->upload(w.w);
+      auto x = random_vec(g, size_t(T) * n);
+      for (int t = 0; t < T; ++t) x[size_t(t) * n] *= float(1 + 10 * t);  // rows of different scale
+      float* dx = dev(x);
+      float* dy = poisoned(x.size());
+      be_->rms_norm(dx, T, n, w.w, 1e-5f, dy);
+      std::vector<float> ref(x.size());
+      cpu_.rms_norm(x.data(), T, n, w.w, 1e-5f, ref.data());
+      expect_close("rms_norm", shape({{"n", n}, {"T", T}}), host(dy, ref.size()), ref, 1e-6);
+    }
+}
+
+// attnres_mix: f64 scores + f64 softmax, f32 mix in entry order -> tolerance rel-L2 1e-6.
+TEST_F(CudaOps, AttnResMixMatchesCpu) {
+  std::mt19937 g(5);
+  for (int E : {1, 2, 5, 9})
+    for (int D : {5, 128, 130, 1000, 7168})
+      for (int T : {1, 3, 33}) {
+        if (D == 7168 && T == 33) continue;
+        HostWeight w(random_vec(g, D), 1, D);
+        be_->upload(w.w);
+        std::vector<std::vector<float>> host_e;
+        std::vector<const float*> dptr, hptr;
+        for (int e = 0; e < E; ++e) {
+          host_e.push_back(random_vec(g, size_t(T) * D, -1.f - e, 1.f + e));
+          dptr.push_back(dev(host_e.back()));
+        }
+        for (auto& h : host_e) hptr.push_back(h.data());
+        float* dout = poisoned(size_t(T) * D);
+        be_->attnres_mix(dptr.data(), E, T, D, w.w, 1e-5f, dout);
+        std::vector<float> ref(size_t(T) * D);
+        cpu_.attnres_mix(hptr.data(), E, T, D, w.w, 1e-5f, ref.data());
+        expect_close("attnres_mix", shape({{"entries", E}, {"D", D}, {"T", T}}), host(dout, ref.size()), ref, 1e-6);
+      }
+}
+
+// add: exact. situ_glu / sigmoid_gate: exp/tanh in f64 rounded to f32 vs glibc -> rel-L2 1e-6.
+TEST_F(CudaOps, ElementwiseMatchCpu) {
+  std::mt19937 g(6);
+  for (size_t n : {size_t(1), size_t(33), size_t(1000), size_t(100003)}) {
+    const auto a = random_vec(g, n, -30.f, 30.f), b = random_vec(g, n, -60.f, 60.f);
+    {
+      float* dy = dev(a);
+      be_->add(dy, dev(b), n);
+      std::vector<float> ref = a;
+      cpu_.add(ref.data(), b.data(), n);
+      expect_close("add", shape({{"n", long(n)}}), host(dy, n), ref, 0.0);
+    }
+    {
+      const int T = n % 2 ? 1 : 2, w = int(n / T);
+      float* dout = poisoned(n);
+      be_->situ_glu(dev(a), dev(b), T, w, 4.f, 25.f, dout);
+      std::vector<float> ref(n);
+      cpu_.situ_glu(a.data(), b.data(), T, w, 4.f, 25.f, ref.data());
+      expect_close("situ_glu", shape({{"n", long(n)}}), host(dout, n), ref, 1e-6);
+    }
+    {
+      float* dy = dev(b);
+      be_->sigmoid_gate(dy, dev(a), n);
+      std::vector<float> ref = b;
+      cpu_.sigmoid_gate(ref.data(), a.data(), n);
+      expect_close("sigmoid_gate", shape({{"n", long(n)}}), host(dy, n), ref, 1e-6);
+    }
+  }
+}
+
+// ---- KDA ----
+
+// kda_core: conv/L2/gates/delta rule/RMSNorm/gate in the CPU's order per column; exp in f64 ->
+// tolerance rel-L2 1e-5 on outputs and on the carried state (S, conv windows) after every call.
+TEST_F(CudaOps, KdaCoreMatchesCpuAcrossCalls) {
+  std::mt19937 g(7);
+  struct Case { int H, d, K; std::vector<int> Ts; };
+  const std::vector<Case> cases = {{1, 16, 4, {1, 1, 1}},  {2, 32, 4, {5, 1, 33}}, {3, 16, 3, {33, 2}},
+                                   {4, 32, 1, {3, 4}},     {2, 33, 2, {1, 7}},    {1, 128, 4, {33, 1, 1}},
+                                   {3, 100, 4, {2, 1}},    {1, 256, 4, {3, 1}}};
+  for (const Case& c : cases) {
+    const int H = c.H, d = c.d, K = c.K, P = H * d;
+    KdaParams p{H, d, K, -5.f, 1e-5f};
+    std::vector<HostWeight> ws;
+    ws.reserve(6);
+    auto& qc = ws.emplace_back(random_vec(g, size_t(P) * K), P, K);
+    auto& kc = ws.emplace_back(random_vec(g, size_t(P) * K), P, K);
+    auto& vc = ws.emplace_back(random_vec(g, size_t(P) * K), P, K);
+    auto& alog = ws.emplace_back(random_vec(g, H, -1.f, 1.f), 1, H);
+    auto& dtb = ws.emplace_back(random_vec(g, P), 1, P);
+    auto& onorm = ws.emplace_back(random_vec(g, d, 0.5f, 1.5f), 1, d);
+    KdaWeights w;
+    w.q_conv = qc.w, w.k_conv = kc.w, w.v_conv = vc.w, w.a_log = alog.w, w.dt_bias = dtb.w, w.o_norm = onorm.w;
+    for (auto& hw : ws) be_->upload(hw.w);
+    // Start from a non-zero state (a sequence already under way).
+    std::vector<float> S = random_vec(g, size_t(H) * d * d, -0.1f, 0.1f);
+    std::vector<float> conv = random_vec(g, size_t(3) * P * std::max(K - 1, 1));
+    KdaState hs{S.data(), conv.data()};
+    KdaState ds{dev(S), dev(conv)};
+    for (size_t call = 0; call < c.Ts.size(); ++call) {
+      const int T = c.Ts[call];
+      const auto q = random_vec(g, size_t(T) * P), k = random_vec(g, size_t(T) * P), v = random_vec(g, size_t(T) * P);
+      const auto z = random_vec(g, size_t(T) * P, -3.f, 3.f), beta = random_vec(g, size_t(T) * H, -3.f, 3.f);
+      const auto gate = random_vec(g, size_t(T) * P, -3.f, 3.f);
+      float* dout = poisoned(size_t(T) * P);
+      be_->kda_core(p, w, ds, dev(q), dev(k), dev(v), dev(z), dev(beta), dev(gate), T, dout);
+      std::vector<float> ref(size_t(T) * P);
+      cpu_.kda_core(p, w, hs, q.data(), k.data(), v.data(), z.data(), beta.data(), gate.data(), T, ref.data());
+      const std::string sh = shape({{"H", H}, {"d", d}, {"K", K}, {"T", T}, {"call", long(call)}});
+      expect_close("kda_core", sh, host(dout, ref.size()), ref, 1e-5);
+      expect_close("kda_state", sh, host(ds.S, S.size()), S, 1e-5);
+      if (K > 1) expect_close("kda_conv_win", sh, host(ds.conv, conv.size()), conv, 0.0);
+    }
+  }
+}
+
+// ---- MLA ----
+
+// mla_attend: cache rows (f64 RMS) and the absorbed attention in the CPU's order; exp in f64 ->
+// tolerance rel-L2 1e-5 on ctx and on the cache after every call (prefill, then decode steps).
+TEST_F(CudaOps, MlaAttendMatchesCpuAcrossCalls) {
+  std::mt19937 g(8);
+  struct Case { int H, nope, extra, v, lora; std::vector<int> Ts; };
+  const std::vector<Case> cases = {{1, 16, 8, 16, 32, {1, 1, 1}},   {4, 32, 16, 32, 32, {8, 1, 1, 33}},
+                                   {3, 16, 8, 20, 24, {33, 1}},    {2, 33, 5, 7, 40, {1, 4, 1}},
+                                   {2, 128, 64, 128, 512, {33, 1, 1}}};
+  for (const Case& c : cases) {
+    MlaParams p{c.H, c.nope, c.extra, c.v, c.lora, 1e-6f};
+    const int W = c.lora + c.extra, qh = c.nope + c.extra, cap = 80;
+    HostWeight kvb(random_vec(g, size_t(c.H) * (c.nope + c.v) * c.lora), c.H * (c.nope + c.v), c.lora);
+    HostWeight norm(random_vec(g, c.lora, 0.5f, 1.5f), 1, c.lora);
+    MlaWeights w;
+    w.kv_b = kvb.w, w.kv_a_norm = norm.w;
+    be_->upload(kvb.w);
+    be_->upload(norm.w);
+    std::vector<float> hcache(size_t(cap) * W, 0.f);
+    MlaCache hc{hcache.data(), 0, cap};
+    MlaCache dc{poisoned(size_t(cap) * W), 0, cap};
+    for (size_t call = 0; call < c.Ts.size(); ++call) {
+      const int T = c.Ts[call];
+      const auto q = random_vec(g, size_t(T) * c.H * qh), ckv = random_vec(g, size_t(T) * W, -2.f, 2.f);
+      float* dctx = poisoned(size_t(T) * c.H * c.v);
+      be_->mla_attend(p, w, dc, dev(q), dev(ckv), T, dctx);
+      std::vector<float> ref(size_t(T) * c.H * c.v);
+      cpu_.mla_attend(p, w, hc, q.data(), ckv.data(), T, ref.data());
+      ASSERT_EQ(dc.length, hc.length);
+      const std::string sh = shape({{"H", c.H}, {"nope", c.nope}, {"extra", c.extra}, {"v", c.v},
+                                    {"kv_lora", c.lora}, {"T", T}, {"pos", hc.length - T}});
+      expect_close("mla_attend", sh, host(dctx, ref.size()), ref, 1e-5);
+      const size_t filled = size_t(hc.length) * W;
+      expect_close("mla_cache", sh, host(dc.kv, filled), std::vector<float>(hcache.begin(), hcache.begin() + filled), 1e-6);
+    }
+    float* dctx = poisoned(size_t(cap) * c.H * c.v);
+    const std::vector<float> big(size_t(cap) * W, 1.f), bq(size_t(cap) * c.H * qh, 1.f);
+    EXPECT_THROW(be_->mla_attend(p, w, dc, dev(bq), dev(big), cap, dctx), Error) << "cache overflow must throw";
+  }
+}
+
+// ---- MoE ----
+
+// router_topk: ids must be equal (ties to the lower id); weights rel-L2 1e-6.
+TEST_F(CudaOps, RouterTopkMatchesCpu) {
+  std::mt19937 g(9);
+  for (int E : {16, 33, 896})
+    for (int k : {1, 4, 16})
+      for (int T : {1, 5, 33}) {
+        if (k > E) continue;
+        auto logits = random_vec(g, size_t(T) * E, -4.f, 4.f);
+        // Quantize some rows so exact ties occur: the lower id must win on both sides.
+        for (int t = 0; t < T; t += 2)
+          for (int e = 0; e < E; ++e) logits[size_t(t) * E + e] = std::round(logits[size_t(t) * E + e] * 2.f) / 2.f;
+        HostWeight bias(random_vec(g, E, -0.1f, 0.1f), 1, E);
+        if (E == 33) std::fill(bias.data.begin(), bias.data.end(), 0.f);
+        be_->upload(bias.w);
+        std::vector<int> ids(size_t(T) * k, -1), rids(ids.size());
+        std::vector<float> wts(ids.size(), std::nanf("")), rw(ids.size());
+        be_->router_topk(dev(logits), bias.w, T, E, k, ids.data(), wts.data());
+        cpu_.router_topk(logits.data(), bias.w, T, E, k, rids.data(), rw.data());
+        const std::string sh = shape({{"E", E}, {"k", k}, {"T", T}});
+        EXPECT_EQ(ids, rids) << "router ids " << sh;
+        expect_close("router_topk", sh, wts, rw, 1e-6);
+      }
+}
+
+/// A random expert (logical w1/w3 [inter, latent], w2 [latent, inter]) with its own storage.
+struct HostExpert {
+  std::vector<uint8_t> bytes[6];
+  ExpertRef e;
+  HostExpert(std::mt19937& g, int latent, int inter, const std::vector<uint8_t>& scales13,
+             const std::vector<uint8_t>& scales2) {
+    std::uniform_int_distribution<int> byte(0, 255);
+    auto fill = [&](MxMatrix& m, int rows, int cols, std::vector<uint8_t>& pk, std::vector<uint8_t>& sc,
+                    const std::vector<uint8_t>& scales) {
+      m.rows = rows, m.cols = cols;
+      pk.resize(size_t(rows) * cols / 2);
+      for (auto& b : pk) b = uint8_t(byte(g));
+      sc.resize(size_t(rows) * cols / 32);
+      std::uniform_int_distribution<size_t> pick(0, scales.size() - 1);
+      for (auto& s : sc) s = scales[pick(g)];
+      m.packed = pk.data(), m.scale = sc.data();
+    };
+    fill(e.w1, inter, latent, bytes[0], bytes[1], scales13);
+    fill(e.w2, latent, inter, bytes[2], bytes[3], scales2);
+    fill(e.w3, inter, latent, bytes[4], bytes[5], scales13);
+    e.name = "test expert";
+  }
+};
+
+std::vector<uint8_t> range_bytes(int lo, int hi) {
+  std::vector<uint8_t> v;
+  for (int s = lo; s <= hi; ++s) v.push_back(uint8_t(s));
+  return v;
+}
+
+// expert_ffn: per-group sums and group order as on the CPU; SiTU's exp/tanh in f64 -> rel-L2 1e-6.
+TEST_F(CudaOps, ExpertFfnMatchesCpu) {
+  std::mt19937 g(10);
+  // MXFP4 needs whole 32-column groups, so latent and inter are multiples of 32 (K3: 3584, 3072).
+  const int cases[][2] = {{32, 32}, {64, 64}, {96, 32}, {64, 96}, {3584, 64}, {512, 3072}, {3584, 3072}};
+  for (const auto& c : cases) {
+    const int latent = c[0], in2 = c[1];
+    HostExpert he(g, latent, in2, range_bytes(118, 127), range_bytes(120, 130));
+    be_->upload(he.e);
+    const auto z = random_vec(g, latent, -2.f, 2.f);
+    float* dy = poisoned(latent);
+    be_->expert_ffn(he.e, dev(z), 4.f, 25.f, dy);
+    std::vector<float> ref(latent);
+    cpu_.expert_ffn(he.e, z.data(), 4.f, 25.f, ref.data());
+    expect_close("expert_ffn", shape({{"latent", latent}, {"inter", in2}}), host(dy, latent), ref, 1e-6);
+  }
+}
+
+// Decode edge cases through the kernel (§3.2): every e2m1 code (random bytes cover all 16 in both
+// nibbles), scale bytes 0 (the subnormal 2^-127: fails if the GPU flushed to zero), 1, 127 and 254
+// in gate/up (inputs small enough that 2^127 groups stay finite), tiny scales 0/1 in down;
+// tolerance rel-L2 1e-6.
+TEST_F(CudaOps, ExpertFfnDecodeEdgeCases) {
+  std::mt19937 g(11);
+  HostExpert he(g, 64, 64, {0, 1, 127, 254}, {0, 1});
+  for (int code = 0; code < 16; ++code) he.bytes[0][code] = uint8_t(code | (15 - code) << 4);
+  be_->upload(he.e);
+  const auto z = random_vec(g, 64, -1e-3f, 1e-3f);
+  float* dy = poisoned(64);
+  be_->expert_ffn(he.e, dev(z), 4.f, 25.f, dy);
+  std::vector<float> ref(64);
+  cpu_.expert_ffn(he.e, z.data(), 4.f, 25.f, ref.data());
+  const auto got = host(dy, 64);
+  expect_close("expert_ffn", "decode edge cases", got, ref, 1e-6);
+  bool any_tiny = false;
+  for (float r : ref) any_tiny |= r != 0.f && std::fabs(r) < 1e-30f;
+  EXPECT_TRUE(any_tiny) << "the down scales 0/1 should give outputs near 2^-126";
+}
+
+// weighted_sum: f32 sum in slot order -> exact.
+TEST_F(CudaOps, WeightedSumMatchesCpu) {
+  std::mt19937 g(12);
+  for (int m : {1, 4, 16})
+    for (int n : {1, 33, 3584}) {
+      const auto ys = random_vec(g, size_t(m) * n), w = random_vec(g, m, 0.f, 1.f);
+      float* dy = poisoned(n);
+      be_->weighted_sum(dev(ys), w.data(), m, n, dy);
+      std::vector<float> ref(n);
+      cpu_.weighted_sum(ys.data(), w.data(), m, n, ref.data());
+      expect_close("weighted_sum", shape({{"m", m}, {"n", n}}), host(dy, n), ref, 0.0);
+    }
+}
+
+#endif  // WREN_HAVE_CUDA
+
+}  // namespace
+}  // namespace wren

@@ -1,0 +1,33 @@
+// validate_expert_scales (model/load.h): the ue8m0 byte 255 is refused with tensor, row and group
+// named; any other byte passes (its fast path scans with memchr).
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "core/error.h"
+#include "model/load.h"
+
+namespace wren {
+namespace {
+
+TEST(ExpertScales, Byte255IsRejectedWithRowAndGroup) {
+  std::vector<uint8_t> s1(2 * 2, 127), s2(3 * 2, 254), s3(2 * 2, 0);
+  ExpertRef e;
+  e.name = "model.layers.1.block_sparse_moe.experts.5";
+  e.file = "shard.safetensors";
+  e.w1 = {2, 64, nullptr, s1.data()};
+  e.w2 = {3, 64, nullptr, s2.data()};
+  e.w3 = {2, 64, nullptr, s3.data()};
+  EXPECT_NO_THROW(validate_expert_scales(e));
+  s2[1 * 2 + 1] = 255;
+  try {
+    validate_expert_scales(e);
+    FAIL() << "scale byte 255 must be rejected";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("experts.5.w2.weight_scale': row 1, group 1"), std::string::npos)
+        << err.what();
+  }
+}
+
+}  // namespace
+}  // namespace wren
