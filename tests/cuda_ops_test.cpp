@@ -302,6 +302,14 @@ TEST_F(CudaOps, ElementwiseMatchCpu) {
       expect_close("situ_glu", shape({{"n", long(n)}}), host(dout, n), ref, 1e-6);
     }
     {
+      const int T = n % 2 ? 1 : 2, w = int(n / T);
+      float* dout = poisoned(n);
+      be_->silu_glu(dev(a), dev(b), T, w, dout);
+      std::vector<float> ref(n);
+      cpu_.silu_glu(a.data(), b.data(), T, w, ref.data());
+      expect_close("silu_glu", shape({{"n", long(n)}}), host(dout, n), ref, 1e-6);
+    }
+    {
       float* dy = dev(b);
       be_->sigmoid_gate(dy, dev(a), n);
       std::vector<float> ref = b;
@@ -321,9 +329,10 @@ TEST_F(CudaOps, KdaCoreMatchesCpuAcrossCalls) {
   const std::vector<Case> cases = {{1, 16, 4, {1, 1, 1}},  {2, 32, 4, {5, 1, 33}}, {3, 16, 3, {33, 2}},
                                    {4, 32, 1, {3, 4}},     {2, 33, 2, {1, 7}},    {1, 128, 4, {33, 1, 1}},
                                    {3, 100, 4, {2, 1}},    {1, 256, 4, {3, 1}}};
+  for (const KdaGate gate_kind : {KdaGate::LowerBound, KdaGate::Softplus})  // K3, Kimi Linear
   for (const Case& c : cases) {
     const int H = c.H, d = c.d, K = c.K, P = H * d;
-    KdaParams p{H, d, K, -5.f, 1e-5f};
+    KdaParams p{H, d, K, -5.f, 1e-5f, gate_kind};
     std::vector<HostWeight> ws;
     ws.reserve(6);
     auto& qc = ws.emplace_back(random_vec(g, size_t(P) * K), P, K);
@@ -349,7 +358,8 @@ TEST_F(CudaOps, KdaCoreMatchesCpuAcrossCalls) {
       be_->kda_core(p, w, ds, dev(q), dev(k), dev(v), dev(z), dev(beta), dev(gate), T, dout);
       std::vector<float> ref(size_t(T) * P);
       cpu_.kda_core(p, w, hs, q.data(), k.data(), v.data(), z.data(), beta.data(), gate.data(), T, ref.data());
-      const std::string sh = shape({{"H", H}, {"d", d}, {"K", K}, {"T", T}, {"call", long(call)}});
+      const std::string sh = shape({{"H", H}, {"d", d}, {"K", K}, {"T", T}, {"call", long(call)},
+                                    {"softplus", long(gate_kind == KdaGate::Softplus)}});
       expect_close("kda_core", sh, host(dout, ref.size()), ref, 1e-5);
       expect_close("kda_state", sh, host(ds.S, S.size()), S, 1e-5);
       if (K > 1) expect_close("kda_conv_win", sh, host(ds.conv, conv.size()), conv, 0.0);

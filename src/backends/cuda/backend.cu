@@ -121,6 +121,10 @@ void add_mx(std::vector<Piece>& out, const MxMatrix& m) {
 }
 
 void add_expert(std::vector<Piece>& out, const ExpertRef& e) {
+  if (!e.w1.packed) {  // dense experts (Kimi Linear)
+    for (const DenseWeight* d : {&e.d1, &e.d2, &e.d3}) add_dense(out, *d);
+    return;
+  }
   add_mx(out, e.w1);
   add_mx(out, e.w2);
   add_mx(out, e.w3);
@@ -186,10 +190,10 @@ void CudaBackend::upload(const ModelWeights& w) {
       add_dense(p, *d);
     const KdaWeights& k = l.kda;
     for (const DenseWeight* d : {&k.q, &k.k, &k.v, &k.q_conv, &k.k_conv, &k.v_conv, &k.f_a, &k.f_b,
-                                 &k.a_log, &k.dt_bias, &k.b, &k.g, &k.o_norm, &k.o})
+                                 &k.a_log, &k.dt_bias, &k.b, &k.g, &k.g_a, &k.g_b, &k.o_norm, &k.o})
       add_dense(p, *d);
     const MlaWeights& a = l.mla;
-    for (const DenseWeight* d : {&a.q_a, &a.q_a_norm, &a.q_b, &a.kv_a, &a.kv_a_norm, &a.kv_b, &a.g, &a.o})
+    for (const DenseWeight* d : {&a.q, &a.q_a, &a.q_a_norm, &a.q_b, &a.kv_a, &a.kv_a_norm, &a.kv_b, &a.g, &a.o})
       add_dense(p, *d);
     for (const DenseWeight* d : {&l.mlp.gate, &l.mlp.up, &l.mlp.down}) add_dense(p, *d);
     const MoeWeights& m = l.moe;
