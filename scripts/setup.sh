@@ -12,3 +12,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+
+# Test-only npm packages for the tokenizer oracle (tests/tokenizer: tiktoken and Unicode data,
+# pinned by its package-lock.json). Installed here, never at test run time; skipped when present.
+tok_dir="$(cd "$(dirname "$0")/.." && pwd)/tests/tokenizer"
+if ! npm ls --prefix "$tok_dir" --all >/dev/null 2>&1; then
+  npm ci --prefix "$tok_dir" --no-audit --no-fund --prefer-offline >/dev/null
+fi

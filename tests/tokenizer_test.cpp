@@ -202,6 +202,94 @@ TEST(TokenizerOracle, FullO200kVocabularyMatchesTiktoken) {
   expect_matches_oracle(tok, r);
 }
 
+// ---------------------------------------------------------------- code-point class sweep
+
+/// Pieces of `ids` under `tok`, for failure messages.
+std::string show_pieces(const Tokenizer& tok, const Ids& ids) {
+  std::string s;
+  for (int id : ids) s += (s.empty() ? "" : " | ") + show(tok.token_bytes(id));
+  return s;
+}
+
+constexpr size_t kProbesPerCodePoint = 8;  // oracle.js PROBES
+
+/// Compares pre-tokenizer pieces with tiktoken for every `stride`-th code point of [first, last]:
+/// oracle.js builds short probes per code point and a vocabulary holding every substring of every
+/// probe, so each piece is exactly one id and equal ids mean equal segmentation. Returns the
+/// code points whose probes differ (reporting the first few probes).
+std::vector<char32_t> sweep(char32_t first, char32_t last, char32_t stride) {
+  std::vector<char32_t> bad;
+  for (char32_t lo = first; lo <= last; lo += 8192 * stride) {
+    const char32_t hi = std::min<char32_t>(last, lo + 8192 * stride - 1);
+    std::vector<char32_t> cps;
+    for (char32_t c = lo; c <= hi; c += stride)
+      if (c < 0xD800 || c > 0xDFFF) cps.push_back(c);
+    char args[96];
+    std::snprintf(args, sizeof args, "sweep %X %X %u ", unsigned(lo), unsigned(hi), unsigned(stride));
+    const std::string dir = test::temp_dir("tok-sweep");
+    const std::string err = node(args + shq(dir));
+    if (!err.empty()) {
+      ADD_FAILURE() << err;
+      return {0xFFFFFFFF};
+    }
+    const Tokenizer tok = Tokenizer::load(dir);
+    const std::vector<Ids> want = parse_id_lists(json::parse(std::ifstream(dir + "/ids.json")));
+    const json probes = json::parse(std::ifstream(dir + "/probes.json"));
+    EXPECT_EQ(probes.size(), cps.size() * kProbesPerCodePoint);
+    for (size_t i = 0; i < probes.size(); ++i) {
+      const std::string probe = base64_decode(probes[i].get<std::string>()).value_or("");
+      const Ids got = tok.encode_ordinary(probe);
+      if (got == want[i]) continue;
+      const char32_t c = cps[i / kProbesPerCodePoint];
+      if (bad.empty() || bad.back() != c) bad.push_back(c);
+      if (bad.size() <= 12)
+        ADD_FAILURE() << "probe " << show(probe) << " (U+" << std::hex << uint32_t(c) << std::dec
+                      << "): tiktoken pieces " << show_pieces(tok, want[i]) << "\n  wren pieces "
+                      << show_pieces(tok, got);
+    }
+    std::filesystem::remove_all(dir);
+  }
+  return bad;
+}
+
+/// "U+0041-U+005A U+00B5 ..." for a sorted list of code points.
+std::string show_ranges(const std::vector<char32_t>& cps) {
+  std::string s;
+  char buf[40];
+  for (size_t i = 0; i < cps.size();) {
+    size_t j = i;
+    while (j + 1 < cps.size() && cps[j + 1] == cps[j] + 1) ++j;
+    std::snprintf(buf, sizeof buf, j > i ? " U+%04X-U+%04X" : " U+%04X", unsigned(cps[i]), unsigned(cps[j]));
+    s += buf;
+    i = j + 1;
+  }
+  return s;
+}
+
+/// Default: every code point below U+3400 (where scripts change most), every 7th up to U+FFFF and
+/// every 37th above (about 40,000 code points, ~30 s). WREN_TOKENIZER_SWEEP_FULL=1: all 1,112,064
+/// scalar values (~8 min).
+TEST(TokenizerSweep, CodePointClassesMatchTiktoken) {
+  ASSERT_TRUE(oracle_prerequisites().empty()) << oracle_prerequisites();
+  const char* full = std::getenv("WREN_TOKENIZER_SWEEP_FULL");
+  std::vector<char32_t> bad;
+  auto add = [&](std::vector<char32_t> b) { bad.insert(bad.end(), b.begin(), b.end()); };
+  if (full && std::string(full) == "1") {
+    add(sweep(0, 0x10FFFF, 1));
+  } else {
+    add(sweep(0, 0x33FF, 1));
+    add(sweep(0x3400, 0xFFFF, 7));
+    add(sweep(0x10000, 0x10FFFF, 37));
+  }
+  EXPECT_TRUE(bad.empty()) << bad.size() << " code points segment differently:" << show_ranges(bad);
+}
+
+TEST(TokenizerSweep, Pcre2UnicodeTablesAreWithinThePatchedRange) {
+  // unicode_patch.h tops Unicode 14.0 tables up to 16.0 (tiktoken's); see pretokenizer.h.
+  const std::string v = Pretokenizer::pcre2_unicode_version();
+  EXPECT_TRUE(v == "14.0.0" || v.rfind("15.", 0) == 0 || v == "16.0.0") << "PCRE2 Unicode " << v;
+}
+
 // ---------------------------------------------------------------- golden prompts
 
 Ids golden_ids_without_bos(const std::string& name) {

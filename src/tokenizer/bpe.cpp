@@ -1,6 +1,8 @@
 // Rank-BPE merge loops (see bpe.h).
 #include "tokenizer/bpe.h"
 
+#include <algorithm>
+#include <array>
 #include <climits>
 #include <cstdint>
 #include <queue>
@@ -27,8 +29,38 @@ void emit_parts(const RankTable& ranks, std::string_view piece, const Starts& st
 
 }  // namespace
 
+namespace {
+
+/// The O(n^2) merge on fixed buffers (no allocation); n = piece.size() <= kScanMax.
+void scan_merge(const RankTable& ranks, std::string_view piece, std::vector<int>& out) {
+  // start[i]: byte offset of part i (start[m] = end); pair[i]: rank of parts i and i+1 merged.
+  std::array<uint32_t, kScanMax + 1> start;
+  std::array<int, kScanMax> pair;
+  size_t m = piece.size();  // number of parts
+  for (size_t i = 0; i <= m; ++i) start[i] = uint32_t(i);
+  auto pair_rank = [&](size_t i) {
+    return i + 2 <= m ? rank_or_none(ranks, piece.substr(start[i], start[i + 2] - start[i])) : kNoRank;
+  };
+  for (size_t i = 0; i < m; ++i) pair[i] = pair_rank(i);
+  while (m > 1) {
+    size_t best = 0;
+    for (size_t i = 1; i + 1 < m; ++i)
+      if (pair[i] < pair[best]) best = i;
+    if (pair[best] == kNoRank) break;
+    std::copy(start.begin() + best + 2, start.begin() + m + 1, start.begin() + best + 1);
+    std::copy(pair.begin() + best + 2, pair.begin() + m, pair.begin() + best + 1);
+    --m;
+    pair[best] = pair_rank(best);
+    if (best > 0) pair[best - 1] = pair_rank(best - 1);
+  }
+  emit_parts(ranks, piece, start, m + 1, out);
+}
+
+}  // namespace
+
 void bpe_encode_scan(const RankTable& ranks, std::string_view piece, std::vector<int>& out) {
-  // start[i]: byte offset of part i (the last entry is the end); pair[i]: rank of parts i, i+1.
+  if (piece.size() <= kScanMax) return scan_merge(ranks, piece, out);
+  // Long pieces: the same algorithm on heap buffers (used by tests only; bpe_encode takes the heap path).
   std::vector<uint32_t> start(piece.size() + 1);
   for (size_t i = 0; i <= piece.size(); ++i) start[i] = uint32_t(i);
   std::vector<int> pair(piece.size(), kNoRank);
@@ -37,11 +69,11 @@ void bpe_encode_scan(const RankTable& ranks, std::string_view piece, std::vector
                                 : kNoRank;
   };
   for (size_t i = 0; i + 1 < start.size(); ++i) pair[i] = pair_rank(i);
-  for (;;) {
+  while (start.size() > 2) {
     size_t best = 0;
     for (size_t i = 1; i + 1 < start.size(); ++i)
       if (pair[i] < pair[best]) best = i;
-    if (start.size() < 3 || pair[best] == kNoRank) break;
+    if (pair[best] == kNoRank) break;
     start.erase(start.begin() + best + 1);
     pair.erase(pair.begin() + best + 1);
     pair[best] = pair_rank(best);

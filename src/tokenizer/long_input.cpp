@@ -1,6 +1,8 @@
 // Upstream long-input cutting (see long_input.h).
 #include "tokenizer/long_input.h"
 
+#include <cstdint>
+
 #include "tokenizer/utf8.h"
 
 namespace wren {
@@ -19,8 +21,16 @@ void split_runs(std::string_view s, size_t max_run, std::vector<std::string_view
   size_t piece_start = 0, run = 0;
   bool run_is_space = false;
   for (size_t i = 0; i < s.size();) {
-    const utf8::Step st = utf8::next(s, i);
-    const bool space = is_python_space(st.cp);
+    const uint8_t b = uint8_t(s[i]);
+    size_t len = 1;
+    bool space;
+    if (b < 0x80) {
+      space = is_python_space(b);
+    } else {
+      const utf8::Step st = utf8::next(s, i);
+      space = is_python_space(st.cp);
+      len = st.len;
+    }
     if (i == 0 || space != run_is_space) {
       run = 1;
       run_is_space = space;
@@ -29,10 +39,13 @@ void split_runs(std::string_view s, size_t max_run, std::vector<std::string_view
       piece_start = i;
       run = 1;
     }
-    i += st.len;
+    i += len;
   }
   out.push_back(s.substr(piece_start));
 }
+
+/// True for a UTF-8 continuation byte (10xxxxxx): not the first byte of a code point.
+bool is_continuation(char c) { return (uint8_t(c) & 0xC0) == 0x80; }
 
 }  // namespace
 
@@ -50,7 +63,8 @@ std::vector<std::string_view> split_long_input(std::string_view text, size_t max
       slice_start = i;
       chars = 0;
     }
-    i += utf8::next(text, i).len;
+    ++i;
+    while (i < text.size() && is_continuation(text[i])) ++i;
     ++chars;
   }
   split_runs(text.substr(slice_start), max_run, out);

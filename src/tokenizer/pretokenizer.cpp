@@ -5,6 +5,7 @@
 #include <pcre2.h>
 
 #include "core/error.h"
+#include "tokenizer/unicode_patch.h"
 
 namespace wren {
 
@@ -15,17 +16,22 @@ constexpr const char* kWs =
     "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}"
     "\\x{202F}\\x{205F}\\x{3000}";
 
+/// The Kimi pattern with every class spelled for PCRE2 and topped up to Unicode 16 (see .h).
 std::string build_pattern() {
+  namespace up = unicode_patch;
   const std::string ws = kWs;
-  const std::string upper = "(?:(?!\\p{sc:Han})[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}])";
-  const std::string lower = "(?:(?!\\p{sc:Han})[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}])";
-  const std::string lead = "[^\\r\\n\\p{L}\\p{N}]?";
+  const std::string han = std::string("[\\p{sc:Han}") + up::kHan + "]";
+  const std::string upper =
+      "(?:(?!" + han + ")[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}" + up::kUpper + "])";
+  const std::string lower = "(?:(?!" + han + ")[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}" + up::kLower + "])";
+  const std::string letter_number = std::string("\\p{L}\\p{N}") + up::kLetter + up::kNumber;
+  const std::string lead = "[^\\r\\n" + letter_number + "]?";
   const std::string tail = "(?i:'s|'t|'re|'ve|'m|'ll|'d)?";
-  return "[\\p{sc:Han}]+"
+  return han + "+"
          "|" + lead + upper + "*" + lower + "+" + tail +
          "|" + lead + upper + "+" + lower + "*" + tail +
-         "|\\p{N}{1,3}"
-         "| ?[^" + ws + "\\p{L}\\p{N}]+[\\r\\n]*"
+         "|[\\p{N}" + up::kNumber + "]{1,3}"
+         "| ?[^" + ws + letter_number + "]+[\\r\\n]*"
          "|[" + ws + "]*[\\r\\n]+"
          "|[" + ws + "]+(?![^" + ws + "])"
          "|[" + ws + "]+";
@@ -73,6 +79,12 @@ struct Pretokenizer::Impl {
 const std::string& Pretokenizer::pcre2_pattern() {
   static const std::string p = build_pattern();
   return p;
+}
+
+std::string Pretokenizer::pcre2_unicode_version() {
+  char buf[32] = {};
+  pcre2_config(PCRE2_CONFIG_UNICODE_VERSION, buf);
+  return buf;
 }
 
 const std::string& Pretokenizer::tiktoken_pattern() {

@@ -4,7 +4,6 @@
 #include <charconv>
 #include <cstdio>
 #include <fstream>
-#include <sstream>
 #include <unordered_map>
 #include <vector>
 
@@ -29,23 +28,22 @@ struct Entry {
 };
 
 Entry parse_line(std::string_view line, size_t lineno, const std::string& source) {
-  const std::string where = source + " line " + std::to_string(lineno) + ": ";
+  auto fail = [&](const std::string& what) {
+    throw Error(source + " line " + std::to_string(lineno) + ": " + what);
+  };
   const size_t sp = line.find(' ');
-  check(sp != std::string_view::npos && line.find(' ', sp + 1) == std::string_view::npos,
-        where + "expected 'BASE64 RANK' (two fields separated by one space), found '" +
-            shorten(line) + "'");
+  if (sp == std::string_view::npos || line.find(' ', sp + 1) != std::string_view::npos)
+    fail("expected 'BASE64 RANK' (two fields separated by one space), found '" + shorten(line) + "'");
   const std::string_view b64 = line.substr(0, sp), num = line.substr(sp + 1);
   Entry e;
   e.line = lineno;
   auto decoded = base64_decode(b64);
-  check(decoded.has_value(), where + "token '" + shorten(b64) +
-                                 "' is not valid padded base64 of at least one byte");
+  if (!decoded) fail("token '" + shorten(b64) + "' is not valid padded base64 of at least one byte");
   e.bytes = std::move(*decoded);
   const auto [end, ec] = std::from_chars(num.data(), num.data() + num.size(), e.rank);
-  check(!num.empty() && ec == std::errc() && end == num.data() + num.size() && e.rank >= 0 &&
-            e.rank < kMaxRank,
-        where + "rank '" + shorten(num) + "' is not an integer in [0, " +
-            std::to_string(kMaxRank) + ")");
+  if (num.empty() || ec != std::errc() || end != num.data() + num.size() || e.rank < 0 ||
+      e.rank >= kMaxRank)
+    fail("rank '" + shorten(num) + "' is not an integer in [0, " + std::to_string(kMaxRank) + ")");
   return e;
 }
 
@@ -79,10 +77,12 @@ std::vector<std::string> order_by_rank(std::vector<Entry>& entries, const std::s
   check(!entries.empty(), source + ": no tokens (expected lines 'BASE64 RANK')");
   const size_t n = entries.size();
   std::unordered_map<int, size_t> line_of;
+  line_of.reserve(n);
   for (const auto& e : entries) {
     const auto [it, fresh] = line_of.emplace(e.rank, e.line);
-    check(fresh, source + " line " + std::to_string(e.line) + ": duplicate rank " +
-                     std::to_string(e.rank) + " (already on line " + std::to_string(it->second) + ")");
+    if (!fresh)
+      throw Error(source + " line " + std::to_string(e.line) + ": duplicate rank " +
+                  std::to_string(e.rank) + " (already on line " + std::to_string(it->second) + ")");
   }
   std::vector<std::string> tokens(n);
   for (auto& e : entries) {
@@ -121,12 +121,15 @@ RankTable load_tiktoken_model(const std::string& path) {
 }
 
 std::string read_file_bytes(const std::string& path) {
-  std::ifstream f(path, std::ios::binary);
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
   check(f.good(), path + ": cannot open file");
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  check(!f.bad(), path + ": read error");
-  return std::move(ss).str();
+  const std::streamoff size = f.tellg();
+  check(size >= 0, path + ": cannot determine the file size");
+  std::string bytes(size_t(size), '\0');
+  f.seekg(0);
+  f.read(bytes.data(), size);
+  check(f.gcount() == size, path + ": read error (expected " + std::to_string(size) + " bytes)");
+  return bytes;
 }
 
 }  // namespace wren

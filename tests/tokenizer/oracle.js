@@ -3,6 +3,11 @@
 //   node oracle.js corpus OUT.json                   write the test corpus: a JSON list of base64 texts
 //   node oracle.js o200k TOKENIZER_CONFIG OUT_DIR    write all o200k_base ranks as OUT_DIR/tiktoken.model and
 //                                                    TOKENIZER_CONFIG's specials renumbered after them
+//   node oracle.js sweep FIRST LAST STRIDE OUT_DIR
+//        code-point class sweep: for every STRIDE-th scalar value c in [FIRST, LAST] (hex), short probes
+//        ("中c中", "ac", "cAa", ...) whose pre-tokenizer pieces depend on c's classes; OUT_DIR gets a
+//        segmentation-revealing vocabulary (all 256 bytes + every substring of every probe, so each piece is
+//        one id), a tokenizer_config.json, probes.json (base64) and ids.json (tiktoken encode_ordinary)
 //   node oracle.js encode MODEL_DIR CORPUS.json OUT.json
 //        encode every corpus text; OUT = {"ordinary": [...], "kimi": [...], "special": [...]}, one id list
 //        per text: ordinary = encode_ordinary of the whole text; kimi = upstream tokenization_kimi.py
@@ -56,8 +61,11 @@ function upstreamCuts(text) {
 
 function loadModel(dir) {
   const { Tiktoken } = requireTiktoken();
-  const lines = fs.readFileSync(path.join(dir, "tiktoken.model"), "utf8").trim().split("\n");
-  const ranks = lines.map((l) => { const [b, r] = l.split(" "); return "! " + r + " " + b; }).join("\n");
+  const lines = fs.readFileSync(path.join(dir, "tiktoken.model"), "utf8").trim().split("\n").map((l) => l.split(" "));
+  // lite Tiktoken takes ranks as "! OFFSET tok tok ..." lines (consecutive ranks from OFFSET); one
+  // line per rank is accepted too but is much slower to parse
+  const inOrder = lines.every(([, r], i) => Number(r) === i);
+  const ranks = inOrder ? "! 0 " + lines.map(([b]) => b).join(" ") : lines.map(([b, r]) => "! " + r + " " + b).join("\n");
   const cfg = JSON.parse(fs.readFileSync(path.join(dir, "tokenizer_config.json"), "utf8"));
   const specials = {};
   for (const [id, v] of Object.entries(cfg.added_tokens_decoder)) specials[v.content] = Number(id);
@@ -103,11 +111,45 @@ function cmdEncode(modelDir, corpusPath, out) {
   fs.writeFileSync(out, JSON.stringify(result));
 }
 
+const PROBES = [(c) => "中" + c + "中", (c) => "a" + c, (c) => c + "Aa", (c) => "1" + c, (c) => "!" + c,
+  (c) => "a'" + c, (c) => " " + c, (c) => c + "\n"];
+
+function cmdSweep(firstHex, lastHex, strideStr, outDir) {
+  const first = parseInt(firstHex, 16), last = parseInt(lastHex, 16), stride = Number(strideStr);
+  const probes = [];
+  for (let c = first; c <= last; c += stride) {
+    if (c >= 0xd800 && c <= 0xdfff) continue;
+    for (const p of PROBES) probes.push(p(String.fromCodePoint(c)));
+  }
+  const tokens = new Map();
+  for (let b = 0; b < 256; b++) tokens.set(Buffer.from([b]).toString("latin1"), b);
+  for (const p of probes) {
+    const cps = Array.from(p);
+    for (let i = 0; i < cps.length; i++)
+      for (let j = i + 1; j <= cps.length; j++) {
+        const key = Buffer.from(cps.slice(i, j).join(""), "utf8").toString("latin1");
+        if (!tokens.has(key)) tokens.set(key, tokens.size);
+      }
+  }
+  fs.mkdirSync(outDir, { recursive: true });
+  const lines = [];
+  for (const [k, r] of tokens) lines.push(Buffer.from(k, "latin1").toString("base64") + " " + r);
+  fs.writeFileSync(path.join(outDir, "tiktoken.model"), lines.join("\n") + "\n");
+  const cfg = { added_tokens_decoder: { [String(tokens.size)]: { content: "<|sweep|>", special: true } } };
+  fs.writeFileSync(path.join(outDir, "tokenizer_config.json"), JSON.stringify(cfg));
+  fs.writeFileSync(path.join(outDir, "probes.json"), JSON.stringify(probes.map((p) => Buffer.from(p, "utf8").toString("base64"))));
+  const enc = loadModel(outDir);
+  fs.writeFileSync(path.join(outDir, "ids.json"), JSON.stringify(probes.map((p) => Array.from(enc.encode_ordinary(p)))));
+  enc.free();
+}
+
 const [cmd, ...args] = process.argv.slice(2);
 if (cmd === "corpus" && args.length === 1) cmdCorpus(args[0]);
 else if (cmd === "o200k" && args.length === 2) cmdO200k(args[0], args[1]);
+else if (cmd === "sweep" && args.length === 4) cmdSweep(...args);
 else if (cmd === "encode" && args.length === 3) cmdEncode(args[0], args[1], args[2]);
 else {
-  console.error("usage: node oracle.js corpus OUT | o200k TOKENIZER_CONFIG OUT_DIR | encode MODEL_DIR CORPUS OUT");
+  console.error("usage: node oracle.js corpus OUT | o200k TOKENIZER_CONFIG OUT_DIR | encode MODEL_DIR CORPUS OUT |\n" +
+    "       sweep FIRST_HEX LAST_HEX STRIDE OUT_DIR");
   process.exit(2);
 }
