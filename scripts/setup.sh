@@ -19,3 +19,10 @@ tok_dir="$(cd "$(dirname "$0")/.." && pwd)/tests/tokenizer"
 if ! npm ls --prefix "$tok_dir" --all >/dev/null 2>&1; then
   npm ci --prefix "$tok_dir" --no-audit --no-fund --prefer-offline >/dev/null
 fi
+
+# The built-in default model's vocabulary: the first 16,384 ranks of o200k_base from the npm
+# tiktoken package just installed (the model itself is created on first use, in ~/.cache/wren).
+root="$(cd "$(dirname "$0")/.." && pwd)"
+if [ ! -s "$root/data/default-vocab.tiktoken" ]; then
+  node "$root/scripts/make_default_vocab.js" "$root/data/default-vocab.tiktoken" 16384
+fi
