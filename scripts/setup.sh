@@ -5,9 +5,13 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 PKGS=(build-essential cmake ninja-build pkg-config ccache
       nlohmann-json3-dev libcli11-dev libpcre2-dev libcpp-httplib-dev
-      libgtest-dev libgmock-dev libbenchmark-dev nodejs npm)
+      libgtest-dev libgmock-dev libbenchmark-dev)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+# Node.js and npm: by command, since a Node.js from another source (which bundles npm and
+# conflicts with Debian's npm package) serves as well.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
