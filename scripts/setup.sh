@@ -12,3 +12,6 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# The openai npm client that tests/serve_test.cpp and the load test drive `wren serve` with (from
+# its lock file; nothing is fetched at test time).
+npm ci --prefix tests/serve --no-audit --no-fund >/dev/null
