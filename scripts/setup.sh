@@ -30,3 +30,10 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 if [ ! -s "$root/data/default-vocab.tiktoken" ]; then
   node "$root/scripts/make_default_vocab.js" "$root/data/default-vocab.tiktoken" 16384
 fi
+
+# The openai npm client that tests/serve_test.cpp and the load test drive `wren serve` with (from
+# its lock file; nothing is fetched at test time); skipped when present.
+serve_dir="$root/tests/serve"
+if ! npm ls --prefix "$serve_dir" --all >/dev/null 2>&1; then
+  npm ci --prefix "$serve_dir" --no-audit --no-fund --prefer-offline >/dev/null
+fi

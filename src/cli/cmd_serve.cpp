@@ -1,0 +1,101 @@
+// `wren serve`: an OpenAI-compatible HTTP server (chat and text completions, streaming or not)
+// over one loaded model; requests are generated one at a time in arrival order (docs/serve.md).
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "cli/commands.h"
+#include "cli/run_options.h"
+#include "core/error.h"
+#include "server/server.h"
+
+namespace wren::cli {
+
+namespace {
+
+struct ServeArgs {
+  EngineOptions engine;
+  server::ServerOptions server;
+};
+
+/// The id clients use in `model`: the snapshot folder's name, or "wren-default".
+std::string model_id(const std::string& dir) {
+  if (dir.empty()) return "wren-default";
+  const std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
+  const std::string name = (p.has_filename() ? p.filename() : p.parent_path().filename()).string();
+  return name.empty() ? "wren-default" : name;
+}
+
+/// Waits for SIGINT/SIGTERM (blocked in every thread) on its own thread and stops the server.
+class SignalStopper {
+ public:
+  explicit SignalStopper(server::Server& s) {
+    thread_ = std::thread([this, &s] {
+      sigset_t set;
+      sigemptyset(&set);
+      sigaddset(&set, SIGINT);
+      sigaddset(&set, SIGTERM);
+      const timespec tick{0, 200 * 1000 * 1000};
+      while (!quit_)
+        if (sigtimedwait(&set, nullptr, &tick) > 0) {
+          std::fprintf(stderr, "wren serve: stopping\n");
+          s.stop();
+          return;
+        }
+    });
+  }
+  ~SignalStopper() {
+    quit_ = true;
+    thread_.join();
+  }
+
+ private:
+  std::atomic<bool> quit_{false};
+  std::thread thread_;
+};
+
+void serve(ServeArgs& a) {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before any thread starts: only SignalStopper takes them
+  signal(SIGPIPE, SIG_IGN);                   // a client that hangs up is a failed write, not a crash
+  Engine e(a.engine);
+  check(e.has_tokenizer(), "wren serve needs a model with a tokenizer (tiktoken.model in " + e.dir() + ")");
+  a.server.model_id = model_id(a.engine.model_dir);
+  a.server.ctx = a.engine.ctx;
+  server::Server s(e, a.server);
+  const int port = s.bind();
+  SignalStopper stopper(s);
+  std::fprintf(stderr, "wren serve: model '%s', listening on http://%s:%d\n", a.server.model_id.c_str(),
+               a.server.host.c_str(), port);
+  std::fflush(stderr);
+  s.listen();
+}
+
+}  // namespace
+
+void add_serve(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions)");
+  sub->add_option("--model", a->engine.model_dir, "Kimi K3 snapshot folder (default: the built-in random-weight model)");
+  sub->add_option("--host", a->server.host, "Address to listen on (default 127.0.0.1)");
+  sub->add_option("--port", a->server.port, "Port to listen on (0 = any free port; default 8000)")->check(CLI::Range(0, 65535));
+  sub->add_option("--expert-cache", a->engine.expert_cache, "Expert cache budget, e.g. 8G, 512M (default: from available RAM)");
+  sub->add_option("--direct", a->engine.direct, "O_DIRECT expert reads: auto, on or off");
+  sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(CLI::PositiveNumber);
+  sub->add_option("--ctx", a->engine.ctx, "Context limit per request in tokens (prompt + max_tokens)")->check(CLI::PositiveNumber);
+  sub->add_option("--max-queue", a->server.max_queue, "Requests allowed to wait behind the running one (503 beyond)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("--max-body", a->server.max_body, "Largest request body in bytes (413 beyond; default 1 MiB)")
+      ->check(CLI::PositiveNumber);
+  sub->add_option("-n,--max-tokens", a->server.default_max_tokens, "max_tokens when a request gives none (default 256)")
+      ->check(CLI::PositiveNumber);
+  sub->callback([a] { serve(*a); });
+}
+
+}  // namespace wren::cli

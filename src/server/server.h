@@ -1,0 +1,51 @@
+// `wren serve`'s HTTP front: the OpenAI routes on cpp-httplib, feeding the generation queue.
+#pragma once
+#include <httplib.h>
+
+#include <atomic>
+#include <string>
+
+#include "runtime/engine.h"
+#include "server/gen_queue.h"
+
+namespace wren::server {
+
+/// Where and how to serve.
+struct ServerOptions {
+  std::string host = "127.0.0.1";
+  int port = 8000;                  ///< 0 = any free port
+  std::string model_id;             ///< the id clients name in `model`
+  int ctx = 4096;                   ///< context capacity of each sequence (prompt + max_tokens)
+  int default_max_tokens = 256;     ///< when a request gives no max_tokens (capped by the context)
+  int max_queue = 64;               ///< requests waiting beyond the running one
+  size_t max_body = 1 << 20;        ///< request body limit in bytes (413 above)
+};
+
+/// The OpenAI-compatible server around one Engine.
+class Server {
+ public:
+  Server(Engine& engine, ServerOptions o);
+  /// Binds the listening socket; returns the port (the chosen one when port is 0). Throws wren::Error.
+  int bind();
+  /// Serves until stop() (blocks).
+  void listen();
+  /// Stops listening; listen() returns. Safe from another thread.
+  void stop() { http_.stop(); }
+
+ private:
+  void routes();
+  void health(httplib::Response& res);
+  void models(httplib::Response& res);
+  void generate(const httplib::Request& req, httplib::Response& res, bool chat);
+  std::vector<int> prompt_ids(const GenRequest& g) const;
+  int max_tokens_for(const GenRequest& g, int prompt_len) const;
+
+  Engine& engine_;
+  ServerOptions o_;
+  GenQueue queue_;
+  httplib::Server http_;
+  std::atomic<long long> next_id_{1};
+  long long started_;
+};
+
+}  // namespace wren::server

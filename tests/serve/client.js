@@ -1,0 +1,60 @@
+// Drives `wren serve` with the official openai npm client (tests/serve_test.cpp).
+// Usage: node client.js PORT 'JSON list of requests' [--parallel]
+// Each request: {"kind": "chat"|"completion", "stream": bool, "params": {...OpenAI body...}}.
+// Prints one JSON list: per request {content, reasoning, finish_reason, usage, chunks} or {error}.
+'use strict';
+let OpenAI;
+try {
+  OpenAI = require('openai').default;
+} catch (e) {
+  console.error('tests/serve: the openai package is missing; run: npm ci --prefix tests/serve');
+  process.exit(3);
+}
+
+async function one(client, r) {
+  const body = { ...r.params, stream: !!r.stream };
+  if (r.stream) body.stream_options = { include_usage: true };
+  const api = r.kind === 'chat' ? client.chat.completions : client.completions;
+  if (!r.stream) {
+    const res = await api.create(body);
+    const c = res.choices[0];
+    return r.kind === 'chat'
+      ? { content: c.message.content, reasoning: c.message.reasoning_content || '', finish_reason: c.finish_reason, usage: res.usage, chunks: 0 }
+      : { content: c.text, reasoning: '', finish_reason: c.finish_reason, usage: res.usage, chunks: 0 };
+  }
+  const out = { content: '', reasoning: '', finish_reason: null, usage: null, chunks: 0 };
+  for await (const chunk of await api.create(body)) {
+    out.chunks++;
+    if (chunk.usage) out.usage = chunk.usage;
+    const c = chunk.choices[0];
+    if (!c) continue;
+    if (r.kind === 'chat') {
+      out.content += c.delta.content || '';
+      out.reasoning += c.delta.reasoning_content || '';
+    } else {
+      out.content += c.text || '';
+    }
+    if (c.finish_reason) out.finish_reason = c.finish_reason;
+  }
+  return out;
+}
+
+async function main() {
+  const [port, spec, mode] = process.argv.slice(2);
+  const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'none', timeout: 120000, maxRetries: 0 });
+  const reqs = JSON.parse(spec);
+  const run = (r) => one(client, r).catch((e) => ({ error: String(e && e.message ? e.message : e), status: e.status }));
+  let results;
+  if (mode === '--parallel') {
+    results = await Promise.all(reqs.map(run));
+  } else {
+    results = [];
+    for (const r of reqs) results.push(await run(r));
+  }
+  console.log(JSON.stringify(results));
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});

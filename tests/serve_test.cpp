@@ -1,0 +1,350 @@
+// `wren serve` end to end: the server runs as a child process on a free loopback port and is driven
+// by the official openai npm client (tests/serve/client.js), by 20 concurrent clients plus one that
+// hangs up mid-stream, and by bad requests; greedy answers must equal `wren run`.
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <httplib.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cctype>
+#include <chrono>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "server/openai_json.h"
+#include "server/stop_matcher.h"
+#include "test_util.h"
+
+namespace wren {
+namespace {
+
+using nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+/// `wren serve --model golden --port 0 ...` as a child; killed (TERM, then KILL) on destruction.
+class ServeProcess {
+ public:
+  explicit ServeProcess(const std::vector<std::string>& extra) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) throw std::runtime_error("pipe failed");
+    std::vector<std::string> args = {WREN_BINARY, "serve", "--model", test::golden_dir(), "--host", "127.0.0.1",
+                                     "--port", "0"};
+    args.insert(args.end(), extra.begin(), extra.end());
+    pid_ = fork();
+    if (pid_ == 0) {
+      dup2(fds[1], 2);
+      close(fds[0]);
+      close(fds[1]);
+      std::vector<char*> argv;
+      for (auto& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+    close(fds[1]);
+    err_fd_ = fds[0];
+    wait_ready();
+    drain_ = std::thread([this] {
+      char buf[4096];
+      ssize_t n;
+      while ((n = read(err_fd_, buf, sizeof buf)) > 0) log_.append(buf, size_t(n));
+    });
+  }
+  ~ServeProcess() {
+    if (pid_ > 0) {
+      kill(pid_, SIGTERM);
+      int st = 0;
+      const auto end = Clock::now() + std::chrono::seconds(10);
+      while (waitpid(pid_, &st, WNOHANG) == 0) {
+        if (Clock::now() > end) {
+          kill(pid_, SIGKILL);
+          waitpid(pid_, &st, 0);
+          break;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    if (drain_.joinable()) drain_.join();
+    if (err_fd_ >= 0) close(err_fd_);
+  }
+  int port() const { return port_; }
+
+ private:
+  /// Reads stderr until "listening on http://127.0.0.1:PORT" (60 s at most).
+  void wait_ready() {
+    const auto end = Clock::now() + std::chrono::seconds(60);
+    const std::string key = "listening on http://127.0.0.1:";
+    while (Clock::now() < end) {
+      pollfd p{err_fd_, POLLIN, 0};
+      if (poll(&p, 1, 200) > 0) {
+        char buf[1024];
+        const ssize_t n = read(err_fd_, buf, sizeof buf);
+        if (n <= 0) break;
+        log_.append(buf, size_t(n));
+        const size_t at = log_.find(key);
+        if (at != std::string::npos && log_.find('\n', at) != std::string::npos) {
+          port_ = std::stoi(log_.substr(at + key.size()));
+          return;
+        }
+      }
+    }
+    throw std::runtime_error("wren serve did not become ready; its stderr:\n" + log_);
+  }
+  pid_t pid_ = -1;
+  int err_fd_ = -1, port_ = 0;
+  std::string log_;
+  std::thread drain_;
+};
+
+/// The JSON line `wren run ... --json` prints.
+json wren_run_json(const std::string& args) {
+  std::string out;
+  const int rc = test::run_wren("run --model " + test::golden_dir() + " --temperature 0 --json " + args, &out);
+  EXPECT_EQ(rc, 0) << out;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);)
+    if (line.rfind("{", 0) == 0) return json::parse(line);
+  throw std::runtime_error("no JSON from wren run: " + out);
+}
+
+/// Shell-quotes one argument.
+std::string q(const std::string& s) {
+  std::string r = "'";
+  for (char c : s) r += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return r + "'";
+}
+
+/// Runs tests/serve/client.js with `requests`; FAILs (not skips) without node or the package.
+json node_client(int port, const json& requests, bool parallel) {
+  const std::string dir = std::string(WREN_SOURCE_DIR) + "/tests/serve";
+  const std::string cmd = "timeout 300 node " + q(dir + "/client.js") + " " + std::to_string(port) + " " +
+                          q(requests.dump()) + (parallel ? " --parallel" : "") + " 2>&1";
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) throw std::runtime_error("popen failed");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int st = pclose(p);
+  if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+    throw std::runtime_error("node tests/serve/client.js failed (is node installed and `npm ci --prefix tests/serve` "
+                             "done? scripts/setup.sh does it):\n" + out);
+  return json::parse(out.substr(out.rfind("\n[") == std::string::npos ? 0 : out.rfind("\n[") + 1));
+}
+
+class Serve : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { server_ = new ServeProcess({"--max-body", "65536", "--ctx", "512"}); }
+  static void TearDownTestSuite() { delete server_; }
+  static ServeProcess* server_;
+  static httplib::Client client() {
+    httplib::Client c("127.0.0.1", server_->port());
+    c.set_read_timeout(120, 0);
+    c.set_connection_timeout(5, 0);
+    return c;
+  }
+};
+ServeProcess* Serve::server_ = nullptr;
+
+json chat_req(const std::string& msg, bool stream, int max_tokens, bool thinking = true) {
+  return {{"kind", "chat"}, {"stream", stream},
+          {"params", {{"model", "k3-tiny-a"}, {"messages", {{{"role", "user"}, {"content", msg}}}},
+                      {"max_tokens", max_tokens}, {"temperature", 0}, {"thinking", thinking}}}};
+}
+json completion_req(const std::string& prompt, bool stream, int max_tokens) {
+  return {{"kind", "completion"}, {"stream", stream},
+          {"params", {{"model", "k3-tiny-a"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0}}}};
+}
+
+TEST_F(Serve, OpenAIClientMatchesWrenRun) {
+  const int n = 24;
+  const json run_text = wren_run_json("-n 24 " + q("The capital of France is"));
+  const json run_chat = wren_run_json("-n 24 --chat " + q("What is 2+2?"));
+  const json run_nothink = wren_run_json("-n 24 --chat --no-think " + q("What is 2+2?"));
+  const json reqs = {completion_req("The capital of France is", false, n), completion_req("The capital of France is", true, n),
+                     chat_req("What is 2+2?", false, n), chat_req("What is 2+2?", true, n),
+                     chat_req("What is 2+2?", false, n, false), chat_req("What is 2+2?", true, n, false)};
+  const json got = node_client(server_->port(), reqs, false);
+  ASSERT_EQ(got.size(), reqs.size()) << got.dump();
+  for (size_t i = 0; i < got.size(); ++i) {
+    SCOPED_TRACE("request " + std::to_string(i) + ": " + got[i].dump());
+    ASSERT_FALSE(got[i].contains("error"));
+    const json& want = i < 2 ? run_text : i < 4 ? run_chat : run_nothink;
+    EXPECT_EQ(got[i]["content"], want["text"]);
+    if (i >= 2) {
+      EXPECT_EQ(got[i]["reasoning"], want["reasoning"]);
+    }
+    EXPECT_EQ(got[i]["usage"]["prompt_tokens"], want["prompt_ids"].size());
+    EXPECT_EQ(got[i]["usage"]["completion_tokens"], want["output_ids"].size());
+    EXPECT_EQ(got[i]["finish_reason"], int(want["output_ids"].size()) < n ? "stop" : "length");
+    if (reqs[i]["stream"]) {
+      EXPECT_GT(got[i]["chunks"].get<int>(), 2);
+    }
+  }
+}
+
+/// Opens a raw streaming request, reads until a content or reasoning delta arrives, then hangs up.
+bool hang_up_mid_stream(int port, const std::string& body) {
+  // CLOEXEC: the node clients popen()ed meanwhile must not inherit (and keep open) this socket.
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return close(fd), false;
+  const std::string req = "POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  if (send(fd, req.data(), req.size(), MSG_NOSIGNAL) != ssize_t(req.size())) return close(fd), false;
+  std::string got;
+  const auto end = Clock::now() + std::chrono::seconds(60);
+  bool seen = false;
+  while (!seen && Clock::now() < end) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 200) <= 0) continue;
+    char buf[4096];
+    const ssize_t n = recv(fd, buf, sizeof buf, 0);
+    if (n <= 0) break;
+    got.append(buf, size_t(n));
+    seen = got.find("\"reasoning_content\":\"") != std::string::npos || got.find("\"content\":\"", got.find("role")) != std::string::npos;
+  }
+  close(fd);
+  return seen;
+}
+
+TEST_F(Serve, TwentyConcurrentClientsAndOneKilledMidStream) {
+  const std::vector<std::string> prompts = {"Once upon a time", "def fib(n):", "Hello", "The quick brown fox"};
+  std::vector<json> want;
+  for (const std::string& p : prompts) want.push_back(wren_run_json("-n 16 " + q(p)));
+  json reqs = json::array();
+  for (int i = 0; i < 20; ++i) reqs.push_back(completion_req(prompts[i % 4], i % 2 == 0, 16));
+  // The hang-up client starts first with a long generation, so it is running when it goes.
+  const json long_body = {{"messages", {{{"role", "user"}, {"content", "Tell me a long story."}}}},
+                          {"max_tokens", 400}, {"temperature", 0}, {"stream", true}};
+  const long long cancelled_before = json::parse(client().Get("/health")->body)["cancelled"];
+  bool hung_up = false;
+  std::thread killer([&] { hung_up = hang_up_mid_stream(server_->port(), long_body.dump()); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const json got = node_client(server_->port(), reqs, true);
+  killer.join();
+  EXPECT_TRUE(hung_up) << "the hang-up client saw no delta";
+  ASSERT_EQ(got.size(), 20u);
+  for (size_t i = 0; i < 20; ++i) {
+    SCOPED_TRACE("client " + std::to_string(i) + ": " + got[i].dump());
+    ASSERT_FALSE(got[i].contains("error"));
+    EXPECT_EQ(got[i]["content"], want[i % 4]["text"]);
+    EXPECT_EQ(got[i]["usage"]["completion_tokens"], want[i % 4]["output_ids"].size());
+    EXPECT_FALSE(got[i]["finish_reason"].is_null());
+  }
+  const json health = json::parse(client().Get("/health")->body);
+  EXPECT_GE(health["cancelled"].get<long long>(), cancelled_before + 1) << health.dump();
+}
+
+/// POSTs `body` and checks the status and that the OpenAI error names `needle`.
+void expect_error(httplib::Client& c, const std::string& path, const std::string& body, int status,
+                  const std::string& needle, const std::string& code = "") {
+  SCOPED_TRACE(path + " " + body.substr(0, 120));
+  const auto r = c.Post(path, body, "application/json");
+  ASSERT_TRUE(r) << httplib::to_string(r.error());
+  EXPECT_EQ(r->status, status) << r->body;
+  const json j = json::parse(r->body);
+  ASSERT_TRUE(j.contains("error")) << r->body;
+  EXPECT_NE(j["error"]["message"].get<std::string>().find(needle), std::string::npos) << r->body;
+  EXPECT_EQ(j["error"]["type"], status < 500 ? "invalid_request_error" : "server_error");
+  if (!code.empty()) {
+    EXPECT_EQ(j["error"]["code"], code) << r->body;
+  }
+}
+
+TEST_F(Serve, BadRequestsGet4xxAndTheServerKeepsServing) {
+  httplib::Client c = client();
+  const std::string chat = "/v1/chat/completions";
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  expect_error(c, chat, std::string(100000, ' ') + "{}", 413, "too large", "payload_too_large");
+  expect_error(c, chat, "{\"messages\": [", 400, "not valid JSON", "invalid_json");
+  expect_error(c, chat, "[1, 2]", 400, "JSON object");
+  expect_error(c, chat, "{" + msgs + ", \"max_tokens\": \"ten\"}", 400, "'max_tokens' must be an integer");
+  expect_error(c, chat, R"({"messages": "hi"})", 400, "'messages' must be a list");
+  expect_error(c, chat, "{" + msgs + ", \"temperature\": -1}", 400, "'temperature' must be in");
+  expect_error(c, chat, "{" + msgs + ", \"stop\": 5}", 400, "'stop' must be a string");
+  expect_error(c, chat, R"({"messages": [{"role": "robot", "content": "hi"}]})", 400, "role");
+  expect_error(c, chat, "{" + msgs + ", \"model\": \"gpt-4o\"}", 404, "gpt-4o", "model_not_found");
+  expect_error(c, chat, "{" + msgs + ", \"max_tokens\": 100000}", 400, "context limit", "context_length_exceeded");
+  expect_error(c, "/v1/completions", R"({"prompt": 42})", 400, "'prompt' must be a string");
+  expect_error(c, "/v1/completions", "{\"prompt\": \"" + std::string(20000, 'a') + " " + std::string(20000, 'b') + "\"}", 400,
+               "context limit", "context_length_exceeded");
+  expect_error(c, "/v1/nothing", "{}", 404, "unknown route", "not_found");
+  const auto g = c.Get("/v1/nothing");
+  ASSERT_TRUE(g);
+  EXPECT_EQ(g->status, 404);
+  const auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  EXPECT_EQ(json::parse(h->body)["status"], "ok");
+  const auto m = c.Get("/v1/models");
+  ASSERT_TRUE(m);
+  EXPECT_EQ(json::parse(m->body)["data"][0]["id"], "k3-tiny-a");
+  // A good request after all that still works.
+  const auto ok = c.Post(chat, "{" + msgs + ", \"max_tokens\": 4, \"model\": \"k3-tiny-a\"}", "application/json");
+  ASSERT_TRUE(ok);
+  EXPECT_EQ(ok->status, 200) << ok->body;
+}
+
+TEST_F(Serve, StopStringCutsTheTextAndIsNotIncluded) {
+  const json full = wren_run_json("-n 24 " + q("Once upon a time"));
+  const std::string text = full["text"];
+  size_t at = 1;  // a stop string of two ASCII letters inside the reply (never splitting a character)
+  while (at + 2 < text.size() && !(std::isalpha((unsigned char)text[at]) && std::isalpha((unsigned char)text[at + 1]))) ++at;
+  ASSERT_LT(at + 2, text.size()) << "the golden model's reply has no two ASCII letters in a row: " << text;
+  const std::string stop = text.substr(at, 2);
+  const std::string want = text.substr(0, text.find(stop));
+  json r1 = completion_req("Once upon a time", false, 24), r2 = completion_req("Once upon a time", true, 24);
+  r1["params"]["stop"] = stop;
+  r2["params"]["stop"] = json::array({"\x01never", stop});
+  const json got = node_client(server_->port(), {r1, r2}, false);
+  for (const json& g : got) {
+    EXPECT_EQ(g["content"], want) << g.dump();
+    EXPECT_EQ(g["finish_reason"], "stop") << g.dump();
+  }
+}
+
+TEST(ServeStopMatcher, HoldsBackPrefixesAndCutsAtTheMatch) {
+  server::StopMatcher m({"END", "xyz"});
+  EXPECT_EQ(m.push("hello E"), "hello ");
+  EXPECT_EQ(m.push("N"), "");
+  EXPECT_EQ(m.push("x"), "EN");  // "x" may start "xyz"
+  EXPECT_EQ(m.push("yzzz"), "");
+  EXPECT_TRUE(m.matched());
+  EXPECT_EQ(m.flush(), "");
+  server::StopMatcher n({"END"});
+  EXPECT_EQ(n.push("abcEN"), "abc");
+  EXPECT_EQ(n.flush(), "EN");
+}
+
+TEST(ServeJson, ParsesFieldsAndThinkingSwitch) {
+  const auto r = server::parse_chat_request(
+      R"({"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],
+          "max_tokens": 7, "temperature": 0.5, "top_p": 0.9, "seed": 3, "stop": ["x"], "stream": true,
+          "chat_template_kwargs": {"thinking": false}})",
+      "m");
+  ASSERT_EQ(r.messages.size(), 2u);
+  EXPECT_EQ(r.messages[1].content, "ab");
+  EXPECT_EQ(r.max_tokens, 7);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.5f);
+  EXPECT_FLOAT_EQ(r.sampling.top_p, 0.9f);
+  EXPECT_EQ(r.sampling.seed, 3u);
+  EXPECT_TRUE(r.seeded && r.stream && !r.thinking);
+  EXPECT_EQ(r.stop, std::vector<std::string>{"x"});
+  EXPECT_FALSE(server::parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "thinking": false})", "m").thinking);
+  EXPECT_TRUE(server::parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}]})", "m").thinking);
+  EXPECT_THROW(server::parse_chat_request(R"({"messages": [{"role": "user", "content": "x"}], "n": 2})", "m"),
+               server::RequestError);
+}
+
+}  // namespace
+}  // namespace wren
