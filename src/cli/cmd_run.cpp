@@ -8,6 +8,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "cli/commands.h"
+#include "cli/cpu_flags.h"
 #include "runtime/f32_file.h"
 #include "core/error.h"
 #include "runtime/generate.h"
@@ -20,6 +21,7 @@ struct RunArgs {
   std::string model, ids, trace, logits, x0, dump_dir;
   int n = 16, layers = -1, dump_layer = -1, dump_token = 0, chunk = 32, ctx = 4096;
   bool json = false;
+  CpuFlags cpu;
 };
 
 std::vector<int> parse_ids(const std::string& s) {
@@ -43,10 +45,13 @@ std::vector<int> parse_ids(const std::string& s) {
 void run(const RunArgs& a) {
   check(!a.ids.empty(), "no prompt: give --ids (text prompts arrive with the tokenizer)");
   const std::vector<int> prompt = parse_ids(a.ids);
-  auto model = load_model(a.model);
+  const QuantPlan plan = a.cpu.plan();
+  const CpuOptions bo = a.cpu.backend();
+  auto model = load_model(a.model, plan);
   const Config& c = model->config;
   const int T = int(prompt.size());
-  CpuBackend be;
+  CpuBackend be(bo);
+  std::fprintf(stderr, "wren: %s; chunk %d\n", describe(bo, plan).c_str(), a.chunk);
   Forward fwd(*model, be, {a.chunk, a.layers});
   SequenceState st(be, c, std::max(a.ctx, T + a.n));
 
@@ -122,6 +127,7 @@ void add_run(CLI::App& app) {
   sub->add_option("--dump-dir", a->dump_dir, "Folder for nrm_attn/att/nrm_mlp/mlp/hidden .f32 files");
   sub->add_option("--chunk", a->chunk, "Prefill chunk (tokens per layer-major pass)")->check(CLI::PositiveNumber);
   sub->add_option("--ctx", a->ctx, "Context capacity in tokens (MLA cache size)")->check(CLI::PositiveNumber);
+  a->cpu.add_to(sub);
   sub->callback([a] { run(*a); });
 }
 

@@ -176,14 +176,19 @@ void Forward::moe(int layer, const MoeWeights& m, int T) {
   std::vector<int> order(size_t(T) * K);
   for (size_t j = 0; j < order.size(); ++j) order[j] = int(j);
   std::stable_sort(order.begin(), order.end(), [&](int a, int bb) { return b.ids[a] < b.ids[bb]; });
-  for (int j : order) {
-    const int e = b.ids[j], t = j / K;
+  std::vector<const ExpertRef*> experts(order.size());
+  std::vector<int> in_rows(order.size());
+  for (size_t i = 0; i < order.size(); ++i) {
+    const int j = order[i], e = b.ids[j];
     if (!scales_checked_[layer][e]) {
       validate_expert_scales(m.experts[e]);
       scales_checked_[layer][e] = 1;
     }
-    be_.expert_ffn(m.experts[e], b.lat + size_t(t) * Lt, c.situ_b1, c.situ_b2, b.ys + size_t(j) * Lt);
+    experts[i] = &m.experts[e];
+    in_rows[i] = j / K;  // token
   }
+  be_.expert_ffn_batch(experts.data(), in_rows.data(), order.data(), int(order.size()), b.lat,
+                       c.situ_b1, c.situ_b2, b.ys);
   for (int t = 0; t < T; ++t)
     be_.weighted_sum(b.ys + size_t(t) * K * Lt, b.wts.data() + size_t(t) * K, K, Lt, b.lsum + size_t(t) * Lt);
   const float* u = b.lsum;
