@@ -7,5 +7,6 @@ namespace wren::cli {
 void add_run(CLI::App& app);
 void add_inspect(CLI::App& app);
 void add_synth(CLI::App& app);
+void add_bench(CLI::App& app);
 
 }  // namespace wren::cli

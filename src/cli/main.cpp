@@ -10,6 +10,7 @@ int main(int argc, char** argv) {
   wren::cli::add_run(app);
   wren::cli::add_inspect(app);
   wren::cli::add_synth(app);
+  wren::cli::add_bench(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

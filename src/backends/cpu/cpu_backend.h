@@ -36,6 +36,9 @@ struct CpuOptions {
   int threads = 1;                 ///< threads in all, the caller included (>= 1)
   cpu::Isa isa = cpu::Isa::Scalar; ///< kernel level; Scalar = the reference kernels
   bool mx_int8_act = false;        ///< MXFP4 experts on per-32-group int8 activations (approximate)
+  /// Ops with fewer multiply-adds run on the calling thread (a pool wake-up costs more). Results
+  /// do not depend on it; tests set 0 to drive every op through the pool.
+  double min_parallel_work = 1 << 17;
 };
 
 /// Host backend: f32 activations, f64 for RMS means, L2 sums and AttnRes scores.
@@ -109,8 +112,7 @@ void mx_gemv(const MxMatrix& m, const float* x, float* y);
 
 template <class F>
 void CpuBackend::parallel(int n, double work, F&& f) {
-  constexpr double kMinParallelWork = 1 << 17;  // multiply-adds; below it a pool wake-up costs more
-  if (work < kMinParallelWork) {
+  if (work < opts_.min_parallel_work || opts_.threads == 1) {
     for (int i = 0; i < n; ++i) f(i, 0);
     return;
   }

@@ -38,21 +38,28 @@ struct Bf16Avx512 {
   template <int R, int N>
   WREN_AVX512 void block(int r, int t) const {
     __m512 acc[R][N];
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
     for (int c = 0; c < cols; c += 16) {
       const __mmask16 m = cols - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (cols - c)) - 1);
       __m512 wv[R];
+      WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         const __m256i h = _mm256_maskz_loadu_epi16(m, w + size_t(r + i) * cols + c);
         wv[i] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
       }
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) {
         const __m512 xv = _mm512_maskz_loadu_ps(m, x + size_t(t + j) * cols + c);
+        WREN_UNROLL
         for (int i = 0; i < R; ++i) acc[i][j] = _mm512_fmadd_ps(wv[i], xv, acc[i][j]);
       }
     }
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) y[size_t(t + j) * ldy + r + i] = hsum(acc[i][j]);
   }
 };
@@ -66,21 +73,28 @@ struct Bf16Avx2 {
   template <int R, int N>
   WREN_AVX2 void block(int r, int t) const {
     __m256 acc[R][N];
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) acc[i][j] = _mm256_setzero_ps();
     int c = 0;
     for (; c + 8 <= cols; c += 8) {
       __m256 wv[R];
+      WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + size_t(r + i) * cols + c));
         wv[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
       }
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) {
         const __m256 xv = _mm256_loadu_ps(x + size_t(t + j) * cols + c);
+        WREN_UNROLL
         for (int i = 0; i < R; ++i) acc[i][j] = _mm256_fmadd_ps(wv[i], xv, acc[i][j]);
       }
     }
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) {
         float s = hsum(acc[i][j]);
         for (int cc = c; cc < cols; ++cc) s += bf16_to_f32(w[size_t(r + i) * cols + cc]) * x[size_t(t + j) * cols + cc];

@@ -146,25 +146,32 @@ struct MxF32Avx512 : MxArgs {
     const __m128i m0f = _mm_set1_epi8(0x0F);
     const float* p2 = pow2().full;
     __m512 acc[R][N];
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
     for (int g = 0; g < groups; ++g) {
       __m512 we[R], wo[R];
+      WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
         we[i] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, m0f)), lut);
         wo[i] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), m0f)), lut);
       }
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) {
         const float* xg = a.xf + size_t(t + j) * cols + g * 32;
         const __m512 xe = _mm512_loadu_ps(xg), xo = _mm512_loadu_ps(xg + 16);
+        WREN_UNROLL
         for (int i = 0; i < R; ++i) {
           const __m512 gs = _mm512_fmadd_ps(wo[i], xo, _mm512_mul_ps(we[i], xe));
           acc[i][j] = _mm512_fmadd_ps(gs, _mm512_set1_ps(p2[scales(r + i)[g]]), acc[i][j]);
         }
       }
     }
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) y[size_t(t + j) * ldy + r + i] = hsum(acc[i][j]);
   }
 };
@@ -179,12 +186,15 @@ struct MxI8Avx512 : MxArgs {
     const __m512i m0f = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
     const float* half = pow2().half;
     __m512 acc[R][N];
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
     int g = 0;
     for (; g + 2 <= groups; g += 2) {
       __m512i aw[R];
       __mmask64 neg[R];
+      WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(r + i) + g * 16));
         const __m512i z = _mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(v));
@@ -192,9 +202,11 @@ struct MxI8Avx512 : MxArgs {
         aw[i] = _mm512_abs_epi8(w);
         neg[i] = _mm512_movepi8_mask(w);
       }
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) {
         const __m512i xv = _mm512_loadu_si512(a.xq + size_t(t + j) * cols + g * 32);
         const float* xs = a.xs + size_t(t + j) * groups + g;
+        WREN_UNROLL
         for (int i = 0; i < R; ++i) {
           const __m512i sx = _mm512_mask_sub_epi8(xv, neg[i], zero, xv);
           const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, aw[i], sx));
@@ -205,7 +217,9 @@ struct MxI8Avx512 : MxArgs {
       }
     }
     if (g < groups) tail_group<R, N>(r, t, g, acc);
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) y[size_t(t + j) * ldy + r + i] = hsum(acc[i][j]);
   }
 
@@ -215,10 +229,12 @@ struct MxI8Avx512 : MxArgs {
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2M1x2)));
     const __m128i m0f = _mm_set1_epi8(0x0F);
     const float* half = pow2().half;
+    WREN_UNROLL
     for (int i = 0; i < R; ++i) {
       const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
       const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m0f), _mm_and_si128(b, m0f));
       const __m256i w = _mm256_shuffle_epi8(lut, idx), aw = _mm256_abs_epi8(w);
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + size_t(t + j) * cols + g * 32));
         const __m256i dp = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(xv, w));
@@ -237,10 +253,13 @@ struct MxF32Avx2 : MxArgs {
     const __m128i m0f = _mm_set1_epi8(0x0F);
     const float* half = pow2().half;
     __m256 acc[R][N];
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) acc[i][j] = _mm256_setzero_ps();
     for (int g = 0; g < groups; ++g) {
       __m256 w[R][4];  // 2·e2m1 of even 0-7, even 8-15, odd 0-7, odd 8-15
+      WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
         const __m128i e = _mm_shuffle_epi8(lut, _mm_and_si128(b, m0f));
@@ -250,8 +269,10 @@ struct MxF32Avx2 : MxArgs {
         w[i][2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(o));
         w[i][3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(o, 8)));
       }
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) {
         const float* xg = a.xf + size_t(t + j) * cols + g * 32;
+        WREN_UNROLL
         for (int i = 0; i < R; ++i) {
           __m256 gs = _mm256_mul_ps(w[i][0], _mm256_loadu_ps(xg));
           gs = _mm256_fmadd_ps(w[i][1], _mm256_loadu_ps(xg + 8), gs);
@@ -261,7 +282,9 @@ struct MxF32Avx2 : MxArgs {
         }
       }
     }
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) y[size_t(t + j) * ldy + r + i] = hsum(acc[i][j]);
   }
 };
@@ -274,19 +297,24 @@ struct MxI8Avx2 : MxArgs {
     const __m256i ones = _mm256_set1_epi16(1);
     const float* half = pow2().half;
     __m256 acc[R][N];
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) acc[i][j] = _mm256_setzero_ps();
     for (int g = 0; g < groups; ++g) {
       __m256i w[R], aw[R];
+      WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
         const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m0f), _mm_and_si128(b, m0f));
         w[i] = _mm256_shuffle_epi8(lut, idx);
         aw[i] = _mm256_abs_epi8(w[i]);
       }
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) {
         const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + size_t(t + j) * cols + g * 32));
         const float xs = a.xs[size_t(t + j) * groups + g];
+        WREN_UNROLL
         for (int i = 0; i < R; ++i) {
           const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[i], _mm256_sign_epi8(xv, w[i])), ones);
           const __m256 s = _mm256_set1_ps(half[scales(r + i)[g]] * xs);
@@ -294,7 +322,9 @@ struct MxI8Avx2 : MxArgs {
         }
       }
     }
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) y[size_t(t + j) * ldy + r + i] = hsum(acc[i][j]);
   }
 };

@@ -56,10 +56,13 @@ struct Q4Avx512 {
     const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
     const __m256i m0f = _mm256_set1_epi8(0x0F);
     __m512 acc[R][N];
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
     for (int g = 0; g < groups; ++g) {
       __m512 w[R][4];
+      WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + (size_t(r + i) * groups + g) * 32));
         const __m256i lo = _mm256_and_si256(b, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m0f);
@@ -69,9 +72,11 @@ struct Q4Avx512 {
         w[i][3] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(hi, 1)), lut);
       }
       const int c = g * 64;
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) {
         const __m512 x0 = xload(t + j, c), x1 = xload(t + j, c + 16), x2 = xload(t + j, c + 32),
                      x3 = xload(t + j, c + 48);
+        WREN_UNROLL
         for (int i = 0; i < R; ++i) {
           __m512 g0 = _mm512_mul_ps(w[i][0], x0), g1 = _mm512_mul_ps(w[i][1], x1);
           g0 = _mm512_fmadd_ps(w[i][2], x2, g0);
@@ -81,7 +86,9 @@ struct Q4Avx512 {
         }
       }
     }
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) y[size_t(t + j) * ldy + r + i] = hsum(acc[i][j]);
   }
 };
@@ -106,29 +113,39 @@ struct Q4Avx2 {
     const __m256i m0f = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
     const int full = cols / 64;
     __m256 acc[R][N];
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) acc[i][j] = _mm256_setzero_ps();
     for (int g = 0; g < full; ++g) {
       __m256i lo[R], hi[R];
+      WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + (size_t(r + i) * groups + g) * 32));
         lo[i] = _mm256_sub_epi8(_mm256_and_si256(b, m0f), eight);
         hi[i] = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(b, 4), m0f), eight);
       }
       __m256 part[R][N];
+      WREN_UNROLL
       for (int k = 0; k < 8; ++k)
+        WREN_UNROLL
         for (int i = 0; i < R; ++i) {
           const __m256 wv = chunk(lo[i], hi[i], k);
+          WREN_UNROLL
           for (int j = 0; j < N; ++j) {
             const __m256 xv = _mm256_loadu_ps(x + size_t(t + j) * cols + g * 64 + 8 * k);
             part[i][j] = k == 0 ? _mm256_mul_ps(wv, xv) : _mm256_fmadd_ps(wv, xv, part[i][j]);
           }
         }
+      WREN_UNROLL
       for (int i = 0; i < R; ++i)
+        WREN_UNROLL
         for (int j = 0; j < N; ++j)
           acc[i][j] = _mm256_fmadd_ps(part[i][j], _mm256_set1_ps(scale[size_t(r + i) * groups + g]), acc[i][j]);
     }
+    WREN_UNROLL
     for (int i = 0; i < R; ++i)
+      WREN_UNROLL
       for (int j = 0; j < N; ++j) {
         float s = hsum(acc[i][j]);
         if (full < groups) {  // partial last group, scalar

@@ -21,6 +21,10 @@
 #define WREN_X86 0
 #endif
 
+/// Fully unrolls the next loop over a block's rows or tokens (compile-time trip counts), so its
+/// accumulator arrays live in registers; plain -O2 keeps them in memory.
+#define WREN_UNROLL _Pragma("GCC unroll 16")
+
 namespace wren::cpu {
 
 #if WREN_X86

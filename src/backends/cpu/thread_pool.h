@@ -34,8 +34,10 @@ class ThreadPool {
  private:
   using Call = void (*)(void*, int, int);
   void run_impl(int n, Call call, void* ctx);
-  void work(int thread);
+  void work(Call call, void* ctx, int n, int thread);
   void worker_main(int thread);
+  bool enter(uint64_t generation);
+  void leave();
 
   std::vector<std::thread> workers_;
   std::mutex mu_;
@@ -47,7 +49,10 @@ class ThreadPool {
   void* ctx_ = nullptr;
   int n_ = 0;
   std::atomic<int> next_{0};
-  std::atomic<int> pending_{0};  // workers still inside the current run
+  // Who may still touch the current run: (generation << 32) | closed bit | workers inside. The
+  // caller closes the run once every task is taken and waits only for workers already inside, so
+  // a worker the OS has not scheduled yet never delays the caller (a shared, loaded machine).
+  std::atomic<uint64_t> gate_{0};
   std::exception_ptr error_;
 };
 

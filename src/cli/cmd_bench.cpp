@@ -1,0 +1,354 @@
+// `wren bench`: measurements that carry their own reference, taken in the same run.
+//   kernels  GB/s of weights streamed by each GEMV (one token) at sizes far beyond the caches,
+//            against a STREAM-like copy measured in the same run (ratio), plus the chunk GEMM.
+//   quality  teacher-forced logits of every --quant mode against the exact f32 run (rel-L2, top-1).
+//   model    prefill and decode tok/s of every --quant mode, with the exact f32 mode as reference.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "backends/cpu/kernels.h"
+#include "backends/cpu/thread_pool.h"
+#include "cli/commands.h"
+#include "cli/cpu_flags.h"
+#include "core/dtype.h"
+#include "core/error.h"
+#include "model/forward.h"
+#include "model/quant.h"
+#include "runtime/generate.h"
+
+namespace wren::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+/// Fast deterministic filler (xorshift64*).
+struct Filler {
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  uint64_t next() {
+    s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+    return s * 2685821657736338717ull;
+  }
+  void bytes(uint8_t* p, size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+      const uint64_t v = next();
+      std::memcpy(p + i, &v, 8);
+    }
+    for (; i < n; ++i) p[i] = uint8_t(next());
+  }
+  float uniform() { return float(next() >> 40) / float(1 << 24) * 2.0f - 1.0f; }
+};
+
+// ---------------------------------------------------------------- kernels
+
+struct KernelArgs {
+  int cols = 8192, chunk = 32, reps = 5;
+  double mb = 512;  ///< weight bytes per matrix, MB (rows follow from it)
+  CpuFlags cpu;
+};
+
+/// Best-of-reps seconds of f(), run on every thread of `pool` over `tasks` tasks.
+template <class F>
+double best_time(int reps, F&& f) {
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    const auto t0 = Clock::now();
+    f();
+    best = std::min(best, seconds_since(t0));
+  }
+  return best;
+}
+
+/// STREAM-like copy of `bytes` between two buffers, split over the pool; GB/s counts the bytes
+/// read plus the bytes written (STREAM's convention).
+double copy_gbs(cpu::ThreadPool& pool, size_t bytes, int reps) {
+  std::vector<uint8_t> a(bytes), b(bytes);
+  Filler().bytes(a.data(), bytes);
+  const int tasks = pool.threads() * 16;
+  const size_t part = (bytes / tasks + 63) / 64 * 64;
+  const double t = best_time(reps, [&] {
+    pool.run(tasks, [&](int i, int) {
+      const size_t lo = std::min(bytes, size_t(i) * part), hi = std::min(bytes, lo + part);
+      std::memcpy(b.data() + lo, a.data() + lo, hi - lo);
+    });
+  });
+  return 2.0 * double(bytes) / t / 1e9;
+}
+
+/// Read-only reference: sum of 64-bit words over `bytes`, split over the pool.
+double read_gbs(cpu::ThreadPool& pool, size_t bytes, int reps) {
+  std::vector<uint64_t> a(bytes / 8);
+  Filler().bytes(reinterpret_cast<uint8_t*>(a.data()), a.size() * 8);
+  const int tasks = pool.threads() * 16;
+  std::vector<uint64_t> sums(tasks);
+  const size_t part = (a.size() + tasks - 1) / tasks;
+  const double t = best_time(reps, [&] {
+    pool.run(tasks, [&](int i, int) {
+      uint64_t s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+      const size_t lo = std::min(a.size(), size_t(i) * part), hi = std::min(a.size(), lo + part);
+      size_t j = lo;
+      for (; j + 4 <= hi; j += 4) s0 += a[j], s1 += a[j + 1], s2 += a[j + 2], s3 += a[j + 3];
+      for (; j < hi; ++j) s0 += a[j];
+      sums[i] = s0 + s1 + s2 + s3;
+    });
+  });
+  uint64_t total = 0;
+  for (uint64_t s : sums) total += s;
+  if (total == 42) std::fprintf(stderr, " ");  // keeps the reads alive
+  return double(a.size() * 8) / t / 1e9;
+}
+
+/// A random dense matrix [rows, cols] in format f with sane values.
+struct DenseBench {
+  DenseWeight w;
+  std::vector<uint8_t> data;
+  std::vector<float> scale;
+};
+
+DenseBench make_dense(WFormat f, int rows, int cols) {
+  DenseBench b;
+  Filler r;
+  b.data.resize(wformat_data_bytes(f, rows, cols));
+  b.scale.resize(wformat_scale_count(f, rows, cols));
+  if (f == WFormat::F32 || f == WFormat::BF16) {
+    const size_t n = size_t(rows) * cols;
+    for (size_t i = 0; i < n; ++i) {
+      const float v = r.uniform() * 0.02f;
+      if (f == WFormat::F32) std::memcpy(b.data.data() + 4 * i, &v, 4);
+      else {
+        const uint16_t h = f32_to_bf16(v);
+        std::memcpy(b.data.data() + 2 * i, &h, 2);
+      }
+    }
+  } else {
+    r.bytes(b.data.data(), b.data.size());
+    for (auto& s : b.scale) s = 0.001f * (1.0f + r.uniform() * 0.5f);
+  }
+  b.w.rows = rows, b.w.cols = cols, b.w.data = b.data.data(), b.w.format = f;
+  b.w.scale = b.scale.empty() ? nullptr : b.scale.data();
+  return b;
+}
+
+/// Runs `rows_fn(r0, r1)` over row blocks on the pool (the split CpuBackend::gemm uses).
+template <class F>
+void over_rows(cpu::ThreadPool& pool, int rows, F&& rows_fn) {
+  const int block = std::max(4, (rows / (8 * pool.threads()) + 3) / 4 * 4);
+  pool.run((rows + block - 1) / block, [&](int i, int) { rows_fn(i * block, std::min(rows, (i + 1) * block)); });
+}
+
+struct Row {
+  std::string name;
+  int rows, cols;
+  double bytes, gemv_s, gemm_s;
+};
+
+void print_row(const Row& r, double copy, int chunk) {
+  const double gbs = r.bytes / r.gemv_s / 1e9;
+  std::printf("| %-16s | %6d x %-5d | %8.1f | %7.2f | %5.2fx | %9.2f | %8.1f |\n", r.name.c_str(), r.rows, r.cols,
+              r.bytes / 1e6, gbs, gbs / copy, r.gemv_s * 1e3, chunk / r.gemm_s);
+}
+
+void bench_kernels(const KernelArgs& a) {
+  const CpuOptions o = a.cpu.backend();
+  const cpu::Kernels& k = cpu::kernels_for(o.isa);
+  cpu::ThreadPool pool(o.threads);
+  const size_t ref_bytes = size_t(a.mb * 1e6);
+  std::printf("wren bench kernels: isa %s, %d threads, cols %d, ~%.0f MB of weights per matrix, best of %d\n",
+              cpu::isa_name(o.isa), o.threads, a.cols, a.mb, a.reps);
+  const double copy0 = copy_gbs(pool, ref_bytes, a.reps), read0 = read_gbs(pool, ref_bytes, a.reps);
+  std::vector<Row> rows;
+  Filler fx;
+  for (int f = 0; f < kWFormats + 2; ++f) {
+    const bool mx = f >= kWFormats;
+    const double bpw = mx ? 0.5 + 1.0 / 32 : double(wformat_data_bytes(WFormat(f), 1, 64) + 4 * wformat_scale_count(WFormat(f), 1, 64)) / 64;
+    const int R = std::max(64, int(double(ref_bytes) / (bpw * a.cols)) / 64 * 64);
+    std::vector<float> x(size_t(a.chunk) * a.cols), y(size_t(a.chunk) * R);
+    for (float& v : x) v = fx.uniform();
+    Row row{mx ? (f == kWFormats ? "mxfp4 x f32" : "mxfp4 x int8") : wformat_name(WFormat(f)), R, a.cols, 0, 0, 0};
+    if (!mx) {
+      DenseBench b = make_dense(WFormat(f), R, a.cols);
+      row.bytes = double(b.data.size() + 4 * b.scale.size());
+      const cpu::DenseRowsFn fn = k.dense[f];
+      row.gemv_s = best_time(a.reps, [&] { over_rows(pool, R, [&](int r0, int r1) { fn(b.w, x.data(), 1, y.data(), R, r0, r1); }); });
+      row.gemm_s = best_time(a.reps, [&] { over_rows(pool, R, [&](int r0, int r1) { fn(b.w, x.data(), a.chunk, y.data(), R, r0, r1); }); });
+    } else {
+      const bool i8 = f == kWFormats + 1;
+      std::vector<uint8_t> packed(size_t(R) * a.cols / 2), scale(size_t(R) * a.cols / 32);
+      Filler().bytes(packed.data(), packed.size());
+      for (auto& s : scale) s = uint8_t(118 + fx.next() % 3);
+      const MxMatrix m{R, a.cols, packed.data(), scale.data()};
+      row.bytes = double(packed.size() + scale.size());
+      std::vector<float> fb(x.size()), sb(x.size() / 32);
+      std::vector<int8_t> qb(x.size());
+      const cpu::MxRowsFn fn = i8 ? k.mx_i8 : k.mx_f32;
+      for (int T : {1, a.chunk}) {
+        double& out = T == 1 ? row.gemv_s : row.gemm_s;
+        out = best_time(a.reps, [&] {
+          const cpu::MxAct act = cpu::mx_prep(o.isa, x.data(), T, a.cols, i8, fb.data(), qb.data(), sb.data());
+          over_rows(pool, R, [&](int r0, int r1) { fn(m, act, y.data(), R, r0, r1); });
+        });
+      }
+    }
+    rows.push_back(row);
+  }
+  const double copy1 = copy_gbs(pool, ref_bytes, a.reps);
+  const double copy = std::max(copy0, copy1);
+  std::printf("reference: STREAM-like copy %.2f GB/s (before %.2f, after %.2f; read+write bytes), read-only sum %.2f GB/s\n\n",
+              copy, copy0, copy1, read0);
+  std::printf("| kernel           | rows x cols    | MB       | GEMV GB/s | / copy | GEMV ms   | GEMM T=%-2d tok/s |\n", a.chunk);
+  std::printf("|------------------|----------------|----------|-----------|--------|-----------|----------------|\n");
+  for (const Row& r : rows) print_row(r, copy, a.chunk);
+}
+
+// ---------------------------------------------------------------- quality
+
+struct QualityArgs {
+  std::string model;
+  int positions = 256, chunk = 32, seed = 1;
+  bool per_class = false;
+  CpuFlags cpu;
+};
+
+std::vector<int> random_ids(int n, int vocab, int seed) {
+  Filler r;
+  r.s ^= uint64_t(seed) * 0x2545F4914F6CDD1Dull;
+  std::vector<int> ids(n);
+  for (int& id : ids) id = int(r.next() % uint64_t(vocab));
+  return ids;
+}
+
+/// Teacher-forced logits [T, V] of `ids` for one plan.
+std::vector<float> teacher_forced(const std::string& dir, const QuantPlan& plan, const CpuOptions& o,
+                                  const std::vector<int>& ids, int chunk) {
+  auto m = load_model(dir, plan);
+  CpuBackend be(o);
+  Forward fwd(*m, be, {chunk, -1});
+  SequenceState st(be, m->config, int(ids.size()) + 1);
+  std::vector<float> out(ids.size() * size_t(m->config.vocab));
+  fwd.run(st, ids.data(), nullptr, int(ids.size()), out.data(), true);
+  return out;
+}
+
+/// rel-L2 over everything and the fraction of positions whose argmax agrees.
+std::pair<double, double> compare(const std::vector<float>& a, const std::vector<float>& ref, int V) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < a.size(); ++i) num += (double(a[i]) - ref[i]) * (double(a[i]) - ref[i]), den += double(ref[i]) * ref[i];
+  const size_t T = a.size() / V;
+  size_t agree = 0;
+  for (size_t t = 0; t < T; ++t) agree += argmax(a.data() + t * V, V) == argmax(ref.data() + t * V, V);
+  return {std::sqrt(num / std::max(den, 1e-300)), double(agree) / double(T)};
+}
+
+void bench_quality(const QualityArgs& a) {
+  const CpuOptions o = a.cpu.backend();
+  const Config c = load_config(a.model);
+  const std::vector<int> ids = random_ids(a.positions, c.vocab, a.seed);
+  std::printf("wren bench quality: %s, %d teacher-forced positions (random ids, seed %d), %s kernels, %d threads\n",
+              a.model.c_str(), a.positions, a.seed, cpu::isa_name(o.isa), o.threads);
+  const auto ref = teacher_forced(a.model, QuantPlan::preset("exact"), o, ids, a.chunk);
+  std::printf("reference: --quant exact (every dense weight f32, experts mxfp4 x f32)\n\n");
+  std::printf("| mode | formats | expert act | logits rel-L2 | top-1 agree |\n|---|---|---|---|---|\n");
+  struct Mode { std::string name; QuantPlan plan; bool i8; };
+  std::vector<Mode> modes;
+  for (const char* p : {"exact", "bf16", "q8", "default", "q4"}) modes.push_back({p, QuantPlan::preset(p), false});
+  modes.push_back({"default", QuantPlan::preset("default"), true});
+  modes.push_back({"exact", QuantPlan::preset("exact"), true});
+  if (a.per_class)
+    for (int cl = 1; cl < kWClasses; ++cl)
+      for (WFormat f : {WFormat::Q8_ROW, WFormat::Q4_G64}) {
+        QuantPlan p;
+        p.set(WClass(cl), f);
+        modes.push_back({std::string("only ") + wclass_name(WClass(cl)) + "=" + wformat_name(f), p, false});
+      }
+  for (const Mode& m : modes) {
+    CpuOptions mo = o;
+    mo.mx_int8_act = m.i8;
+    const auto l = teacher_forced(a.model, m.plan, mo, ids, a.chunk);
+    const auto [rel, top1] = compare(l, ref, c.vocab);
+    std::printf("| %s | %s | %s | %.3g | %.1f%% |\n", m.name.c_str(), m.plan.describe().c_str(), m.i8 ? "int8" : "f32",
+                rel, 100 * top1);
+    std::fflush(stdout);
+  }
+}
+
+// ---------------------------------------------------------------- model speed
+
+struct SpeedArgs {
+  std::string model;
+  int prompt = 128, gen = 32, chunk = 32;
+  std::vector<std::string> modes = {"exact", "bf16", "q8", "default", "q4"};
+  CpuFlags cpu;
+};
+
+void bench_model(const SpeedArgs& a) {
+  const CpuOptions o = a.cpu.backend();
+  const Config c = load_config(a.model);
+  const std::vector<int> ids = random_ids(a.prompt, c.vocab, 7);
+  std::printf("wren bench model: %s, prompt %d tokens (chunk %d), decode %d tokens, %s kernels, %d threads\n\n",
+              a.model.c_str(), a.prompt, a.chunk, a.gen, cpu::isa_name(o.isa), o.threads);
+  std::printf("| mode | expert act | prefill tok/s | decode tok/s | prefill vs exact | decode vs exact |\n|---|---|---|---|---|---|\n");
+  double ref_p = 0, ref_d = 0;
+  for (const std::string& spec : a.modes) {
+    const bool i8 = spec.size() > 5 && spec.compare(spec.size() - 5, 5, "+int8") == 0;
+    const std::string name = i8 ? spec.substr(0, spec.size() - 5) : spec;
+    auto m = load_model(a.model, QuantPlan::preset(name));
+    CpuOptions mo = o;
+    mo.mx_int8_act = i8;
+    CpuBackend be(mo);
+    Forward fwd(*m, be, {a.chunk, -1});
+    SequenceState st(be, m->config, a.prompt + a.gen + 1);
+    GenerateOptions go;
+    go.max_new_tokens = a.gen;
+    GenerateStats gs;
+    generate_greedy(fwd, st, ids, go, &gs);
+    const double p = gs.prompt_tokens / gs.prefill_s, d = (gs.generated_tokens - 1) / std::max(gs.decode_s, 1e-9);
+    if (ref_p == 0) ref_p = p, ref_d = d;
+    std::printf("| %s | %s | %.2f | %.2f | %.2fx | %.2fx |\n", name.c_str(), i8 ? "int8" : "f32", p, d, p / ref_p, d / ref_d);
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+
+void add_bench(CLI::App& app) {
+  CLI::App* bench = app.add_subcommand("bench", "Benchmarks with a reference measured in the same run");
+  bench->require_subcommand(1);
+  auto ka = std::make_shared<KernelArgs>();
+  CLI::App* kern = bench->add_subcommand("kernels", "GEMV/GEMM bandwidth of every weight format vs a STREAM-like copy");
+  kern->add_option("--cols", ka->cols, "Columns of each matrix")->check(CLI::Range(64, 1 << 20));
+  kern->add_option("--mb", ka->mb, "Weight MB per matrix (rows follow)")->check(CLI::PositiveNumber);
+  kern->add_option("--chunk", ka->chunk, "Tokens of the GEMM column")->check(CLI::Range(1, 256));
+  kern->add_option("--reps", ka->reps, "Repetitions (best is kept)")->check(CLI::PositiveNumber);
+  ka->cpu.add_to(kern);
+  kern->callback([ka] { bench_kernels(*ka); });
+
+  auto qa = std::make_shared<QualityArgs>();
+  CLI::App* qual = bench->add_subcommand("quality", "Teacher-forced logits of every --quant mode vs exact f32");
+  qual->add_option("--model", qa->model, "Kimi K3 snapshot folder")->required();
+  qual->add_option("--positions", qa->positions, "Teacher-forced positions")->check(CLI::PositiveNumber);
+  qual->add_option("--seed", qa->seed, "Seed of the random prompt ids");
+  qual->add_option("--chunk", qa->chunk, "Prefill chunk")->check(CLI::PositiveNumber);
+  qual->add_flag("--per-class", qa->per_class, "Also each class alone at q8 and q4 (the rest f32)");
+  qa->cpu.add_to(qual);
+  qual->callback([qa] { bench_quality(*qa); });
+
+  auto sa = std::make_shared<SpeedArgs>();
+  CLI::App* mod = bench->add_subcommand("model", "Prefill and decode tok/s of every --quant mode, exact as reference");
+  mod->add_option("--model", sa->model, "Kimi K3 snapshot folder")->required();
+  mod->add_option("--prompt", sa->prompt, "Prompt tokens")->check(CLI::PositiveNumber);
+  mod->add_option("--gen", sa->gen, "Generated tokens")->check(CLI::Range(2, 1 << 20));
+  mod->add_option("--chunk", sa->chunk, "Prefill chunk")->check(CLI::PositiveNumber);
+  mod->add_option("--modes", sa->modes, "Presets to run, first is the reference; NAME+int8 = int8 expert activations");
+  sa->cpu.add_to(mod);
+  mod->callback([sa] { bench_model(*sa); });
+}
+
+}  // namespace wren::cli
