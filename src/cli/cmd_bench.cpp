@@ -5,6 +5,7 @@
 //   model    prefill and decode tok/s of every --quant mode, with the exact f32 mode as reference.
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -29,6 +30,13 @@ using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
+/// CPU seconds of the calling thread (stops while the OS runs something else).
+double thread_cpu_seconds() {
+  timespec ts;
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return double(ts.tv_sec) + 1e-9 * double(ts.tv_nsec);
+}
+
 /// Fast deterministic filler (xorshift64*).
 struct Filler {
   uint64_t s = 0x9E3779B97F4A7C15ull;
@@ -51,7 +59,8 @@ struct Filler {
 
 struct KernelArgs {
   int cols = 8192, chunk = 32, reps = 5;
-  double mb = 512;  ///< weight bytes per matrix, MB (rows follow from it)
+  double mb = 256;  ///< weight bytes per matrix, MB (rows follow from it)
+  bool cpu_time = false;  ///< time with the thread's CPU clock (one thread only; a loaded machine)
   CpuFlags cpu;
 };
 
@@ -67,21 +76,23 @@ double best_time(int reps, F&& f) {
   return best;
 }
 
-/// STREAM-like copy of `bytes` between two buffers, split over the pool; GB/s counts the bytes
+/// A STREAM-like copy between two buffers of `bytes`, split over the pool. GB/s counts the bytes
 /// read plus the bytes written (STREAM's convention).
-double copy_gbs(cpu::ThreadPool& pool, size_t bytes, int reps) {
-  std::vector<uint8_t> a(bytes), b(bytes);
-  Filler().bytes(a.data(), bytes);
-  const int tasks = pool.threads() * 16;
-  const size_t part = (bytes / tasks + 63) / 64 * 64;
-  const double t = best_time(reps, [&] {
+struct Copier {
+  cpu::ThreadPool& pool;
+  std::vector<uint8_t> a, b;
+  Copier(cpu::ThreadPool& p, size_t bytes) : pool(p), a(bytes), b(bytes) { Filler().bytes(a.data(), bytes); }
+  void run() {
+    const size_t bytes = a.size();
+    const int tasks = pool.threads() * 16;
+    const size_t part = (bytes / tasks + 63) / 64 * 64;
     pool.run(tasks, [&](int i, int) {
       const size_t lo = std::min(bytes, size_t(i) * part), hi = std::min(bytes, lo + part);
       std::memcpy(b.data() + lo, a.data() + lo, hi - lo);
     });
-  });
-  return 2.0 * double(bytes) / t / 1e9;
-}
+  }
+  double gbs(double s) const { return 2.0 * double(a.size()) / s / 1e9; }
+};
 
 /// Read-only reference: sum of 64-bit words over `bytes`, split over the pool.
 double read_gbs(cpu::ThreadPool& pool, size_t bytes, int reps) {
@@ -147,13 +158,51 @@ void over_rows(cpu::ThreadPool& pool, int rows, F&& rows_fn) {
 struct Row {
   std::string name;
   int rows, cols;
-  double bytes, gemv_s, gemm_s;
+  double bytes, gemv_s, gemm_s, copy_gbs;
 };
 
-void print_row(const Row& r, double copy, int chunk) {
+/// Best-of-reps times of the kernel at T = 1 and T = chunk, each rep preceded by a copy of the
+/// same size, so every row has its own reference taken in the same seconds (the machine is shared).
+/// Seconds of f() by the wall clock, or by the thread's CPU clock when `cpu` (one thread).
+template <class F>
+double timed(bool cpu, F&& f) {
+  if (cpu) {
+    const double t0 = thread_cpu_seconds();
+    f();
+    return thread_cpu_seconds() - t0;
+  }
+  const auto t0 = Clock::now();
+  f();
+  return seconds_since(t0);
+}
+
+template <class F>
+void measure(Row& row, Copier& copy, int reps, int chunk, bool cpu, F&& kernel) {
+  double c = 1e30, g1 = 1e30, gT = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    c = std::min(c, timed(cpu, [&] { copy.run(); }));
+    g1 = std::min(g1, timed(cpu, [&] { kernel(1); }));
+    gT = std::min(gT, timed(cpu, [&] { kernel(chunk); }));
+  }
+  row.gemv_s = g1, row.gemm_s = gT, row.copy_gbs = copy.gbs(c);
+}
+
+void print_row(const Row& r, int chunk) {
   const double gbs = r.bytes / r.gemv_s / 1e9;
-  std::printf("| %-16s | %6d x %-5d | %8.1f | %7.2f | %5.2fx | %9.2f | %8.1f |\n", r.name.c_str(), r.rows, r.cols,
-              r.bytes / 1e6, gbs, gbs / copy, r.gemv_s * 1e3, chunk / r.gemm_s);
+  std::printf("| %-12s | %6d x %-5d | %6.1f | %9.2f | %9.2f | %5.2fx | %8.2f | %10.1f |\n", r.name.c_str(), r.rows,
+              r.cols, r.bytes / 1e6, gbs, r.copy_gbs, gbs / r.copy_gbs, r.gemv_s * 1e3, chunk / r.gemm_s);
+}
+
+std::string loadavg() {
+  FILE* f = std::fopen("/proc/loadavg", "r");
+  char buf[64] = "?";
+  if (f) {
+    if (!std::fgets(buf, sizeof buf, f)) buf[0] = 0;
+    std::fclose(f);
+  }
+  std::string s(buf);
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
 }
 
 void bench_kernels(const KernelArgs& a) {
@@ -161,9 +210,12 @@ void bench_kernels(const KernelArgs& a) {
   const cpu::Kernels& k = cpu::kernels_for(o.isa);
   cpu::ThreadPool pool(o.threads);
   const size_t ref_bytes = size_t(a.mb * 1e6);
-  std::printf("wren bench kernels: isa %s, %d threads, cols %d, ~%.0f MB of weights per matrix, best of %d\n",
-              cpu::isa_name(o.isa), o.threads, a.cols, a.mb, a.reps);
-  const double copy0 = copy_gbs(pool, ref_bytes, a.reps), read0 = read_gbs(pool, ref_bytes, a.reps);
+  check(a.cols % 64 == 0, "--cols must be a multiple of 64");
+  check(!a.cpu_time || o.threads == 1, "--cpu-time needs --threads 1");
+  std::printf("wren bench kernels: isa %s, %d threads, cols %d, ~%.0f MB of weights per matrix, best of %d, %s clock; load average %s\n",
+              cpu::isa_name(o.isa), o.threads, a.cols, a.mb, a.reps, a.cpu_time ? "thread CPU" : "wall", loadavg().c_str());
+  Copier copy(pool, ref_bytes);
+  const double read = read_gbs(pool, ref_bytes, a.reps);
   std::vector<Row> rows;
   Filler fx;
   for (int f = 0; f < kWFormats + 2; ++f) {
@@ -172,13 +224,14 @@ void bench_kernels(const KernelArgs& a) {
     const int R = std::max(64, int(double(ref_bytes) / (bpw * a.cols)) / 64 * 64);
     std::vector<float> x(size_t(a.chunk) * a.cols), y(size_t(a.chunk) * R);
     for (float& v : x) v = fx.uniform();
-    Row row{mx ? (f == kWFormats ? "mxfp4 x f32" : "mxfp4 x int8") : wformat_name(WFormat(f)), R, a.cols, 0, 0, 0};
+    Row row{mx ? (f == kWFormats ? "mxfp4 x f32" : "mxfp4 x int8") : wformat_name(WFormat(f)), R, a.cols, 0, 0, 0, 0};
     if (!mx) {
       DenseBench b = make_dense(WFormat(f), R, a.cols);
       row.bytes = double(b.data.size() + 4 * b.scale.size());
       const cpu::DenseRowsFn fn = k.dense[f];
-      row.gemv_s = best_time(a.reps, [&] { over_rows(pool, R, [&](int r0, int r1) { fn(b.w, x.data(), 1, y.data(), R, r0, r1); }); });
-      row.gemm_s = best_time(a.reps, [&] { over_rows(pool, R, [&](int r0, int r1) { fn(b.w, x.data(), a.chunk, y.data(), R, r0, r1); }); });
+      measure(row, copy, a.reps, a.chunk, a.cpu_time, [&](int T) {
+        over_rows(pool, R, [&](int r0, int r1) { fn(b.w, x.data(), T, y.data(), R, r0, r1); });
+      });
     } else {
       const bool i8 = f == kWFormats + 1;
       std::vector<uint8_t> packed(size_t(R) * a.cols / 2), scale(size_t(R) * a.cols / 32);
@@ -189,23 +242,18 @@ void bench_kernels(const KernelArgs& a) {
       std::vector<float> fb(x.size()), sb(x.size() / 32);
       std::vector<int8_t> qb(x.size());
       const cpu::MxRowsFn fn = i8 ? k.mx_i8 : k.mx_f32;
-      for (int T : {1, a.chunk}) {
-        double& out = T == 1 ? row.gemv_s : row.gemm_s;
-        out = best_time(a.reps, [&] {
-          const cpu::MxAct act = cpu::mx_prep(o.isa, x.data(), T, a.cols, i8, fb.data(), qb.data(), sb.data());
-          over_rows(pool, R, [&](int r0, int r1) { fn(m, act, y.data(), R, r0, r1); });
-        });
-      }
+      measure(row, copy, a.reps, a.chunk, a.cpu_time, [&](int T) {
+        const cpu::MxAct act = cpu::mx_prep(o.isa, x.data(), T, a.cols, i8, fb.data(), qb.data(), sb.data());
+        over_rows(pool, R, [&](int r0, int r1) { fn(m, act, y.data(), R, r0, r1); });
+      });
     }
     rows.push_back(row);
   }
-  const double copy1 = copy_gbs(pool, ref_bytes, a.reps);
-  const double copy = std::max(copy0, copy1);
-  std::printf("reference: STREAM-like copy %.2f GB/s (before %.2f, after %.2f; read+write bytes), read-only sum %.2f GB/s\n\n",
-              copy, copy0, copy1, read0);
-  std::printf("| kernel           | rows x cols    | MB       | GEMV GB/s | / copy | GEMV ms   | GEMM T=%-2d tok/s |\n", a.chunk);
-  std::printf("|------------------|----------------|----------|-----------|--------|-----------|----------------|\n");
-  for (const Row& r : rows) print_row(r, copy, a.chunk);
+  std::printf("reference: STREAM-like copy of %.0f MB (GB/s = read + written bytes), measured before every kernel\n"
+              "repetition; read-only sum %.2f GB/s. Load average after: %s\n\n", a.mb, read, loadavg().c_str());
+  std::printf("| kernel       | rows x cols    | MB     | GEMV GB/s | copy GB/s | ratio  | GEMV ms  | GEMM T=%-2d tok/s |\n", a.chunk);
+  std::printf("|--------------|----------------|--------|-----------|-----------|--------|----------|-----------------|\n");
+  for (const Row& r : rows) print_row(r, a.chunk);
 }
 
 // ---------------------------------------------------------------- quality
@@ -284,17 +332,36 @@ void bench_quality(const QualityArgs& a) {
 struct SpeedArgs {
   std::string model;
   int prompt = 128, gen = 32, chunk = 32;
+  bool cpu_time = false;
   std::vector<std::string> modes = {"exact", "bf16", "q8", "default", "q4"};
   CpuFlags cpu;
 };
 
+/// Prefill `ids`, then `gen` greedy decode steps; seconds of each phase by the chosen clock.
+std::pair<double, double> time_generation(Forward& fwd, SequenceState& st, const std::vector<int>& ids, int gen,
+                                          bool cpu) {
+  const int V = fwd.config().vocab;
+  std::vector<float> logits(V);
+  const double prefill = timed(cpu, [&] { fwd.run(st, ids.data(), nullptr, int(ids.size()), logits.data(), false); });
+  const double decode = timed(cpu, [&] {
+    for (int n = 0; n < gen; ++n) {
+      const int id = argmax(logits.data(), V);
+      fwd.run(st, &id, nullptr, 1, logits.data(), false);
+    }
+  });
+  return {prefill, decode};
+}
+
 void bench_model(const SpeedArgs& a) {
   const CpuOptions o = a.cpu.backend();
+  check(!a.cpu_time || o.threads == 1, "--cpu-time needs --threads 1");
   const Config c = load_config(a.model);
   const std::vector<int> ids = random_ids(a.prompt, c.vocab, 7);
-  std::printf("wren bench model: %s, prompt %d tokens (chunk %d), decode %d tokens, %s kernels, %d threads\n\n",
-              a.model.c_str(), a.prompt, a.chunk, a.gen, cpu::isa_name(o.isa), o.threads);
-  std::printf("| mode | expert act | prefill tok/s | decode tok/s | prefill vs exact | decode vs exact |\n|---|---|---|---|---|---|\n");
+  std::printf("wren bench model: %s, prompt %d tokens (chunk %d), decode %d tokens, %s kernels, %d threads, %s clock; load average %s\n\n",
+              a.model.c_str(), a.prompt, a.chunk, a.gen, cpu::isa_name(o.isa), o.threads,
+              a.cpu_time ? "thread CPU" : "wall", loadavg().c_str());
+  std::printf("| mode | expert act | prefill tok/s | decode tok/s | prefill vs %s | decode vs %s |\n|---|---|---|---|---|---|\n",
+              a.modes[0].c_str(), a.modes[0].c_str());
   double ref_p = 0, ref_d = 0;
   for (const std::string& spec : a.modes) {
     const bool i8 = spec.size() > 5 && spec.compare(spec.size() - 5, 5, "+int8") == 0;
@@ -305,15 +372,15 @@ void bench_model(const SpeedArgs& a) {
     CpuBackend be(mo);
     Forward fwd(*m, be, {a.chunk, -1});
     SequenceState st(be, m->config, a.prompt + a.gen + 1);
-    GenerateOptions go;
-    go.max_new_tokens = a.gen;
-    GenerateStats gs;
-    generate_greedy(fwd, st, ids, go, &gs);
-    const double p = gs.prompt_tokens / gs.prefill_s, d = (gs.generated_tokens - 1) / std::max(gs.decode_s, 1e-9);
+    time_generation(fwd, st, ids, 2, a.cpu_time);  // warm-up: touches every page and expert once
+    st.reset();
+    const auto [ps, ds] = time_generation(fwd, st, ids, a.gen, a.cpu_time);
+    const double p = a.prompt / ps, d = a.gen / ds;
     if (ref_p == 0) ref_p = p, ref_d = d;
     std::printf("| %s | %s | %.2f | %.2f | %.2fx | %.2fx |\n", name.c_str(), i8 ? "int8" : "f32", p, d, p / ref_p, d / ref_d);
     std::fflush(stdout);
   }
+  std::printf("\nload average after: %s\n", loadavg().c_str());
 }
 
 }  // namespace
@@ -327,6 +394,7 @@ void add_bench(CLI::App& app) {
   kern->add_option("--mb", ka->mb, "Weight MB per matrix (rows follow)")->check(CLI::PositiveNumber);
   kern->add_option("--chunk", ka->chunk, "Tokens of the GEMM column")->check(CLI::Range(1, 256));
   kern->add_option("--reps", ka->reps, "Repetitions (best is kept)")->check(CLI::PositiveNumber);
+  kern->add_flag("--cpu-time", ka->cpu_time, "Time by the thread's CPU clock (with --threads 1): per-core rates on a loaded machine");
   ka->cpu.add_to(kern);
   kern->callback([ka] { bench_kernels(*ka); });
 
@@ -346,6 +414,7 @@ void add_bench(CLI::App& app) {
   mod->add_option("--prompt", sa->prompt, "Prompt tokens")->check(CLI::PositiveNumber);
   mod->add_option("--gen", sa->gen, "Generated tokens")->check(CLI::Range(2, 1 << 20));
   mod->add_option("--chunk", sa->chunk, "Prefill chunk")->check(CLI::PositiveNumber);
+  mod->add_flag("--cpu-time", sa->cpu_time, "Time by the thread's CPU clock (with --threads 1): per-core rates on a loaded machine");
   mod->add_option("--modes", sa->modes, "Presets to run, first is the reference; NAME+int8 = int8 expert activations");
   sa->cpu.add_to(mod);
   mod->callback([sa] { bench_model(*sa); });

@@ -123,9 +123,9 @@ void validate_expert_scales(const ExpertRef& e) {
     const int groups = p.m->cols / mxfp4::kGroup;
     for (int r = 0; r < p.m->rows; ++r)
       for (int g = 0; g < groups; ++g)
-        check(p.m->scale[size_t(r) * groups + g] != mxfp4::kBadScale,
-              e.file + ": tensor '" + e.name + "." + p.stem + ".weight_scale': row " + std::to_string(r) +
-                  ", group " + std::to_string(g) + ": ue8m0 scale byte 255 (NaN in OCP MX) is not a valid scale");
+        if (p.m->scale[size_t(r) * groups + g] == mxfp4::kBadScale)  // message built only on failure
+          throw Error(e.file + ": tensor '" + e.name + "." + p.stem + ".weight_scale': row " + std::to_string(r) +
+                      ", group " + std::to_string(g) + ": ue8m0 scale byte 255 (NaN in OCP MX) is not a valid scale");
   }
 }
 

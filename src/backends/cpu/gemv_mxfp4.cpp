@@ -154,6 +154,7 @@ struct MxF32Avx512 : MxArgs {
       __m512 we[R], wo[R];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
+        if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16);
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
         we[i] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, m0f)), lut);
         wo[i] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), m0f)), lut);
@@ -196,6 +197,7 @@ struct MxI8Avx512 : MxArgs {
       __mmask64 neg[R];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
+        if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16);
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(r + i) + g * 16));
         const __m512i z = _mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(v));
         const __m512i w = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi16(z, shift), m0f));
@@ -261,6 +263,7 @@ struct MxF32Avx2 : MxArgs {
       __m256 w[R][4];  // 2·e2m1 of even 0-7, even 8-15, odd 0-7, odd 8-15
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
+        if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16);
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
         const __m128i e = _mm_shuffle_epi8(lut, _mm_and_si128(b, m0f));
         const __m128i o = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m0f));
@@ -305,6 +308,7 @@ struct MxI8Avx2 : MxArgs {
       __m256i w[R], aw[R];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
+        if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16);
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
         const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m0f), _mm_and_si128(b, m0f));
         w[i] = _mm256_shuffle_epi8(lut, idx);

@@ -51,10 +51,22 @@ struct Q4Avx512 {
     return _mm512_maskz_loadu_ps(m, x + size_t(j) * cols + c);
   }
 
+  /// The 64 weights (q − 8 as f32) of one group: bytes widen to 32-bit lanes, a nibble is OR-ed
+  /// into the mantissa of 2^23 and 2^23 + 8 subtracted (exact), so the decode needs two widening
+  /// shuffles per group instead of a table lookup per 16 weights. Lanes: cols 0-15, 16-31, 32-47, 48-63.
+  WREN_AVX512 static void decode(const uint8_t* grp, __m512 (&w)[4]) {
+    const __m512i magic = _mm512_set1_epi32(0x4B000000), m0f = _mm512_set1_epi32(0x0F);
+    const __m512 bias = _mm512_set1_ps(8388616.0f);  // 2^23 + 8
+    const __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp)));
+    const __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp + 16)));
+    w[0] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(b0, m0f, magic, 0xEA)), bias);
+    w[1] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(b1, m0f, magic, 0xEA)), bias);
+    w[2] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_srli_epi32(b0, 4), magic)), bias);
+    w[3] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_srli_epi32(b1, 4), magic)), bias);
+  }
+
   template <int R, int N>
   WREN_AVX512 void block(int r, int t) const {
-    const __m512 lut = _mm512_setr_ps(-8, -7, -6, -5, -4, -3, -2, -1, 0, 1, 2, 3, 4, 5, 6, 7);
-    const __m256i m0f = _mm256_set1_epi8(0x0F);
     __m512 acc[R][N];
     WREN_UNROLL
     for (int i = 0; i < R; ++i)
@@ -64,23 +76,22 @@ struct Q4Avx512 {
       __m512 w[R][4];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
-        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + (size_t(r + i) * groups + g) * 32));
-        const __m256i lo = _mm256_and_si256(b, m0f), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m0f);
-        w[i][0] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(lo)), lut);
-        w[i][1] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(lo, 1)), lut);
-        w[i][2] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(hi)), lut);
-        w[i][3] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(hi, 1)), lut);
+        if ((g & 1) == 0) prefetch_ahead(d + (size_t(r + i) * groups + g) * 32);
+        decode(d + (size_t(r + i) * groups + g) * 32, w[i]);
       }
       const int c = g * 64;
+      const bool whole = c + 64 <= cols;
       WREN_UNROLL
       for (int j = 0; j < N; ++j) {
-        const __m512 x0 = xload(t + j, c), x1 = xload(t + j, c + 16), x2 = xload(t + j, c + 32),
-                     x3 = xload(t + j, c + 48);
+        const float* xc = x + size_t(t + j) * cols + c;
+        __m512 xv[4];
+        WREN_UNROLL
+        for (int k = 0; k < 4; ++k) xv[k] = whole ? _mm512_loadu_ps(xc + 16 * k) : xload(t + j, c + 16 * k);
         WREN_UNROLL
         for (int i = 0; i < R; ++i) {
-          __m512 g0 = _mm512_mul_ps(w[i][0], x0), g1 = _mm512_mul_ps(w[i][1], x1);
-          g0 = _mm512_fmadd_ps(w[i][2], x2, g0);
-          g1 = _mm512_fmadd_ps(w[i][3], x3, g1);
+          __m512 g0 = _mm512_mul_ps(w[i][0], xv[0]), g1 = _mm512_mul_ps(w[i][1], xv[1]);
+          g0 = _mm512_fmadd_ps(w[i][2], xv[2], g0);
+          g1 = _mm512_fmadd_ps(w[i][3], xv[3], g1);
           const __m512 s = _mm512_set1_ps(scale[size_t(r + i) * groups + g]);
           acc[i][j] = _mm512_fmadd_ps(_mm512_add_ps(g0, g1), s, acc[i][j]);
         }
@@ -121,6 +132,7 @@ struct Q4Avx2 {
       __m256i lo[R], hi[R];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
+        if ((g & 1) == 0) prefetch_ahead(d + (size_t(r + i) * groups + g) * 32);
         const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + (size_t(r + i) * groups + g) * 32));
         lo[i] = _mm256_sub_epi8(_mm256_and_si256(b, m0f), eight);
         hi[i] = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(b, 4), m0f), eight);

@@ -45,8 +45,10 @@ struct Q8Avx512 {
       const __mmask16 m = cols - c >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (cols - c)) - 1);
       __m512 wv[R];
       WREN_UNROLL
-      for (int i = 0; i < R; ++i)
+      for (int i = 0; i < R; ++i) {
+        if ((c & 63) == 0) prefetch_ahead(q + size_t(r + i) * cols + c);
         wv[i] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, q + size_t(r + i) * cols + c)));
+      }
       WREN_UNROLL
       for (int j = 0; j < N; ++j) {
         const __m512 xv = _mm512_maskz_loadu_ps(m, x + size_t(t + j) * cols + c);
@@ -80,6 +82,7 @@ struct Q8Avx2 {
       __m256 wv[R];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
+        if ((c & 63) == 0) prefetch_ahead(q + size_t(r + i) * cols + c);
         const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + size_t(r + i) * cols + c));
         wv[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
       }

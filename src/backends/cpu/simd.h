@@ -26,6 +26,19 @@
 #define WREN_UNROLL _Pragma("GCC unroll 16")
 
 namespace wren::cpu {
+/// How far ahead of the current position the quantized GEMV loops prefetch each weight row. Their
+/// decode work per byte is high, so the out-of-order window alone keeps too few cache misses in
+/// flight to stream at memory speed (measured: `wren bench kernels`, docs/cpu-performance.md).
+constexpr int kPrefetchAhead = 1024;
+/// Prefetches the line kPrefetchAhead bytes after p into L1 (a hint: never faults).
+inline void prefetch_ahead(const void* p) {
+#if WREN_X86
+  _mm_prefetch(static_cast<const char*>(p) + kPrefetchAhead, _MM_HINT_T0);
+#endif
+}
+}  // namespace wren::cpu
+
+namespace wren::cpu {
 
 #if WREN_X86
 /// Σ of the 8 lanes, in a fixed order.
