@@ -206,6 +206,31 @@ TEST(Kernels, Mxfp4Int8ActivationsEveryLevel) {
       }
 }
 
+TEST(Kernels, Mxfp4ActivationPrepIsTheSameAtEveryLevel) {
+  // int8 activations are bit-identical whatever the level (so int8 results differ between levels
+  // only by the f32 sums of the per-group integer dots); the f32 even/odd order is a permutation.
+  std::mt19937 rng(10);
+  const int T = 3, cols = 96;
+  auto x = random_vec(size_t(T) * cols, rng);
+  for (int c = 32; c < 64; ++c) x[c] = 0;  // an all-zero group: scale 0, q 0
+  std::vector<float> fb0(x.size()), sb0(x.size() / 32), fb(x.size()), sb(x.size() / 32);
+  std::vector<int8_t> qb0(x.size()), qb(x.size());
+  cpu::mx_prep(Isa::Scalar, x.data(), T, cols, true, fb0.data(), qb0.data(), sb0.data());
+  for (Isa isa : levels()) {
+    cpu::mx_prep(isa, x.data(), T, cols, true, fb.data(), qb.data(), sb.data());
+    EXPECT_EQ(0, std::memcmp(qb.data(), qb0.data(), qb.size())) << cpu::isa_name(isa);
+    EXPECT_EQ(0, std::memcmp(sb.data(), sb0.data(), sb.size() * 4)) << cpu::isa_name(isa);
+    const cpu::MxAct a = cpu::mx_prep(isa, x.data(), T, cols, false, fb.data(), qb.data(), sb.data());
+    if (isa == Isa::Scalar) continue;
+    for (int t = 0; t < T; ++t)
+      for (int c = 0; c < cols; ++c) {
+        const int g = c / 32, j = c % 32, pos = g * 32 + (j % 2 ? 16 + j / 2 : j / 2);
+        ASSERT_EQ(a.xf[size_t(t) * cols + pos], x[size_t(t) * cols + c]) << cpu::isa_name(isa);
+      }
+  }
+  EXPECT_EQ(sb0[1], 0.0f);
+}
+
 TEST(Kernels, Mxfp4OutputsDoNotDependOnRowSplitOrTokenCount) {
   std::mt19937 rng(6);
   for (Isa isa : levels())

@@ -108,7 +108,7 @@ struct Bf16Avx2 {
 }  // namespace
 
 void rows_bf16_avx512(const DenseWeight& W, const float* x, int T, float* y, int ldy, int r0, int r1) {
-  drive_rows<4, 2>(Bf16Avx512{bf16_data(W), x, y, int(W.cols), ldy}, T, r0, r1);
+  drive_rows<4, 4>(Bf16Avx512{bf16_data(W), x, y, int(W.cols), ldy}, T, r0, r1);
 }
 
 void rows_bf16_avx2(const DenseWeight& W, const float* x, int T, float* y, int ldy, int r0, int r1) {

@@ -99,7 +99,7 @@ struct F32Avx2 {
 }  // namespace
 
 void rows_f32_avx512(const DenseWeight& W, const float* x, int T, float* y, int ldy, int r0, int r1) {
-  drive_rows<4, 2>(F32Avx512{W.f32(), x, y, int(W.cols), ldy}, T, r0, r1);
+  drive_rows<4, 4>(F32Avx512{W.f32(), x, y, int(W.cols), ldy}, T, r0, r1);
 }
 
 void rows_f32_avx2(const DenseWeight& W, const float* x, int T, float* y, int ldy, int r0, int r1) {

@@ -81,17 +81,53 @@ void mx_gemv(const MxMatrix& m, const float* x, float* y) {
     y[r] = mx_row_ref(m.packed + size_t(r) * row_bytes, m.scale + size_t(r) * groups, groups, x);
 }
 
+#if WREN_X86
+namespace {
+/// permute_even_odd and quantize_act on AVX-512, with the same arithmetic (the int8 results are
+/// bit-identical to the scalar ones: same products, round-to-nearest-even, clamp).
+WREN_AVX512 void prep_avx512(const float* x, int cols, bool int8, float* f, int8_t* q, float* s) {
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  for (int g = 0; g < cols / 32; ++g) {
+    const __m512 a = _mm512_loadu_ps(x + g * 32), b = _mm512_loadu_ps(x + g * 32 + 16);
+    const __m512 e = _mm512_permutex2var_ps(a, even, b), o = _mm512_permutex2var_ps(a, odd, b);
+    if (!int8) {
+      _mm512_storeu_ps(f + g * 32, e);
+      _mm512_storeu_ps(f + g * 32 + 16, o);
+      continue;
+    }
+    const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+    s[g] = amax / 127.0f;
+    const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
+    const __m512i qe = _mm512_min_epi32(hi, _mm512_max_epi32(lo, _mm512_cvtps_epi32(_mm512_mul_ps(e, inv))));
+    const __m512i qo = _mm512_min_epi32(hi, _mm512_max_epi32(lo, _mm512_cvtps_epi32(_mm512_mul_ps(o, inv))));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * 32), _mm512_cvtepi32_epi8(qe));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * 32 + 16), _mm512_cvtepi32_epi8(qo));
+  }
+}
+}  // namespace
+#endif
+
 MxAct mx_prep(Isa isa, const float* x, int T, int cols, bool int8, float* fbuf, int8_t* qbuf, float* sbuf) {
   MxAct a;
   a.T = T, a.cols = cols, a.int8 = int8;
-  if (int8) {
-    for (int t = 0; t < T; ++t) quantize_act(x + size_t(t) * cols, cols, qbuf + size_t(t) * cols, sbuf + size_t(t) * (cols / 32));
-    a.xq = qbuf, a.xs = sbuf;
-  } else if (isa == Isa::Scalar) {
-    a.xf = x;
-  } else {
-    for (int t = 0; t < T; ++t) permute_even_odd(x + size_t(t) * cols, cols, fbuf + size_t(t) * cols);
-    a.xf = fbuf;
+  if (int8) a.xq = qbuf, a.xs = sbuf;
+  else a.xf = isa == Isa::Scalar ? x : fbuf;
+  if (!int8 && isa == Isa::Scalar) return a;
+  for (int t = 0; t < T; ++t) {
+    const float* xt = x + size_t(t) * cols;
+    float* f = int8 ? nullptr : fbuf + size_t(t) * cols;
+    int8_t* q = int8 ? qbuf + size_t(t) * cols : nullptr;
+    float* s = int8 ? sbuf + size_t(t) * (cols / 32) : nullptr;
+#if WREN_X86
+    if (isa == Isa::Avx512) {
+      prep_avx512(xt, cols, int8, f, q, s);
+      continue;
+    }
+#endif
+    if (int8) quantize_act(xt, cols, q, s);
+    else permute_even_odd(xt, cols, f);
   }
   return a;
 }
@@ -143,7 +179,6 @@ struct MxF32Avx512 : MxArgs {
   template <int R, int N>
   WREN_AVX512 void block(int r, int t) const {
     const __m512 lut = _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f);
-    const __m128i m0f = _mm_set1_epi8(0x0F);
     const float* p2 = pow2().full;
     __m512 acc[R][N];
     WREN_UNROLL
@@ -155,9 +190,11 @@ struct MxF32Avx512 : MxArgs {
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16);
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
-        we[i] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(b, m0f)), lut);
-        wo[i] = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(b, 4), m0f)), lut);
+        // vpermps reads only the low 4 bits of each index: the widened byte indexes its low
+        // nibble as it is, and its high nibble after one shift.
+        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16)));
+        we[i] = _mm512_permutexvar_ps(b, lut);
+        wo[i] = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut);
       }
       WREN_UNROLL
       for (int j = 0; j < N; ++j) {

@@ -107,7 +107,7 @@ struct Q8Avx2 {
 }  // namespace
 
 void rows_q8_avx512(const DenseWeight& W, const float* x, int T, float* y, int ldy, int r0, int r1) {
-  drive_rows<4, 2>(Q8Avx512{q8_data(W), W.scale, x, y, int(W.cols), ldy}, T, r0, r1);
+  drive_rows<4, 4>(Q8Avx512{q8_data(W), W.scale, x, y, int(W.cols), ldy}, T, r0, r1);
 }
 
 void rows_q8_avx2(const DenseWeight& W, const float* x, int T, float* y, int ldy, int r0, int r1) {
