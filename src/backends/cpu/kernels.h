@@ -1,8 +1,10 @@
 // The CPU kernel table: one entry per (kernel family, weight format), filled once for one
 // instruction-set level (isa.h) when the backend is built, so ops dispatch on the format once at
 // their entry and every kernel is monomorphic. Families live one per file: gemv_f32.cpp,
-// gemv_bf16.cpp, gemv_q8.cpp, gemv_q4.cpp, gemv_mxfp4.cpp, vec.cpp (dot/axpy), kda.cpp (state step).
+// gemv_bf16.cpp, gemv_q8.cpp, gemv_q4.cpp, gemv_mxfp4.cpp, vec.cpp (dot/axpy), kda.cpp (state step),
+// activation.cpp (SiTU).
 #pragma once
+#include <cstddef>
 #include <cstdint>
 
 #include "backends/cpu/isa.h"
@@ -47,6 +49,8 @@ struct Kernels {
   float (*dot)(const float* a, const float* b, int n);       ///< Σ a·b
   void (*axpy)(float a, const float* x, float* y, int n);   ///< y += a·x
   DeltaStepFn delta_step;
+  /// SiTU-GLU: out[i] = situ(g[i], u[i]) over n elements (activation.cpp).
+  void (*situ)(const float* g, const float* u, size_t n, float b1, float b2, float* out);
 };
 
 /// The table for `isa` (which this CPU must support).
@@ -76,6 +80,7 @@ WREN_LEVELS(float, dot, (const float*, const float*, int))
 WREN_LEVELS(void, axpy, (float, const float*, float*, int))
 WREN_LEVELS(void, delta_step, (float*, const float*, const float*, const float*, const float*,
                                float, int, float*, float*))
+WREN_LEVELS(void, situ, (const float*, const float*, size_t, float, float, float*))
 #undef WREN_LEVELS
 
 }  // namespace wren::cpu

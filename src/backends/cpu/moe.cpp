@@ -47,7 +47,7 @@ void CpuBackend::expert_group(const ExpertRef& e, const float* z, const int* in_
   float* u = s.f(4, size_t(T) * I);
   mx(e.w1, az, g, I, 0, I);
   mx(e.w3, az, u, I, 0, I);
-  for (size_t i = 0; i < size_t(T) * I; ++i) g[i] = cpu::situ(g[i], u[i], b1, b2);
+  k_->situ(g, u, size_t(T) * I, b1, b2, g);
   const cpu::MxAct ag = cpu::mx_prep(opts_.isa, g, T, I, i8, s.f(5, size_t(T) * I), s.i8(1, size_t(T) * I),
                                      s.f(6, size_t(T) * I / 32));
   float* y = s.f(7, size_t(T) * L);
