@@ -20,6 +20,7 @@
 #include "core/error.h"
 #include "model/forward.h"
 #include "model/quant.h"
+#include "model/tensor_table.h"
 #include "runtime/generate.h"
 
 namespace wren::cli {
@@ -273,16 +274,44 @@ std::vector<int> random_ids(int n, int vocab, int seed) {
   return ids;
 }
 
-/// Teacher-forced logits [T, V] of `ids` for one plan.
-std::vector<float> teacher_forced(const std::string& dir, const QuantPlan& plan, const CpuOptions& o,
-                                  const std::vector<int>& ids, int chunk) {
-  auto m = load_model(dir, plan);
+/// Teacher-forced logits [T, V] of `ids` through model `m`.
+std::vector<float> teacher_forced(const Model& m, const CpuOptions& o, const std::vector<int>& ids, int chunk) {
   CpuBackend be(o);
-  Forward fwd(*m, be, {chunk, -1});
-  SequenceState st(be, m->config, int(ids.size()) + 1);
-  std::vector<float> out(ids.size() * size_t(m->config.vocab));
+  Forward fwd(m, be, {chunk, -1});
+  SequenceState st(be, m.config, int(ids.size()) + 1);
+  std::vector<float> out(ids.size() * size_t(m.config.vocab));
   fwd.run(st, ids.data(), nullptr, int(ids.size()), out.data(), true);
   return out;
+}
+
+/// The dense tensors of a loaded model, in table order.
+std::vector<DenseWeight*> dense_tensors(Model& m) {
+  std::vector<DenseWeight*> out;
+  for_each_tensor(m.config, m.weights, [&](const TensorSpec& s) {
+    if (s.dense) out.push_back(s.dense);
+  });
+  return out;
+}
+
+/// Mean over the matrices `q` stores in another format than f32 of ‖deq(Q) − W‖ / ‖W‖ (0 when none).
+double weight_rel_l2(Model& exact, Model& q) {
+  const auto a = dense_tensors(exact), b = dense_tensors(q);
+  double sum = 0;
+  int n = 0;
+  std::vector<float> row;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (b[i]->format == WFormat::F32) continue;
+    double num = 0, den = 0;
+    row.resize(size_t(b[i]->cols));
+    for (int64_t r = 0; r < b[i]->rows; ++r) {
+      dequant_row(*b[i], r, row.data());
+      const float* w = a[i]->f32() + r * a[i]->cols;
+      for (int64_t c = 0; c < b[i]->cols; ++c) num += (double(row[c]) - w[c]) * (double(row[c]) - w[c]), den += double(w[c]) * w[c];
+    }
+    sum += den > 0 ? std::sqrt(num / den) : 0.0;
+    ++n;
+  }
+  return n ? sum / n : 0.0;
 }
 
 /// rel-L2 over everything and the fraction of positions whose argmax agrees.
@@ -301,28 +330,35 @@ void bench_quality(const QualityArgs& a) {
   const std::vector<int> ids = random_ids(a.positions, c.vocab, a.seed);
   std::printf("wren bench quality: %s, %d teacher-forced positions (random ids, seed %d), %s kernels, %d threads\n",
               a.model.c_str(), a.positions, a.seed, cpu::isa_name(o.isa), o.threads);
-  const auto ref = teacher_forced(a.model, QuantPlan::preset("exact"), o, ids, a.chunk);
-  std::printf("reference: --quant exact (every dense weight f32, experts mxfp4 x f32)\n\n");
-  std::printf("| mode | formats | expert act | logits rel-L2 | top-1 agree |\n|---|---|---|---|---|\n");
-  struct Mode { std::string name; QuantPlan plan; bool i8; };
+  auto exact = load_model(a.model);
+  const auto ref = teacher_forced(*exact, o, ids, a.chunk);
+  std::printf("reference: --quant exact (every dense weight f32, experts mxfp4 x f32), %s kernels. weight rel-L2 = mean over\n"
+              "the matrices the mode stores in another format of ||dequant(W) - W|| / ||W||\n\n", cpu::isa_name(o.isa));
+  std::printf("| mode | formats | expert act | weight rel-L2 | logits rel-L2 | top-1 agree |\n|---|---|---|---|---|---|\n");
+  struct Mode { std::string name; QuantPlan plan; bool i8; cpu::Isa isa; };
   std::vector<Mode> modes;
-  for (const char* p : {"exact", "bf16", "q8", "default", "q4"}) modes.push_back({p, QuantPlan::preset(p), false});
-  modes.push_back({"default", QuantPlan::preset("default"), true});
-  modes.push_back({"exact", QuantPlan::preset("exact"), true});
+  for (cpu::Isa isa : {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512})  // f32 summation order only
+    if (isa != o.isa && cpu::isa_supported(isa))
+      modes.push_back({std::string("exact, ") + cpu::isa_name(isa) + " kernels", QuantPlan::preset("exact"), false, isa});
+  for (const char* p : {"bf16", "q8", "default", "q4"}) modes.push_back({p, QuantPlan::preset(p), false, o.isa});
+  modes.push_back({"default", QuantPlan::preset("default"), true, o.isa});
+  modes.push_back({"exact", QuantPlan::preset("exact"), true, o.isa});
   if (a.per_class)
     for (int cl = 1; cl < kWClasses; ++cl)
       for (WFormat f : {WFormat::Q8_ROW, WFormat::Q4_G64}) {
         QuantPlan p;
         p.set(WClass(cl), f);
-        modes.push_back({std::string("only ") + wclass_name(WClass(cl)) + "=" + wformat_name(f), p, false});
+        modes.push_back({std::string("only ") + wclass_name(WClass(cl)) + "=" + wformat_name(f), p, false, o.isa});
       }
   for (const Mode& m : modes) {
     CpuOptions mo = o;
     mo.mx_int8_act = m.i8;
-    const auto l = teacher_forced(a.model, m.plan, mo, ids, a.chunk);
+    mo.isa = m.isa;
+    auto qm = load_model(a.model, m.plan);
+    const auto l = teacher_forced(*qm, mo, ids, a.chunk);
     const auto [rel, top1] = compare(l, ref, c.vocab);
-    std::printf("| %s | %s | %s | %.3g | %.1f%% |\n", m.name.c_str(), m.plan.describe().c_str(), m.i8 ? "int8" : "f32",
-                rel, 100 * top1);
+    std::printf("| %s | %s | %s | %.3g | %.3g | %.1f%% |\n", m.name.c_str(), m.plan.describe().c_str(),
+                m.i8 ? "int8" : "f32", weight_rel_l2(*exact, *qm), rel, 100 * top1);
     std::fflush(stdout);
   }
 }
