@@ -1,6 +1,6 @@
 // CPU kernels against f64 references, at every level this CPU has (scalar, AVX2, AVX-512), on
-// random non-zero inputs and awkward sizes (cols 1..200 incl. 33, 96, 160; 33-row matrices;
-// T = 1, 5, 33). Tolerances are stated per test as a bound on |y − ref| relative to Σ|w·x| (the
+// random non-zero inputs and awkward sizes (dense cols 1..200 incl. 33, 96, 160; MXFP4 cols 32 to
+// 1056 = 33 groups; 33-row matrices; T = 1, 5, 33). Tolerances are stated per test as a bound on |y − ref| relative to Σ|w·x| (the
 // scale of f32 summation error), so they do not depend on cancellation in the reference.
 // Also: the quantizers' error bounds, blocking invariance (row splits and token counts give
 // bit-identical outputs) and the thread pool.
@@ -136,13 +136,15 @@ TEST(Quant, ErrorWithinHalfAStepAndLayoutAsDocumented) {
   for (int j = 0; j < 32; ++j) EXPECT_EQ(data[j], uint8_t((j % 16) | ((j % 16) << 4))) << j;
 }
 
-/// A random MXFP4 matrix with scales around 2^-6.
+/// A random MXFP4 matrix with scales around 2^-6 and one scale byte 0.
 struct OwnedMx {
   std::vector<uint8_t> packed, scale;
   MxMatrix m;
   OwnedMx(int rows, int cols, std::mt19937& rng) : packed(size_t(rows) * cols / 2), scale(size_t(rows) * cols / 32) {
     for (auto& b : packed) b = uint8_t(rng());
     for (auto& s : scale) s = uint8_t(119 + rng() % 5);
+    scale[scale.size() / 2] = 0;  // the subnormal 2^-127 (spec open question 18)
+    scale.back() = 125;
     m = {rows, cols, packed.data(), scale.data()};
   }
   std::vector<float> row(int r) const {
@@ -156,7 +158,7 @@ TEST(Kernels, Mxfp4F32EveryLevelMatchesF64) {
   std::mt19937 rng(4);
   for (Isa isa : levels())
     for (int rows : {1, 33})
-      for (int cols : {32, 96, 160})
+      for (int cols : {32, 96, 160, 1056})
         for (int T : {1, 5, 33}) {
           const OwnedMx mx(rows, cols, rng);
           std::vector<std::vector<float>> wr;
@@ -176,7 +178,7 @@ TEST(Kernels, Mxfp4Int8ActivationsEveryLevel) {
   //     |y − ref| <= Σ_c |w_c| · xs_g(c) / 2 (plus the f32 part).
   std::mt19937 rng(5);
   for (Isa isa : levels())
-    for (int cols : {32, 96, 160})
+    for (int cols : {32, 96, 160, 1056})
       for (int T : {1, 5, 33}) {
         const int rows = 33;
         const OwnedMx mx(rows, cols, rng);

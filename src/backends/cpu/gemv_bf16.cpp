@@ -47,7 +47,7 @@ struct Bf16Avx512 {
       __m512 wv[R];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
-        if ((c & 31) == 0) prefetch_ahead(w + size_t(r + i) * cols + c);
+        if ((c & 31) == 0) prefetch_ahead(w + size_t(r + i) * cols + c, size_t(R) * cols * 2);
         const __m256i h = _mm256_maskz_loadu_epi16(m, w + size_t(r + i) * cols + c);
         wv[i] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
       }
@@ -83,7 +83,7 @@ struct Bf16Avx2 {
       __m256 wv[R];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
-        if ((c & 31) == 0) prefetch_ahead(w + size_t(r + i) * cols + c);
+        if ((c & 31) == 0) prefetch_ahead(w + size_t(r + i) * cols + c, size_t(R) * cols * 2);
         const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + size_t(r + i) * cols + c));
         wv[i] = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
       }

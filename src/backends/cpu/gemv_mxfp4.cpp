@@ -189,7 +189,7 @@ struct MxF32Avx512 : MxArgs {
       __m512 we[R], wo[R];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
-        if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16);
+        if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16, size_t(R) * (cols / 2));
         // vpermps reads only the low 4 bits of each index: the widened byte indexes its low
         // nibble as it is, and its high nibble after one shift.
         const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16)));
@@ -215,6 +215,15 @@ struct MxF32Avx512 : MxArgs {
 };
 
 struct MxI8Avx512 : MxArgs {
+  /// 2^(s − 128) for 16 ue8m0 bytes (masked lanes 0): s << 23 is 2^(s − 127) as f32 bits for s >= 1,
+  /// s = 0 is the subnormal 2^-127; then halved (exact), matching the 2·e2m1 integer weights.
+  WREN_AVX512 static __m512 half_scales(const uint8_t* s, __mmask16 m) {
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s));
+    const __m512 p = _mm512_castsi512_ps(_mm512_slli_epi32(b, 23));
+    const __m512 v = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(b, _mm512_setzero_si512()), p, _mm512_set1_ps(0x1p-127f));
+    return _mm512_mul_ps(v, _mm512_set1_ps(0.5f));
+  }
+
   template <int R, int N>
   WREN_AVX512 void block(int r, int t) const {
     const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2M1x2)));
@@ -222,40 +231,50 @@ struct MxI8Avx512 : MxArgs {
     const long long S = 0x0004000400040004ll;
     const __m512i shift = _mm512_setr_epi64(0, 0, S, S, 0, 0, S, S);  // high nibbles in lanes 1, 3
     const __m512i m0f = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
-    const float* half = pow2().half;
     __m512 acc[R][N];
     WREN_UNROLL
     for (int i = 0; i < R; ++i)
       WREN_UNROLL
       for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
-    int g = 0;
-    for (; g + 2 <= groups; g += 2) {
-      __m512i aw[R];
-      __mmask64 neg[R];
+    const int pairs_end = groups & ~1;
+    for (int g0 = 0; g0 < pairs_end; g0 += 16) {
+      // The combined scales (weight · activation) of up to 16 groups, one lane each; a pair of
+      // groups then takes lanes [k x8, k+1 x8] with one permute.
+      const int ng = std::min(16, pairs_end - g0);
+      const __mmask16 gm = ng == 16 ? __mmask16(0xFFFF) : __mmask16((1u << ng) - 1);
+      __m512 cs[R][N];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
-        if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16);
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(r + i) + g * 16));
-        const __m512i z = _mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(v));
-        const __m512i w = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi16(z, shift), m0f));
-        aw[i] = _mm512_abs_epi8(w);
-        neg[i] = _mm512_movepi8_mask(w);
+        const __m512 ws = half_scales(scales(r + i) + g0, gm);
+        WREN_UNROLL
+        for (int j = 0; j < N; ++j) cs[i][j] = _mm512_mul_ps(ws, _mm512_maskz_loadu_ps(gm, a.xs + size_t(t + j) * groups + g0));
       }
-      WREN_UNROLL
-      for (int j = 0; j < N; ++j) {
-        const __m512i xv = _mm512_loadu_si512(a.xq + size_t(t + j) * cols + g * 32);
-        const float* xs = a.xs + size_t(t + j) * groups + g;
+      __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+      for (int g = g0; g < g0 + ng; g += 2, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2))) {
+        __m512i aw[R];
+        __mmask64 neg[R];
         WREN_UNROLL
         for (int i = 0; i < R; ++i) {
-          const __m512i sx = _mm512_mask_sub_epi8(xv, neg[i], zero, xv);
-          const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, aw[i], sx));
-          const uint8_t* s = scales(r + i) + g;
-          const __m512 sv = _mm512_insertf32x8(_mm512_set1_ps(half[s[0]] * xs[0]), _mm256_set1_ps(half[s[1]] * xs[1]), 1);
-          acc[i][j] = _mm512_fmadd_ps(f, sv, acc[i][j]);
+          if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16, size_t(R) * (cols / 2));
+          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(r + i) + g * 16));
+          const __m512i z = _mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(v));
+          const __m512i w = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi16(z, shift), m0f));
+          aw[i] = _mm512_abs_epi8(w);
+          neg[i] = _mm512_movepi8_mask(w);
+        }
+        WREN_UNROLL
+        for (int j = 0; j < N; ++j) {
+          const __m512i xv = _mm512_loadu_si512(a.xq + size_t(t + j) * cols + g * 32);
+          WREN_UNROLL
+          for (int i = 0; i < R; ++i) {
+            const __m512i sx = _mm512_mask_sub_epi8(xv, neg[i], zero, xv);
+            const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, aw[i], sx));
+            acc[i][j] = _mm512_fmadd_ps(f, _mm512_permutexvar_ps(idx, cs[i][j]), acc[i][j]);
+          }
         }
       }
     }
-    if (g < groups) tail_group<R, N>(r, t, g, acc);
+    if (pairs_end < groups) tail_group<R, N>(r, t, pairs_end, acc);
     WREN_UNROLL
     for (int i = 0; i < R; ++i)
       WREN_UNROLL
@@ -300,7 +319,7 @@ struct MxF32Avx2 : MxArgs {
       __m256 w[R][4];  // 2·e2m1 of even 0-7, even 8-15, odd 0-7, odd 8-15
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
-        if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16);
+        if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16, size_t(R) * (cols / 2));
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
         const __m128i e = _mm_shuffle_epi8(lut, _mm_and_si128(b, m0f));
         const __m128i o = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m0f));
@@ -345,7 +364,7 @@ struct MxI8Avx2 : MxArgs {
       __m256i w[R], aw[R];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
-        if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16);
+        if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16, size_t(R) * (cols / 2));
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
         const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m0f), _mm_and_si128(b, m0f));
         w[i] = _mm256_shuffle_epi8(lut, idx);

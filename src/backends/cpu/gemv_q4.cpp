@@ -76,7 +76,7 @@ struct Q4Avx512 {
       __m512 w[R][4];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
-        if ((g & 1) == 0) prefetch_ahead(d + (size_t(r + i) * groups + g) * 32);
+        if ((g & 1) == 0) prefetch_ahead(d + (size_t(r + i) * groups + g) * 32, size_t(R) * groups * 32);
         decode(d + (size_t(r + i) * groups + g) * 32, w[i]);
       }
       const int c = g * 64;
@@ -132,7 +132,7 @@ struct Q4Avx2 {
       __m256i lo[R], hi[R];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
-        if ((g & 1) == 0) prefetch_ahead(d + (size_t(r + i) * groups + g) * 32);
+        if ((g & 1) == 0) prefetch_ahead(d + (size_t(r + i) * groups + g) * 32, size_t(R) * groups * 32);
         const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + (size_t(r + i) * groups + g) * 32));
         lo[i] = _mm256_sub_epi8(_mm256_and_si256(b, m0f), eight);
         hi[i] = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(b, 4), m0f), eight);

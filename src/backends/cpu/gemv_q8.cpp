@@ -46,7 +46,7 @@ struct Q8Avx512 {
       __m512 wv[R];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
-        if ((c & 63) == 0) prefetch_ahead(q + size_t(r + i) * cols + c);
+        if ((c & 63) == 0) prefetch_ahead(q + size_t(r + i) * cols + c, size_t(R) * cols);
         wv[i] = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, q + size_t(r + i) * cols + c)));
       }
       WREN_UNROLL
@@ -82,7 +82,7 @@ struct Q8Avx2 {
       __m256 wv[R];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
-        if ((c & 63) == 0) prefetch_ahead(q + size_t(r + i) * cols + c);
+        if ((c & 63) == 0) prefetch_ahead(q + size_t(r + i) * cols + c, size_t(R) * cols);
         const __m128i b = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(q + size_t(r + i) * cols + c));
         wv[i] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b));
       }

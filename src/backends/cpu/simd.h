@@ -3,6 +3,8 @@
 // functions carrying WREN_AVX2 / WREN_AVX512 use those instructions, so code shared with the rest
 // of the program stays baseline x86-64 and a machine without AVX2 runs the scalar kernels.
 #pragma once
+#include <cstddef>
+
 #include "backends/cpu/isa.h"
 
 #if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
@@ -26,14 +28,13 @@
 #define WREN_UNROLL _Pragma("GCC unroll 16")
 
 namespace wren::cpu {
-/// How far ahead of the current position the quantized GEMV loops prefetch each weight row. Their
-/// decode work per byte is high, so the out-of-order window alone keeps too few cache misses in
-/// flight to stream at memory speed (measured: `wren bench kernels`, docs/cpu-performance.md).
-constexpr int kPrefetchAhead = 1024;
-/// Prefetches the line kPrefetchAhead bytes after p into L1 (a hint: never faults).
-inline void prefetch_ahead(const void* p) {
+/// Prefetches into L1 the line `ahead` bytes after p (a hint: never faults). The quantized GEMV
+/// loops call it with ahead = the bytes of one row block, i.e. the same position in the row the
+/// next block will read: rows are contiguous, so the block streams as one region, and the dense
+/// decode work per byte otherwise keeps too few misses in flight, worst for short rows.
+inline void prefetch_ahead(const void* p, size_t ahead) {
 #if WREN_X86
-  _mm_prefetch(static_cast<const char*>(p) + kPrefetchAhead, _MM_HINT_T0);
+  _mm_prefetch(static_cast<const char*>(p) + ahead, _MM_HINT_T0);
 #endif
 }
 }  // namespace wren::cpu
