@@ -95,6 +95,19 @@ class Backend {
   /// One routed MXFP4 expert on one token (spec §4.4 step 5): y [io] = SiTU(z·W1ᵀ, z·W3ᵀ)·W2ᵀ,
   /// computed on the packed layout. z [io]. (Dense experts go through gemm + silu_glu.)
   virtual void expert_ffn(const ExpertRef& e, const float* z, float b1, float b2, float* y) = 0;
+  /// Routed experts over a chunk (spec §4.4 step 5): for each j < n, row out_rows[j] of ys
+  /// [*, latent] = expert_ffn(*experts[j], row in_rows[j] of z [*, latent]); in_rows/out_rows HOST.
+  /// The forward passes entries of one expert adjacently, so a backend may stream each expert
+  /// once for all its tokens and run experts concurrently; each output must equal expert_ffn's.
+  /// The default calls expert_ffn for each j in order.
+  virtual void expert_ffn_batch(const ExpertRef* const* experts, const int* in_rows,
+                                const int* out_rows, int n, const float* z, float b1, float b2,
+                                float* ys) {
+    for (int j = 0; j < n; ++j) {
+      const size_t lat = size_t(experts[j]->w1.cols);
+      expert_ffn(*experts[j], z + in_rows[j] * lat, b1, b2, ys + out_rows[j] * lat);
+    }
+  }
   /// y [n] = Σ_j w[j] · ys[j] over j < m, in j order (ys [m, n], weights HOST [m]).
   virtual void weighted_sum(const float* ys, const float* weights, int m, int n, float* y) = 0;
 };

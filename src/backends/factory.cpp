@@ -40,7 +40,8 @@ std::string resolve_backend(const std::string& name) {
   throw Error("--backend: '" + name + "' is not a backend (expected cpu, cuda or auto)");
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights) {
+std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
+                                      const CpuOptions& cpu) {
   const std::string kind = resolve_backend(name);
 #ifdef WREN_HAVE_CUDA
   if (kind == "cuda") {
@@ -49,7 +50,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
     return be;
   }
 #endif
-  return std::make_unique<CpuBackend>();
+  return std::make_unique<CpuBackend>(cpu);
 }
 
 }  // namespace wren

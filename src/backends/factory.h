@@ -4,6 +4,7 @@
 #include <string>
 
 #include "backends/backend.h"
+#include "backends/cpu/cpu_backend.h"
 #include "model/weights.h"
 
 namespace wren {
@@ -21,6 +22,8 @@ std::string resolve_backend(const std::string& name);
 
 /// Creates the backend `name` (resolved as above) and gives it the model's weights (the CUDA
 /// backend mirrors them to device memory). Throws wren::Error.
-std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights);
+/// `cpu` configures the CPU backend (threads, kernel level, MXFP4 activation mode).
+std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
+                                      const CpuOptions& cpu = {});
 
 }  // namespace wren

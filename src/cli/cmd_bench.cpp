@@ -8,6 +8,7 @@ void add_bench(CLI::App& app) {
   bench->require_subcommand(1);
   add_bench_experts(bench);
   add_bench_layers(bench);
+  add_bench_cpu(bench);
 }
 
 }  // namespace wren::cli

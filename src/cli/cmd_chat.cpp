@@ -65,7 +65,7 @@ void reply(Engine& e, const ChatFormat& fmt, SequenceState& st, const std::vecto
 }
 
 void chat(ChatArgs& a) {
-  Engine e(a.common.engine);
+  Engine e(a.common.engine_options());
   const ChatFormat fmt(e.tokenizer());
   auto st = e.new_sequence();
   struct sigaction sa {};

@@ -103,7 +103,7 @@ struct Printer {
 };
 
 void run(RunArgs& a) {
-  Engine e(a.common.engine);
+  Engine e(a.common.engine_options());
   const Config& c = e.config();
   const std::vector<int> prompt = prompt_ids(a, e);
   const int T = int(prompt.size());

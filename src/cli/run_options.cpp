@@ -20,7 +20,16 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
   sub->add_option("--chunk", engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(CLI::PositiveNumber);
   sub->add_option("--backend", engine.backend, "Op backend: cpu, cuda, or auto (cuda when built in and a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  cpu.add_to(sub);
   sub->add_option("--ctx", engine.ctx, "Context capacity in tokens (MLA cache size)")->check(CLI::PositiveNumber);
+}
+
+EngineOptions CommonArgs::engine_options() const {
+  EngineOptions o = engine;
+  o.plan = cpu.plan();
+  o.cpu = cpu.backend();
+  std::fprintf(stderr, "wren: %s\n", describe(o.cpu, o.plan).c_str());
+  return o;
 }
 
 void print_stats(const GenerateStats& s, Engine& e) {

@@ -2,6 +2,7 @@
 #pragma once
 #include <CLI/CLI.hpp>
 
+#include "cli/cpu_flags.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 
@@ -14,7 +15,10 @@ struct CommonArgs {
   int n = 256;  ///< -n default
   bool think = true;
   std::string system;
+  CpuFlags cpu;
   void add_to(CLI::App* sub, float default_temperature);
+  /// The engine options with the CPU flags resolved (throws wren::Error on bad names).
+  EngineOptions engine_options() const;
 };
 
 /// Prints the statistics line on stderr (prompt tokens, prefill tok/s, TTFT, decode tok/s, peak

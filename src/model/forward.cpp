@@ -250,24 +250,26 @@ void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int
     if (uses[b.ids[j]].empty()) unique.push_back(b.ids[j]);
     uses[b.ids[j]].push_back(j);
   }
-  auto run_expert = [&](int e, const ExpertRef& ref) {
-    for (int j : uses[e]) {
-      const float* zt = z + size_t(j / K) * io;
-      float* y = b.ys + size_t(j) * io;
-      if (c.expert_format == ExpertFormat::Dense) {
-        be_.gemm(ref.d1, zt, 1, b.g);
-        be_.gemm(ref.d3, zt, 1, b.u);
-        glu(b.g, b.u, 1, c.moe_inter, b.act);
-        be_.gemm(ref.d2, b.act, 1, y);
-      } else {
-        be_.expert_ffn(ref, zt, c.situ_b1, c.situ_b2, y);
-      }
-    }
-  };
   if (c.expert_format == ExpertFormat::Dense) {  // dense experts are resident weights
-    for (int e : unique) run_expert(e, m.experts[e]);
+    for (int e : unique)
+      for (int j : uses[e]) {
+        const ExpertRef& ref = m.experts[e];
+        be_.gemm(ref.d1, z + size_t(j / K) * io, 1, b.g);
+        be_.gemm(ref.d3, z + size_t(j / K) * io, 1, b.u);
+        glu(b.g, b.u, 1, c.moe_inter, b.act);
+        be_.gemm(ref.d2, b.act, 1, b.ys + size_t(j) * io);
+      }
   } else {
-    experts_->visit(layer, unique, run_expert);
+    std::vector<const ExpertRef*> refs;
+    std::vector<int> in_rows;
+    experts_->visit(layer, unique, [&](int e, const ExpertRef& ref) {
+      // All tokens of this expert in one batch: the backend streams the expert once for them.
+      refs.assign(uses[e].size(), &ref);
+      in_rows.clear();
+      for (int j : uses[e]) in_rows.push_back(j / K);
+      be_.expert_ffn_batch(refs.data(), in_rows.data(), uses[e].data(), int(refs.size()), z, c.situ_b1,
+                           c.situ_b2, b.ys);
+    });
   }
   for (int t = 0; t < T; ++t)
     be_.weighted_sum(b.ys + size_t(t) * K * io, b.wts.data() + size_t(t) * K, K, io, out + size_t(t) * io);

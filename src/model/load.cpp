@@ -2,9 +2,11 @@
 #include "model/load.h"
 
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "core/mxfp4.h"
+#include "model/quant.h"
 #include "model/tensor_table.h"
 
 namespace wren {
@@ -39,7 +41,31 @@ void upcast(const TensorRef& r, float* dst) {
   }
 }
 
-void load_tensor(Checkpoint& ck, ModelWeights& w, const TensorSpec& s) {
+/// Stores a float tensor in the format its class gets from `plan` (matrices only; vectors stay f32).
+void store_dense(ModelWeights& w, const TensorRef& r, const TensorSpec& s, const QuantPlan& plan) {
+  DenseWeight& d = *s.dense;
+  const size_t n = r.info->nbytes / dtype_size(r.info->dtype);
+  const WFormat f = d.rows > 1 ? plan.of(s.cls) : WFormat::F32;
+  if (f == WFormat::F32) {
+    float* dst = w.alloc(n);
+    upcast(r, dst);
+    d.dtype = DType::F32;
+    d.data = dst;
+    return;
+  }
+  std::vector<float> tmp(n);
+  upcast(r, tmp.data());
+  void* data = w.alloc((wformat_data_bytes(f, d.rows, d.cols) + 3) / 4);
+  const size_t ns = wformat_scale_count(f, d.rows, d.cols);
+  float* scale = ns ? w.alloc(ns) : nullptr;
+  quantize_matrix(tmp.data(), d.rows, d.cols, f, data, scale);
+  d.dtype = f == WFormat::BF16 ? DType::BF16 : f == WFormat::Q8_ROW ? DType::I8 : DType::U8;
+  d.data = data;
+  d.format = f;
+  d.scale = scale;
+}
+
+void load_tensor(Checkpoint& ck, ModelWeights& w, const TensorSpec& s, const QuantPlan& plan) {
   const TensorRef r = ck.require(s.name, s.alt_name);
   const std::string where = r.file->path() + ": tensor '" + r.info->name + "'";
   check(r.info->shape == s.shape,
@@ -48,10 +74,7 @@ void load_tensor(Checkpoint& ck, ModelWeights& w, const TensorSpec& s) {
     const DType t = r.info->dtype;
     check(t == DType::BF16 || t == DType::F32 || t == DType::F16,
           where + ": dtype " + dtype_name(t) + ", expected BF16, F16 or F32");
-    float* dst = w.alloc(r.info->nbytes / dtype_size(t));
-    upcast(r, dst);
-    s.dense->dtype = DType::F32;
-    s.dense->data = dst;
+    store_dense(w, r, s, plan);
     return;
   }
   check(r.info->dtype == DType::U8, where + ": dtype " + std::string(dtype_name(r.info->dtype)) +
@@ -79,12 +102,13 @@ void mix_vector(ModelWeights& w, const DenseWeight& norm, const DenseWeight& pro
 
 }  // namespace
 
-std::unique_ptr<Model> load_model(const std::string& dir) {
+std::unique_ptr<Model> load_model(const std::string& dir, const QuantPlan& plan) {
   auto m = std::make_unique<Model>();
   m->ckpt = std::make_unique<Checkpoint>(dir);
   m->config = m->ckpt->config();
   ModelWeights& w = m->weights;
-  for_each_tensor(m->config, w, [&](const TensorSpec& s) { load_tensor(*m->ckpt, w, s); });
+  for_each_tensor(m->config, w, [&](const TensorSpec& s) { load_tensor(*m->ckpt, w, s, plan); });
+  m->plan = plan;
   m->ckpt->release_pages();  // dense weights are copied; experts are read on demand
   // Expert names as stored (weights.h: "prefix as in the checkpoint"), for error messages.
   for (LayerWeights& l : w.layers)

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "loader/checkpoint.h"
+#include "model/quant.h"
 #include "model/weights.h"
 
 namespace wren {
@@ -14,12 +15,14 @@ struct Model {
   std::unique_ptr<Checkpoint> ckpt;
   Config config;
   ModelWeights weights;
+  QuantPlan plan;  ///< formats the dense weights were loaded in
 };
 
 /// Opens DIR and loads every tensor of the table: shape and dtype checked (error names the shard,
 /// the tensor, expected and found), Float tensors upcast to f32, expert tensors kept packed in
-/// the mapping. Vision tensors are never touched.
-std::unique_ptr<Model> load_model(const std::string& dir);
+/// the mapping. Vision tensors are never touched. Dense matrices are then stored in the format
+/// `plan` gives their class (default: all f32, the exact mode); vectors always stay f32.
+std::unique_ptr<Model> load_model(const std::string& dir, const QuantPlan& plan = {});
 
 /// Checks every ue8m0 scale byte of one expert; throws naming tensor, row and group on 255.
 void validate_expert_scales(const ExpertRef& e);

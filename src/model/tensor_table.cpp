@@ -17,7 +17,7 @@ struct Table {
   ExpertRef* expert = nullptr;  // owner of the dense expert tensors being visited
 
   void dense(const std::string& name, DenseWeight& dst, std::vector<int64_t> shape,
-             const std::string& alt = "") {
+             WClass cls = WClass::Vector, const std::string& alt = "") {
     dst.rows = shape.size() >= 2 ? shape[0] : 1;
     dst.cols = shape.back();
     if (shape.size() == 3) dst.cols = shape[1] * shape[2];  // conv [P, 1, K] -> [P, K]
@@ -29,6 +29,7 @@ struct Table {
     s.layer = layer;
     s.dense = &dst;
     s.expert = expert;
+    s.cls = cls;
     f(s);
   }
 
@@ -55,58 +56,58 @@ struct Table {
   void kda(KdaWeights& k) {
     const int64_t D = c.hidden, P = c.kda_width(), H = c.kda_heads, d = c.kda_head_dim;
     const std::string a = "self_attn.";
-    dense(a + "q_proj.weight", k.q, {P, D});
-    dense(a + "k_proj.weight", k.k, {P, D});
-    dense(a + "v_proj.weight", k.v, {P, D});
+    dense(a + "q_proj.weight", k.q, {P, D}, WClass::Attn);
+    dense(a + "k_proj.weight", k.k, {P, D}, WClass::Attn);
+    dense(a + "v_proj.weight", k.v, {P, D}, WClass::Attn);
     dense(a + "q_conv1d.weight", k.q_conv, {P, 1, c.conv_kernel});
     dense(a + "k_conv1d.weight", k.k_conv, {P, 1, c.conv_kernel});
     dense(a + "v_conv1d.weight", k.v_conv, {P, 1, c.conv_kernel});
-    dense(a + "f_a_proj.weight", k.f_a, {d, D});
-    dense(a + "f_b_proj.weight", k.f_b, {P, d});
+    dense(a + "f_a_proj.weight", k.f_a, {d, D}, WClass::Attn);
+    dense(a + "f_b_proj.weight", k.f_b, {P, d}, WClass::Attn);
     if (c.a_log_4d) dense(a + "A_log", k.a_log, {1, 1, H, 1});
     else dense(a + "A_log", k.a_log, {c.a_log_len});
     dense(a + "dt_bias", k.dt_bias, {P});
-    dense(a + "b_proj.weight", k.b, {H, D});
+    dense(a + "b_proj.weight", k.b, {H, D}, WClass::Attn);
     if (c.kda_gate_rank == 0) {
-      dense(a + "g_proj.weight", k.g, {P, D});
+      dense(a + "g_proj.weight", k.g, {P, D}, WClass::Attn);
     } else {
-      dense(a + "g_a_proj.weight", k.g_a, {c.kda_gate_rank, D});
-      dense(a + "g_b_proj.weight", k.g_b, {P, c.kda_gate_rank});
+      dense(a + "g_a_proj.weight", k.g_a, {c.kda_gate_rank, D}, WClass::Attn);
+      dense(a + "g_b_proj.weight", k.g_b, {P, c.kda_gate_rank}, WClass::Attn);
     }
     dense(a + "o_norm.weight", k.o_norm, {d});
-    dense(a + "o_proj.weight", k.o, {D, P});
+    dense(a + "o_proj.weight", k.o, {D, P}, WClass::Attn);
   }
 
   void mla(MlaWeights& m) {
     const int64_t D = c.hidden, H = c.mla_heads;
     const std::string a = "self_attn.";
     if (c.q_lora > 0) {
-      dense(a + "q_a_proj.weight", m.q_a, {c.q_lora, D});
+      dense(a + "q_a_proj.weight", m.q_a, {c.q_lora, D}, WClass::Mla);
       dense(a + "q_a_layernorm.weight", m.q_a_norm, {c.q_lora});
-      dense(a + "q_b_proj.weight", m.q_b, {H * c.mla_q_head(), c.q_lora});
+      dense(a + "q_b_proj.weight", m.q_b, {H * c.mla_q_head(), c.q_lora}, WClass::Mla);
     } else {
-      dense(a + "q_proj.weight", m.q, {H * c.mla_q_head(), D});
+      dense(a + "q_proj.weight", m.q, {H * c.mla_q_head(), D}, WClass::Mla);
     }
-    dense(a + "kv_a_proj_with_mqa.weight", m.kv_a, {c.mla_cache_width(), D});
+    dense(a + "kv_a_proj_with_mqa.weight", m.kv_a, {c.mla_cache_width(), D}, WClass::Mla);
     dense(a + "kv_a_layernorm.weight", m.kv_a_norm, {c.kv_lora});
-    dense(a + "kv_b_proj.weight", m.kv_b, {H * (c.qk_nope + c.v_head), c.kv_lora});
-    if (c.mla_out_gate) dense(a + "g_proj.weight", m.g, {H * c.v_head, D});
-    dense(a + "o_proj.weight", m.o, {D, H * c.v_head});
+    dense(a + "kv_b_proj.weight", m.kv_b, {H * (c.qk_nope + c.v_head), c.kv_lora}, WClass::Mla);
+    if (c.mla_out_gate) dense(a + "g_proj.weight", m.g, {H * c.v_head, D}, WClass::Mla);
+    dense(a + "o_proj.weight", m.o, {D, H * c.v_head}, WClass::Mla);
   }
 
   void moe(MoeWeights& m) {
     const int64_t D = c.hidden, E = c.n_experts, S = c.shared_inter();
     const std::string a = "block_sparse_moe.";
-    dense(a + "gate.weight", m.router, {E, D});
+    dense(a + "gate.weight", m.router, {E, D}, WClass::Router);
     dense(a + "gate.e_score_correction_bias", m.bias, {E});
     if (c.moe_kind == MoeKind::Latent) {
-      dense(a + "routed_expert_down_proj.weight", m.down, {c.latent, D});
+      dense(a + "routed_expert_down_proj.weight", m.down, {c.latent, D}, WClass::Latent);
       dense(a + "routed_expert_norm.weight", m.norm, {c.latent});
-      dense(a + "routed_expert_up_proj.weight", m.up, {D, c.latent});
+      dense(a + "routed_expert_up_proj.weight", m.up, {D, c.latent}, WClass::Latent);
     }
-    dense(a + "shared_experts.gate_proj.weight", m.shared_gate, {S, D});
-    dense(a + "shared_experts.up_proj.weight", m.shared_up, {S, D});
-    dense(a + "shared_experts.down_proj.weight", m.shared_down, {D, S});
+    dense(a + "shared_experts.gate_proj.weight", m.shared_gate, {S, D}, WClass::Shared);
+    dense(a + "shared_experts.up_proj.weight", m.shared_up, {S, D}, WClass::Shared);
+    dense(a + "shared_experts.down_proj.weight", m.shared_down, {D, S}, WClass::Shared);
     m.experts.resize(c.n_experts);
     for (int e = 0; e < c.n_experts; ++e) {
       ExpertRef& x = m.experts[e];
@@ -144,9 +145,9 @@ struct Table {
     if (c.layers[i].ffn == Ffn::Dense) {
       // transformers' save_pretrained names Kimi Linear's dense layer `block_sparse_moe.*`
       // (spec kimi-linear.md §4.3); the released checkpoints use `mlp.*`. Accept both.
-      dense("mlp.gate_proj.weight", l.mlp.gate, {c.dense_inter, D}, "block_sparse_moe.gate_proj.weight");
-      dense("mlp.up_proj.weight", l.mlp.up, {c.dense_inter, D}, "block_sparse_moe.up_proj.weight");
-      dense("mlp.down_proj.weight", l.mlp.down, {D, c.dense_inter}, "block_sparse_moe.down_proj.weight");
+      dense("mlp.gate_proj.weight", l.mlp.gate, {c.dense_inter, D}, WClass::Dense, "block_sparse_moe.gate_proj.weight");
+      dense("mlp.up_proj.weight", l.mlp.up, {c.dense_inter, D}, WClass::Dense, "block_sparse_moe.up_proj.weight");
+      dense("mlp.down_proj.weight", l.mlp.down, {D, c.dense_inter}, WClass::Dense, "block_sparse_moe.down_proj.weight");
     } else {
       moe(l.moe);
     }
@@ -162,13 +163,13 @@ std::string expert_name(int layer, int expert) {
 void for_each_tensor(const Config& c, ModelWeights& w, const Visit& f) {
   Table t{c, f, -1, "", nullptr};
   const int64_t D = c.hidden, V = c.vocab;
-  t.dense("model.embed_tokens.weight", w.embed, {V, D});
+  t.dense("model.embed_tokens.weight", w.embed, {V, D}, WClass::Embed);
   t.dense("model.norm.weight", w.final_norm, {D});
   if (c.residual == Residual::AttnRes) {
     t.dense("model.output_attn_res_norm.weight", w.out_res_norm, {D});
     t.dense("model.output_attn_res_proj.weight", w.out_res_proj, {1, D});
   }
-  t.dense("lm_head.weight", w.lm_head, {V, D});
+  t.dense("lm_head.weight", w.lm_head, {V, D}, WClass::Head);
   w.layers.resize(c.n_layers);
   for (int i = 0; i < c.n_layers; ++i) t.layer_tensors(i, w.layers[i]);
 }

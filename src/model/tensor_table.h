@@ -22,6 +22,7 @@ struct TensorSpec {
   TensorKind kind = TensorKind::Float;
   int layer = -1;              ///< -1 for global tensors
   DenseWeight* dense = nullptr;      ///< destination of a Float tensor
+  WClass cls = WClass::Vector;       ///< role of a Float tensor (picks its --quant format)
   const uint8_t** bytes = nullptr;   ///< destination of an expert tensor's bytes
   ExpertRef* expert = nullptr;       ///< owning routed expert (MXFP4 or dense expert tensors)
   int part = 0;                      ///< 0..5: w1.packed, w1.scale, w2.packed, w2.scale, w3.packed, w3.scale

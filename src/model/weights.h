@@ -12,13 +12,33 @@
 
 namespace wren {
 
+/// Compute format of a dense matrix, chosen per tensor class at load (model/quant.h). Layouts,
+/// row-major [rows, cols] unless stated:
+///   F32     float [rows, cols]
+///   BF16    uint16 [rows, cols] (the top half of the f32 bits, round-to-nearest-even)
+///   Q8_ROW  int8 [rows, cols], scale float [rows]: W[r, c] = q · scale[r], q in [-127, 127]
+///   Q4_G64  per row ceil(cols/64) groups of 32 bytes, scale float [rows, groups]. Byte j of a group
+///           holds column j in the low nibble and column j + 32 in the high nibble, each as q + 8
+///           with q in [-8, 7]; W = q · scale. (The j / j+32 pairing lets a SIMD kernel take 32
+///           consecutive columns from one nibble half.) A last partial group is zero-padded (q = 0).
+enum class WFormat : uint8_t { F32, BF16, Q8_ROW, Q4_G64 };
+constexpr int kWFormats = 4;
+
+/// Role of a dense tensor, the unit the --quant flags choose a format for. Vector = norms, biases,
+/// conv taps, A_log, AttnRes projections: always F32.
+enum class WClass : uint8_t { Vector, Attn, Mla, Dense, Shared, Latent, Router, Head, Embed };
+constexpr int kWClasses = 9;
+
 /// A dense matrix [rows, cols] (or a vector: rows = 1) in a compute format. In the exact mode every
-/// dense weight is f32 (BF16/F16 upcast at load, which is exact).
+/// dense weight is F32 (BF16/F16 upcast at load, which is exact).
 struct DenseWeight {
-  DType dtype = DType::F32;
+  DType dtype = DType::F32;  ///< element type of `data` (F32, BF16, I8, U8), always set with `format`
   int64_t rows = 0, cols = 0;
   const void* data = nullptr;
-  const float* f32() const { return static_cast<const float*>(data); }
+  WFormat format = WFormat::F32;
+  const float* scale = nullptr;  ///< Q8_ROW [rows]; Q4_G64 [rows, q4_groups()]; else null
+  const float* f32() const { return static_cast<const float*>(data); }  ///< only when format == F32
+  int64_t q4_groups() const { return (cols + 63) / 64; }
 };
 
 /// One MXFP4 matrix: logical [rows, cols]; packed [rows, cols/2] u8, scale [rows, cols/32] ue8m0.

@@ -12,8 +12,8 @@ namespace wren {
 Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   const std::string backend = resolve_backend(o.backend);  // fail on a bad --backend before loading
   dir_ = o.model_dir.empty() ? ensure_default_model(default_vocab_file()) : o.model_dir;
-  model_ = load_model(dir_);
-  be_ = make_backend(backend, model_->weights);
+  model_ = load_model(dir_, o.plan);
+  be_ = make_backend(backend, model_->weights, o.cpu);
   // The CUDA backend holds every expert in VRAM (uploaded by make_backend); streaming experts to
   // the GPU from the host store is not built yet, so the store serves the CPU backend only.
   if (model_->config.expert_format == ExpertFormat::MXFP4 && backend == "cpu")

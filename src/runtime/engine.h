@@ -7,6 +7,8 @@
 #include <string>
 
 #include "backends/backend.h"
+#include "backends/cpu/cpu_backend.h"
+#include "model/quant.h"
 #include "model/forward.h"
 #include "runtime/expert_store.h"
 #include "tokenizer/tokenizer.h"
@@ -20,6 +22,8 @@ struct EngineOptions {
   std::string direct = "auto";     ///< --direct
   std::string backend = "auto";    ///< --backend: cpu, cuda or auto (backends/factory.h)
   int chunk = 32, layers = -1, ctx = 4096;
+  QuantPlan plan;                  ///< dense-weight formats (--quant; default exact f32)
+  CpuOptions cpu;                  ///< CPU backend: threads, kernel level, MXFP4 activations
   bool announce = true;            ///< print the expert-cache line on stderr
 };
 

@@ -1,16 +1,54 @@
-// The CPU backend: the exact-f32 reference implementation of every op (see backends/backend.h).
-// Kernels live by family: gemm.cpp, norm.cpp, kda.cpp, mla.cpp, moe.cpp.
+// The CPU backend: every op of backends/backend.h on the host, in f32 activations. Built with the
+// default options it is the exact reference (scalar kernels, one thread); with a SIMD level and
+// threads it is the fast path, whose every output is still computed by one thread in a fixed
+// order, so results never depend on the thread count or the chunk size.
+// Kernels live by family: gemm.cpp (op entry, element-wise), gemv_*.cpp (one per weight format),
+// vec.cpp, norm.cpp, kda.cpp, mla.cpp, moe.cpp; the table of one level in kernels.h.
 #pragma once
 #include <cmath>
+#include <memory>
+#include <vector>
 
 #include "backends/backend.h"
+#include "backends/cpu/isa.h"
+#include "backends/cpu/thread_pool.h"
 
 namespace wren {
 
-/// Reference backend: host memory, f32 activations, f64 for RMS means and AttnRes scores.
+namespace cpu {
+struct Kernels;
+
+/// Grow-only scratch buffers, reused across calls so steady-state calls do not allocate. A
+/// pointer stays valid until the same slot is asked for with a larger size.
+class Scratch {
+ public:
+  float* f(int slot, size_t n);
+  int8_t* i8(int slot, size_t n);
+
+ private:
+  std::vector<std::vector<float>> f_;
+  std::vector<std::vector<int8_t>> i8_;
+};
+}  // namespace cpu
+
+/// CPU backend options (the numerics-changing ones are echoed by `wren run`).
+struct CpuOptions {
+  int threads = 1;                 ///< threads in all, the caller included (>= 1)
+  cpu::Isa isa = cpu::Isa::Scalar; ///< kernel level; Scalar = the reference kernels
+  bool mx_int8_act = false;        ///< MXFP4 experts on per-32-group int8 activations (approximate)
+  /// Ops with fewer multiply-adds run on the calling thread (a pool wake-up costs more). Results
+  /// do not depend on it; tests set 0 to drive every op through the pool.
+  double min_parallel_work = 1 << 17;
+};
+
+/// Host backend: f32 activations, f64 for RMS means, L2 sums and AttnRes scores.
 class CpuBackend final : public Backend {
  public:
+  /// Throws wren::Error if `opts.isa` is not supported by this CPU or threads < 1.
+  explicit CpuBackend(const CpuOptions& opts = {});
+  ~CpuBackend() override;
   const char* name() const override { return "cpu"; }
+  const CpuOptions& options() const { return opts_; }
 
   float* alloc(size_t n) override;
   void release(float* p) override;
@@ -37,7 +75,27 @@ class CpuBackend final : public Backend {
   void router_topk(const float* logits, const DenseWeight& bias, int T, int E, int k, int* ids,
                    float* weights) override;
   void expert_ffn(const ExpertRef& e, const float* z, float b1, float b2, float* y) override;
+  void expert_ffn_batch(const ExpertRef* const* experts, const int* in_rows, const int* out_rows,
+                        int n, const float* z, float b1, float b2, float* ys) override;
   void weighted_sum(const float* ys, const float* weights, int m, int n, float* y) override;
+
+ private:
+  /// Runs f(task, thread) for task < n on the pool when `work` (multiply-adds) is worth it.
+  template <class F>
+  void parallel(int n, double work, F&& f);
+  void expert_group(const ExpertRef& e, const float* z, const int* in_rows, const int* out_rows,
+                    int T, float b1, float b2, float* ys, cpu::Scratch& s);
+  void kda_head(const KdaParams& p, const KdaWeights& w, KdaState& s, float* y, int h,
+                const float* z, const float* beta, const float* gate, int T, float* out,
+                cpu::Scratch& sc);
+  void mla_head(const MlaParams& p, const MlaWeights& w, const MlaCache& cache, const float* q,
+                int t, int h, int n, float* ctx, cpu::Scratch& sc);
+
+  CpuOptions opts_;
+  const cpu::Kernels* k_;
+  std::unique_ptr<cpu::ThreadPool> pool_;
+  cpu::Scratch shared_;              ///< buffers shared by all tasks of one op
+  std::vector<cpu::Scratch> local_;  ///< [thread]: per-task buffers
 };
 
 namespace cpu {
@@ -49,8 +107,17 @@ void rms_row(const float* x, const float* w, int n, float eps, float* y);
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 /// SiTU-GLU of one pair (spec §4.4).
 float situ(float g, float u, float b1, float b2);
-/// y[rows] = M · x for one MXFP4 matrix, on the packed layout.
+/// y[rows] = M · x for one MXFP4 matrix, on the packed layout (the reference order).
 void mx_gemv(const MxMatrix& m, const float* x, float* y);
 }  // namespace cpu
+
+template <class F>
+void CpuBackend::parallel(int n, double work, F&& f) {
+  if (work < opts_.min_parallel_work || opts_.threads == 1) {
+    for (int i = 0; i < n; ++i) f(i, 0);
+    return;
+  }
+  pool_->run(n, f);
+}
 
 }  // namespace wren

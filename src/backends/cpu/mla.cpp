@@ -1,58 +1,77 @@
 // CPU backend: gated NoPE MLA, absorbed form over the latent cache (spec kimi-k3.md §4.3).
 // Layout: q [T, H, nope+extra]; ckv [T, kv_lora+extra]; cache rows [kv_lora normed latent | extra
-// raw key]; kv_b [H*(nope+v), kv_lora] with per head rows [k_nope (nope) | v (v_head)].
+// raw key]; kv_b [H*(nope+v), kv_lora] in any WFormat with per head rows [k_nope (nope) | v (v_head)].
+// The chunk's tokens are appended to the cache first (a row depends only on its own token); then
+// every (token, head) pair is one task attending over the rows up to and including its token, so
+// the result equals token-by-token decoding. Scores, softmax weights and the latent context use
+// the level's dot/axpy kernels (scalar = the reference order).
+#include <algorithm>
 #include <cmath>
-#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cpu/kernels.h"
 #include "core/error.h"
+#include "model/quant.h"
 
 namespace wren {
 
-void CpuBackend::mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& cache, const float* q,
-                            const float* ckv, int T, float* ctx) {
+namespace {
+/// Row r of W as f32: the weight itself when F32, else decoded into buf [W.cols].
+const float* row_f32(const DenseWeight& W, int64_t r, float* buf) {
+  if (W.format == WFormat::F32) return W.f32() + r * W.cols;
+  dequant_row(W, r, buf);
+  return buf;
+}
+}  // namespace
+
+void CpuBackend::mla_head(const MlaParams& p, const MlaWeights& w, const MlaCache& cache, const float* q,
+                          int t, int h, int n, float* ctx, cpu::Scratch& sc) {
   const int W = p.kv_lora + p.extra, qh = p.nope + p.extra, kvh = p.nope + p.v_head;
   const float scale = 1.0f / std::sqrt(float(qh));
-  const float* kvb = w.kv_b.f32();
-  std::vector<float> q_abs(p.kv_lora), cbar(p.kv_lora), scores;
+  float* q_abs = sc.f(0, p.kv_lora);
+  float* cbar = sc.f(1, p.kv_lora);
+  float* rowbuf = sc.f(2, p.kv_lora);
+  float* scores = sc.f(3, n);
+  const float* qn = q + (size_t(t) * p.heads + h) * qh;
+  const float* qx = qn + p.nope;
+  // q_abs[j] = Σ_d q_nope[d] · W_kvb[h·kvh + d, j]
+  std::fill(q_abs, q_abs + p.kv_lora, 0.0f);
+  for (int dd = 0; dd < p.nope; ++dd)
+    k_->axpy(qn[dd], row_f32(w.kv_b, int64_t(h) * kvh + dd, rowbuf), q_abs, p.kv_lora);
+  float mx = -INFINITY;
+  for (int s = 0; s < n; ++s) {
+    const float* c = cache.kv + size_t(s) * W;
+    scores[s] = (k_->dot(q_abs, c, p.kv_lora) + k_->dot(qx, c + p.kv_lora, p.extra)) * scale;
+    mx = std::max(mx, scores[s]);
+  }
+  double sum = 0;
+  for (int s = 0; s < n; ++s) sum += (scores[s] = std::exp(scores[s] - mx));
+  std::fill(cbar, cbar + p.kv_lora, 0.0f);
+  for (int s = 0; s < n; ++s) k_->axpy(float(scores[s] / sum), cache.kv + size_t(s) * W, cbar, p.kv_lora);
+  float* out = ctx + (size_t(t) * p.heads + h) * p.v_head;
+  for (int dd = 0; dd < p.v_head; ++dd)
+    out[dd] = k_->dot(row_f32(w.kv_b, int64_t(h) * kvh + p.nope + dd, rowbuf), cbar, p.kv_lora);
+}
+
+void CpuBackend::mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& cache, const float* q,
+                            const float* ckv, int T, float* ctx) {
+  const int W = p.kv_lora + p.extra;
+  check(cache.length + T <= cache.capacity,
+        "context limit reached: the MLA cache holds " + std::to_string(cache.capacity) +
+            " tokens (raise --ctx)");
+  const int base = cache.length;
   for (int t = 0; t < T; ++t) {
-    check(cache.length < cache.capacity,
-          "context limit reached: the MLA cache holds " + std::to_string(cache.capacity) +
-              " tokens (raise --ctx)");
-    float* row = cache.kv + size_t(cache.length) * W;
+    float* row = cache.kv + size_t(base + t) * W;
     const float* in = ckv + size_t(t) * W;
     cpu::rms_row(in, w.kv_a_norm.f32(), p.kv_lora, p.latent_eps, row);
     for (int j = 0; j < p.extra; ++j) row[p.kv_lora + j] = in[p.kv_lora + j];
-    const int n = ++cache.length;
-    scores.resize(n);
-    for (int h = 0; h < p.heads; ++h) {
-      const float* qn = q + (size_t(t) * p.heads + h) * qh;
-      const float* qx = qn + p.nope;
-      // q_abs[j] = Σ_d q_nope[d] · W_kvb[h·kvh + d, j]
-      for (int j = 0; j < p.kv_lora; ++j) q_abs[j] = 0;
-      for (int dd = 0; dd < p.nope; ++dd) {
-        const float* wr = kvb + (size_t(h) * kvh + dd) * p.kv_lora;
-        for (int j = 0; j < p.kv_lora; ++j) q_abs[j] += qn[dd] * wr[j];
-      }
-      float mx = -INFINITY;
-      for (int s = 0; s < n; ++s) {
-        const float* c = cache.kv + size_t(s) * W;
-        scores[s] = (cpu::dot(q_abs.data(), c, p.kv_lora) + cpu::dot(qx, c + p.kv_lora, p.extra)) * scale;
-        mx = std::max(mx, scores[s]);
-      }
-      double sum = 0;
-      for (int s = 0; s < n; ++s) sum += (scores[s] = std::exp(scores[s] - mx));
-      for (int j = 0; j < p.kv_lora; ++j) cbar[j] = 0;
-      for (int s = 0; s < n; ++s) {
-        const float pr = float(scores[s] / sum);
-        const float* c = cache.kv + size_t(s) * W;
-        for (int j = 0; j < p.kv_lora; ++j) cbar[j] += pr * c[j];
-      }
-      float* out = ctx + (size_t(t) * p.heads + h) * p.v_head;
-      for (int dd = 0; dd < p.v_head; ++dd)
-        out[dd] = cpu::dot(kvb + (size_t(h) * kvh + p.nope + dd) * p.kv_lora, cbar.data(), p.kv_lora);
-    }
   }
+  cache.length += T;
+  const double per_head = double(p.kv_lora) * (p.nope + p.v_head) + 2.0 * W * (base + T);
+  parallel(T * p.heads, per_head * T * p.heads, [&](int i, int th) {
+    const int t = i / p.heads, h = i % p.heads;
+    mla_head(p, w, cache, q, t, h, base + t + 1, ctx, local_[th]);
+  });
 }
 
 }  // namespace wren

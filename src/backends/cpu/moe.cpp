@@ -1,31 +1,14 @@
-// CPU backend: sigmoid router with biased top-k, and one routed expert on the packed MXFP4 layout
-// (spec kimi-k3.md §4.4, §5).
+// CPU backend: sigmoid router with biased top-k, and the routed experts on the packed MXFP4 layout
+// (spec kimi-k3.md §4.4, §5). Layout: z [*, latent] rows picked by in_rows; ys [*, latent] rows
+// written at out_rows; per expert w1/w3 [inter, latent], w2 [latent, inter] (kernels in
+// gemv_mxfp4.cpp). A batch runs each expert once over all its tokens, experts spread over threads.
+#include <cstring>
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
-#include "core/mxfp4.h"
+#include "backends/cpu/kernels.h"
 
 namespace wren {
-
-namespace cpu {
-void mx_gemv(const MxMatrix& m, const float* x, float* y) {
-  const int groups = m.cols / mxfp4::kGroup, row_bytes = m.cols / 2;
-  for (int r = 0; r < m.rows; ++r) {
-    const uint8_t* pk = m.packed + size_t(r) * row_bytes;
-    const uint8_t* sc = m.scale + size_t(r) * groups;
-    float acc = 0;
-    for (int g = 0; g < groups; ++g) {
-      float part = 0;  // Σ e2m1 · x over the group, then one exact power-of-two scale
-      for (int j = 0; j < mxfp4::kGroup; ++j) {
-        const int c = g * mxfp4::kGroup + j;
-        part += mxfp4::kE2M1[mxfp4::code_at(pk, c)] * x[c];
-      }
-      acc += part * mxfp4::scale_value(sc[g]);
-    }
-    y[r] = acc;
-  }
-}
-}  // namespace cpu
 
 void CpuBackend::router_topk(const float* logits, const DenseWeight& bias, int T, int E, int k,
                              int* ids, float* weights) {
@@ -51,12 +34,45 @@ void CpuBackend::router_topk(const float* logits, const DenseWeight& bias, int T
   }
 }
 
+void CpuBackend::expert_group(const ExpertRef& e, const float* z, const int* in_rows, const int* out_rows,
+                              int T, float b1, float b2, float* ys, cpu::Scratch& s) {
+  const int L = e.w1.cols, I = e.w1.rows;
+  const bool i8 = opts_.mx_int8_act;
+  float* zt = s.f(0, size_t(T) * L);
+  for (int t = 0; t < T; ++t) std::memcpy(zt + size_t(t) * L, z + size_t(in_rows[t]) * L, size_t(L) * 4);
+  const cpu::MxRowsFn mx = i8 ? k_->mx_i8 : k_->mx_f32;
+  const cpu::MxAct az = cpu::mx_prep(opts_.isa, zt, T, L, i8, s.f(1, size_t(T) * L), s.i8(0, size_t(T) * L),
+                                     s.f(2, size_t(T) * L / 32));
+  float* g = s.f(3, size_t(T) * I);
+  float* u = s.f(4, size_t(T) * I);
+  mx(e.w1, az, g, I, 0, I);
+  mx(e.w3, az, u, I, 0, I);
+  k_->situ(g, u, size_t(T) * I, b1, b2, g);
+  const cpu::MxAct ag = cpu::mx_prep(opts_.isa, g, T, I, i8, s.f(5, size_t(T) * I), s.i8(1, size_t(T) * I),
+                                     s.f(6, size_t(T) * I / 32));
+  float* y = s.f(7, size_t(T) * L);
+  mx(e.w2, ag, y, L, 0, L);
+  for (int t = 0; t < T; ++t) std::memcpy(ys + size_t(out_rows[t]) * L, y + size_t(t) * L, size_t(L) * 4);
+}
+
 void CpuBackend::expert_ffn(const ExpertRef& e, const float* z, float b1, float b2, float* y) {
-  std::vector<float> g(e.w1.rows), u(e.w3.rows);
-  cpu::mx_gemv(e.w1, z, g.data());
-  cpu::mx_gemv(e.w3, z, u.data());
-  for (size_t i = 0; i < g.size(); ++i) g[i] = cpu::situ(g[i], u[i], b1, b2);
-  cpu::mx_gemv(e.w2, g.data(), y);
+  const int zero = 0;
+  expert_group(e, z, &zero, &zero, 1, b1, b2, y, local_[0]);
+}
+
+void CpuBackend::expert_ffn_batch(const ExpertRef* const* experts, const int* in_rows, const int* out_rows,
+                                  int n, const float* z, float b1, float b2, float* ys) {
+  if (n <= 0) return;
+  std::vector<int> start;  // runs of one expert: [start[i], start[i + 1])
+  for (int j = 0; j < n; ++j)
+    if (j == 0 || experts[j] != experts[j - 1]) start.push_back(j);
+  start.push_back(n);
+  const ExpertRef& e0 = *experts[0];
+  const double work = 3.0 * e0.w1.rows * e0.w1.cols * n;
+  parallel(int(start.size()) - 1, work, [&](int i, int th) {
+    const int a = start[i], T = start[i + 1] - a;
+    expert_group(*experts[a], z, in_rows + a, out_rows + a, T, b1, b2, ys, local_[th]);
+  });
 }
 
 void CpuBackend::weighted_sum(const float* ys, const float* weights, int m, int n, float* y) {

@@ -1,0 +1,47 @@
+// The CPU engine flags (see cpu_flags.h).
+#include "cli/cpu_flags.h"
+
+#include <algorithm>
+#include <thread>
+
+#include "core/error.h"
+
+namespace wren::cli {
+
+void CpuFlags::add_to(CLI::App* sub) {
+  sub->add_option("--threads", threads, "Threads (default: every core)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--isa", isa, "Kernel level: auto, scalar (the reference kernels), avx2, avx512");
+  sub->add_option("--quant", quant,
+                  "Dense-weight formats: exact (all f32, default), bf16, q8, default (q4 attn/latent/"
+                  "shared/dense, q8 mla/head, bf16 router/embed), q4");
+  for (int c = 1; c < kWClasses; ++c) {
+    const std::string name = wclass_name(WClass(c));
+    sub->add_option("--quant-" + name, per_class[c], "Format of the " + name + " weights: f32, bf16, q8, q4");
+  }
+  sub->add_option("--mx-act", mx_act, "MXFP4 expert activations: f32 (default, exact) or int8 (per-32-group)");
+}
+
+QuantPlan CpuFlags::plan() const {
+  QuantPlan p = QuantPlan::preset(quant);
+  for (int c = 1; c < kWClasses; ++c)
+    if (!per_class[c].empty())
+      p.set(WClass(c), parse_wformat(per_class[c], std::string("--quant-") + wclass_name(WClass(c))));
+  return p;
+}
+
+CpuOptions CpuFlags::backend() const {
+  CpuOptions o;
+  o.threads = threads > 0 ? threads : int(std::max(1u, std::thread::hardware_concurrency()));
+  o.isa = cpu::parse_isa(isa);
+  check(mx_act == "f32" || mx_act == "int8", "--mx-act: '" + mx_act + "' is not an activation mode (expected f32 or int8)");
+  o.mx_int8_act = mx_act == "int8";
+  return o;
+}
+
+std::string describe(const CpuOptions& o, const QuantPlan& p) {
+  return std::string("cpu ") + cpu::isa_name(o.isa) + ", " + std::to_string(o.threads) + " thread" +
+         (o.threads == 1 ? "" : "s") + "; weights " + p.describe() + "; experts mxfp4 x " +
+         (o.mx_int8_act ? "int8" : "f32") + " activations";
+}
+
+}  // namespace wren::cli

@@ -1,0 +1,156 @@
+// Load-time dense-weight formats (see quant.h; layouts in weights.h).
+#include "model/quant.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+
+namespace wren {
+
+namespace {
+
+constexpr const char* kFormatNames[kWFormats] = {"f32", "bf16", "q8", "q4"};
+constexpr const char* kClassNames[kWClasses] = {"vector", "attn",   "mla",  "dense", "shared",
+                                                "latent", "router", "head", "embed"};
+
+/// One row to Q8_ROW: scale = max|w| / 127, q = round(w / scale).
+void q8_row(const float* w, int64_t cols, int8_t* q, float* scale) {
+  float amax = 0;
+  for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(w[c]));
+  const float s = amax / 127.0f;
+  *scale = s;
+  const float inv = s > 0 ? 1.0f / s : 0.0f;
+  for (int64_t c = 0; c < cols; ++c)
+    q[c] = int8_t(std::clamp(std::lround(w[c] * inv), -127l, 127l));
+}
+
+/// One group of n <= 64 values to Q4_G64: the value of largest magnitude m maps to q = -8
+/// (scale = m / -8, as llama.cpp's Q4_0), the rest round to nearest in [-8, 7].
+void q4_group(const float* w, int n, uint8_t* out32, float* scale) {
+  float m = 0;
+  for (int i = 0; i < n; ++i)
+    if (std::fabs(w[i]) > std::fabs(m)) m = w[i];
+  const float s = m / -8.0f;
+  *scale = s;
+  const float inv = s != 0 ? 1.0f / s : 0.0f;
+  uint8_t nib[64];
+  for (int i = 0; i < 64; ++i)
+    nib[i] = uint8_t(i < n ? std::clamp(std::lround(w[i] * inv), -8l, 7l) + 8 : 8);
+  for (int j = 0; j < 32; ++j) out32[j] = uint8_t(nib[j] | (nib[j + 32] << 4));
+}
+
+}  // namespace
+
+const char* wformat_name(WFormat f) { return kFormatNames[size_t(f)]; }
+const char* wclass_name(WClass c) { return kClassNames[size_t(c)]; }
+
+WFormat parse_wformat(const std::string& s, const std::string& what) {
+  for (int i = 0; i < kWFormats; ++i)
+    if (s == kFormatNames[i]) return WFormat(i);
+  throw Error(what + ": '" + s + "' is not a weight format (expected f32, bf16, q8 or q4)");
+}
+
+bool QuantPlan::exact() const {
+  return std::all_of(format.begin(), format.end(), [](WFormat f) { return f == WFormat::F32; });
+}
+
+std::string QuantPlan::describe() const {
+  std::string s;
+  for (int c = 1; c < kWClasses; ++c)
+    s += std::string(c > 1 ? " " : "") + kClassNames[c] + "=" + wformat_name(of(WClass(c)));
+  return s;
+}
+
+QuantPlan QuantPlan::preset(const std::string& name) {
+  QuantPlan p;
+  auto all = [&](WFormat f) {
+    for (int c = 1; c < kWClasses; ++c) p.set(WClass(c), f);
+  };
+  if (name == "exact") return p;
+  if (name == "bf16") {
+    all(WFormat::BF16);
+    return p;
+  }
+  if (name == "q8" || name == "q4" || name == "default") {
+    all(name == "q8" ? WFormat::Q8_ROW : WFormat::Q4_G64);
+    if (name == "default") {
+      p.set(WClass::Mla, WFormat::Q8_ROW);
+      p.set(WClass::Head, WFormat::Q8_ROW);
+    }
+    p.set(WClass::Router, WFormat::BF16);
+    p.set(WClass::Embed, WFormat::BF16);
+    return p;
+  }
+  throw Error("--quant: '" + name + "' is not a preset (expected exact, bf16, q8, default or q4)");
+}
+
+size_t wformat_data_bytes(WFormat f, int64_t rows, int64_t cols) {
+  switch (f) {
+    case WFormat::F32: return size_t(rows * cols) * 4;
+    case WFormat::BF16: return size_t(rows * cols) * 2;
+    case WFormat::Q8_ROW: return size_t(rows * cols);
+    case WFormat::Q4_G64: return size_t(rows * ((cols + 63) / 64)) * 32;
+  }
+  return 0;
+}
+
+size_t wformat_scale_count(WFormat f, int64_t rows, int64_t cols) {
+  if (f == WFormat::Q8_ROW) return size_t(rows);
+  if (f == WFormat::Q4_G64) return size_t(rows * ((cols + 63) / 64));
+  return 0;
+}
+
+void quantize_matrix(const float* src, int64_t rows, int64_t cols, WFormat f, void* data, float* scale) {
+  uint8_t* out = static_cast<uint8_t*>(data);
+  const int64_t groups = (cols + 63) / 64;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* w = src + r * cols;
+    switch (f) {
+      case WFormat::F32: std::memcpy(out + r * cols * 4, w, size_t(cols) * 4); break;
+      case WFormat::BF16:
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint16_t h = f32_to_bf16(w[c]);
+          std::memcpy(out + (r * cols + c) * 2, &h, 2);
+        }
+        break;
+      case WFormat::Q8_ROW: q8_row(w, cols, reinterpret_cast<int8_t*>(out) + r * cols, scale + r); break;
+      case WFormat::Q4_G64:
+        for (int64_t g = 0; g < groups; ++g)
+          q4_group(w + g * 64, int(std::min<int64_t>(64, cols - g * 64)), out + (r * groups + g) * 32,
+                   scale + r * groups + g);
+        break;
+    }
+  }
+}
+
+void dequant_row(const DenseWeight& W, int64_t r, float* out) {
+  const int64_t n = W.cols;
+  const uint8_t* d = static_cast<const uint8_t*>(W.data);
+  switch (W.format) {
+    case WFormat::F32: std::memcpy(out, W.f32() + r * n, size_t(n) * 4); break;
+    case WFormat::BF16:
+      for (int64_t c = 0; c < n; ++c) {
+        uint16_t h;
+        std::memcpy(&h, d + (r * n + c) * 2, 2);
+        out[c] = bf16_to_f32(h);
+      }
+      break;
+    case WFormat::Q8_ROW:
+      for (int64_t c = 0; c < n; ++c) out[c] = float(int8_t(d[r * n + c])) * W.scale[r];
+      break;
+    case WFormat::Q4_G64: {
+      const int64_t groups = W.q4_groups();
+      for (int64_t c = 0; c < n; ++c) {
+        const int64_t g = c / 64, j = c % 64;
+        const uint8_t b = d[(r * groups + g) * 32 + (j & 31)];
+        const int q = (j < 32 ? (b & 0xF) : (b >> 4)) - 8;
+        out[c] = float(q) * W.scale[r * groups + g];
+      }
+      break;
+    }
+  }
+}
+
+}  // namespace wren

@@ -1,0 +1,51 @@
+// Load-time formats of the dense weights: the per-class plan behind the --quant flags, the
+// quantizers (f32 [rows, cols] -> BF16 / Q8_ROW / Q4_G64, layouts in model/weights.h) and the
+// reference decode. The MXFP4 routed experts are never re-encoded (spec kimi-k3.md §5).
+#pragma once
+#include <array>
+#include <string>
+
+#include "model/weights.h"
+
+namespace wren {
+
+/// Short names used by flags and run headers.
+const char* wformat_name(WFormat f);  ///< "f32", "bf16", "q8", "q4"
+const char* wclass_name(WClass c);    ///< "vector", "attn", "mla", "dense", ...
+/// Parses "f32" | "bf16" | "q8" | "q4"; throws wren::Error naming `what` and the accepted values.
+WFormat parse_wformat(const std::string& s, const std::string& what);
+
+/// The format of each tensor class. Vector tensors are always F32.
+struct QuantPlan {
+  std::array<WFormat, kWClasses> format{};  ///< value-initialized: all F32 (exact)
+
+  WFormat of(WClass c) const { return c == WClass::Vector ? WFormat::F32 : format[size_t(c)]; }
+  void set(WClass c, WFormat f) { format[size_t(c)] = f; }
+  bool exact() const;  ///< every class F32
+  /// "attn=q4 mla=q8 ..." over the quantizable classes.
+  std::string describe() const;
+
+  /// Presets (docs/cpu-performance.md justifies them):
+  ///   exact    every class f32 (the oracle; what the golden tests use)
+  ///   bf16     every matrix bf16 (lossless for the BF16 checkpoints)
+  ///   q8       every matrix q8, router and embedding bf16
+  ///   default  colibri-like: q4 for attn/latent/shared/dense, q8 for mla and head, router and
+  ///            embedding bf16
+  ///   q4       every matrix q4, router and embedding bf16
+  /// Throws wren::Error on another name.
+  static QuantPlan preset(const std::string& name);
+};
+
+/// Bytes of `data` for a [rows, cols] matrix in format f (scales excluded).
+size_t wformat_data_bytes(WFormat f, int64_t rows, int64_t cols);
+/// Floats of `scale` for a [rows, cols] matrix in format f.
+size_t wformat_scale_count(WFormat f, int64_t rows, int64_t cols);
+
+/// Encodes f32 src [rows, cols] into format f. `data` gets wformat_data_bytes bytes, `scale`
+/// wformat_scale_count floats (may be null when that is 0). Round-to-nearest, deterministic.
+void quantize_matrix(const float* src, int64_t rows, int64_t cols, WFormat f, void* data, float* scale);
+
+/// Decodes row r of W into out[W.cols] (exact decode of the stored values; any format).
+void dequant_row(const DenseWeight& W, int64_t r, float* out);
+
+}  // namespace wren
