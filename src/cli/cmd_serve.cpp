@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -29,22 +30,25 @@ std::string model_id(const std::string& dir) {
   return name.empty() ? "wren-default" : name;
 }
 
-/// Waits for SIGINT/SIGTERM (blocked in every thread) on its own thread and stops the server.
+std::atomic<bool> g_stop{false};  // set by SIGINT/SIGTERM
+void on_stop_signal(int) { g_stop = true; }
+
+/// Watches for SIGINT/SIGTERM on its own thread and stops the server (a handler plus polling, so
+/// it works whichever thread the signal lands on, sanitizer threads included).
 class SignalStopper {
  public:
   explicit SignalStopper(server::Server& s) {
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, nullptr);
+    sigaction(SIGTERM, &sa, nullptr);
     thread_ = std::thread([this, &s] {
-      sigset_t set;
-      sigemptyset(&set);
-      sigaddset(&set, SIGINT);
-      sigaddset(&set, SIGTERM);
-      const timespec tick{0, 200 * 1000 * 1000};
-      while (!quit_)
-        if (sigtimedwait(&set, nullptr, &tick) > 0) {
-          std::fprintf(stderr, "wren serve: stopping\n");
-          s.stop();
-          return;
-        }
+      while (!quit_ && !g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      if (g_stop) {
+        std::fprintf(stderr, "wren serve: stopping\n");
+        s.stop();
+      }
     });
   }
   ~SignalStopper() {
@@ -58,11 +62,6 @@ class SignalStopper {
 };
 
 void serve(ServeArgs& a) {
-  sigset_t set;
-  sigemptyset(&set);
-  sigaddset(&set, SIGINT);
-  sigaddset(&set, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &set, nullptr);  // before any thread starts: only SignalStopper takes them
   signal(SIGPIPE, SIG_IGN);                   // a client that hangs up is a failed write, not a crash
   Engine e(a.engine);
   check(e.has_tokenizer(), "wren serve needs a model with a tokenizer (tiktoken.model in " + e.dir() + ")");
