@@ -532,6 +532,20 @@ TEST(TokenizerLongInput, EncodeAppliesUpstreamLimits) {
   EXPECT_EQ(tok.decode(tok.encode(words)), words);
 }
 
+TEST(TokenizerLongInput, LongestPiecesFitTheMatcher) {
+  // After the cuts a single regex piece can still be 25,000 code points long (up to 100 KB):
+  // the matcher's backtracking stack and the heap BPE must cope with every kind of run.
+  const Tokenizer& tok = golden_tokenizer();
+  for (const std::string c : {"a", "A", "\xF0\x9D\x90\x9A" /* U+1D41A, Ll */, "\xC7\x85" /* Lt */,
+                              "\xE4\xB8\xAD" /* Han */, "\xEA\xB0\x80" /* Hangul */, "\xCC\x81" /* Mn */,
+                              " ", "\n", "\r\n", "!", "\xF0\x9F\x98\x80" /* emoji */}) {
+    std::string s;
+    for (int i = 0; i < 25000; ++i) s += c;
+    const Ids ids = tok.encode(s);
+    EXPECT_EQ(tok.decode(ids), s) << show(c);
+  }
+}
+
 // ---------------------------------------------------------------- pre-tokenizer and BPE
 
 TEST(TokenizerPretokenizer, SplitsLikeTheKimiPattern) {
