@@ -15,7 +15,7 @@ constexpr const char* kFormatNames[kWFormats] = {"f32", "bf16", "q8", "q4"};
 constexpr const char* kClassNames[kWClasses] = {"vector", "attn",   "mla",  "dense", "shared",
                                                 "latent", "router", "head", "embed"};
 
-/// One row to Q8_ROW: scale = max|w| / 127, q = round(w / scale).
+/// One row to Q8_ROW: scale = max|w| / 127, q = w / scale rounded to nearest (ties to even).
 void q8_row(const float* w, int64_t cols, int8_t* q, float* scale) {
   float amax = 0;
   for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(w[c]));
@@ -23,11 +23,11 @@ void q8_row(const float* w, int64_t cols, int8_t* q, float* scale) {
   *scale = s;
   const float inv = s > 0 ? 1.0f / s : 0.0f;
   for (int64_t c = 0; c < cols; ++c)
-    q[c] = int8_t(std::clamp(std::lround(w[c] * inv), -127l, 127l));
+    q[c] = int8_t(std::clamp(std::nearbyint(w[c] * inv), -127.0f, 127.0f));
 }
 
 /// One group of n <= 64 values to Q4_G64: the value of largest magnitude m maps to q = -8
-/// (scale = m / -8, as llama.cpp's Q4_0), the rest round to nearest in [-8, 7].
+/// (scale = m / -8, as llama.cpp's Q4_0), the rest round to nearest (ties to even) in [-8, 7].
 void q4_group(const float* w, int n, uint8_t* out32, float* scale) {
   float m = 0;
   for (int i = 0; i < n; ++i)
@@ -37,7 +37,7 @@ void q4_group(const float* w, int n, uint8_t* out32, float* scale) {
   const float inv = s != 0 ? 1.0f / s : 0.0f;
   uint8_t nib[64];
   for (int i = 0; i < 64; ++i)
-    nib[i] = uint8_t(i < n ? std::clamp(std::lround(w[i] * inv), -8l, 7l) + 8 : 8);
+    nib[i] = uint8_t(i < n ? int(std::clamp(std::nearbyint(w[i] * inv), -8.0f, 7.0f)) + 8 : 8);
   for (int j = 0; j < 32; ++j) out32[j] = uint8_t(nib[j] | (nib[j + 32] << 4));
 }
 

@@ -42,7 +42,7 @@ size_t wformat_data_bytes(WFormat f, int64_t rows, int64_t cols);
 size_t wformat_scale_count(WFormat f, int64_t rows, int64_t cols);
 
 /// Encodes f32 src [rows, cols] into format f. `data` gets wformat_data_bytes bytes, `scale`
-/// wformat_scale_count floats (may be null when that is 0). Round-to-nearest, deterministic.
+/// wformat_scale_count floats (may be null when that is 0). Round-to-nearest-even, deterministic.
 void quantize_matrix(const float* src, int64_t rows, int64_t cols, WFormat f, void* data, float* scale);
 
 /// Decodes row r of W into out[W.cols] (exact decode of the stored values; any format).

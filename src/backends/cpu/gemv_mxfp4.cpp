@@ -73,8 +73,6 @@ void quantize_act(const float* x, int cols, int8_t* q, float* s) {
 
 }  // namespace
 
-const float* ue8m0_table() { return pow2().full; }
-
 void mx_gemv(const MxMatrix& m, const float* x, float* y) {
   const int groups = m.cols / mxfp4::kGroup, row_bytes = m.cols / 2;
   for (int r = 0; r < m.rows; ++r)

@@ -65,19 +65,24 @@ struct Q4Avx512 {
     w[3] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_srli_epi32(b1, 4), magic)), bias);
   }
 
+  /// Weights are decoded and multiplied by their group scale once per row (q · scale, exactly
+  /// dequant_row's value), then shared by the block's tokens: two accumulators per output.
   template <int R, int N>
   WREN_AVX512 void block(int r, int t) const {
-    __m512 acc[R][N];
+    __m512 acc[R][N][2];
     WREN_UNROLL
     for (int i = 0; i < R; ++i)
       WREN_UNROLL
-      for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
+      for (int j = 0; j < N; ++j) acc[i][j][0] = acc[i][j][1] = _mm512_setzero_ps();
     for (int g = 0; g < groups; ++g) {
       __m512 w[R][4];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         if ((g & 1) == 0) prefetch_ahead(d + (size_t(r + i) * groups + g) * 32, size_t(R) * groups * 32);
         decode(d + (size_t(r + i) * groups + g) * 32, w[i]);
+        const __m512 s = _mm512_set1_ps(scale[size_t(r + i) * groups + g]);
+        WREN_UNROLL
+        for (int k = 0; k < 4; ++k) w[i][k] = _mm512_mul_ps(w[i][k], s);
       }
       const int c = g * 64;
       const bool whole = c + 64 <= cols;
@@ -89,18 +94,17 @@ struct Q4Avx512 {
         for (int k = 0; k < 4; ++k) xv[k] = whole ? _mm512_loadu_ps(xc + 16 * k) : xload(t + j, c + 16 * k);
         WREN_UNROLL
         for (int i = 0; i < R; ++i) {
-          __m512 g0 = _mm512_mul_ps(w[i][0], xv[0]), g1 = _mm512_mul_ps(w[i][1], xv[1]);
-          g0 = _mm512_fmadd_ps(w[i][2], xv[2], g0);
-          g1 = _mm512_fmadd_ps(w[i][3], xv[3], g1);
-          const __m512 s = _mm512_set1_ps(scale[size_t(r + i) * groups + g]);
-          acc[i][j] = _mm512_fmadd_ps(_mm512_add_ps(g0, g1), s, acc[i][j]);
+          acc[i][j][0] = _mm512_fmadd_ps(w[i][0], xv[0], acc[i][j][0]);
+          acc[i][j][1] = _mm512_fmadd_ps(w[i][1], xv[1], acc[i][j][1]);
+          acc[i][j][0] = _mm512_fmadd_ps(w[i][2], xv[2], acc[i][j][0]);
+          acc[i][j][1] = _mm512_fmadd_ps(w[i][3], xv[3], acc[i][j][1]);
         }
       }
     }
     WREN_UNROLL
     for (int i = 0; i < R; ++i)
       WREN_UNROLL
-      for (int j = 0; j < N; ++j) y[size_t(t + j) * ldy + r + i] = hsum(acc[i][j]);
+      for (int j = 0; j < N; ++j) y[size_t(t + j) * ldy + r + i] = hsum(_mm512_add_ps(acc[i][j][0], acc[i][j][1]));
   }
 };
 

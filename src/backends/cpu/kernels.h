@@ -62,9 +62,6 @@ const Kernels& kernels_for(Isa isa);
 MxAct mx_prep(Isa isa, const float* x, int T, int cols, bool int8, float* fbuf, int8_t* qbuf,
               float* sbuf);
 
-/// 2^(s − 127) for every ue8m0 byte (exact; s = 0 is the subnormal 2^-127).
-const float* ue8m0_table();
-
 // ---- per-level entry points (defined in the family files) ----
 #define WREN_LEVELS(ret, name, args) \
   ret name##_scalar args;            \

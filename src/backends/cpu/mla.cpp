@@ -4,7 +4,8 @@
 // The chunk's tokens are appended to the cache first (a row depends only on its own token); then
 // every (token, head) pair is one task attending over the rows up to and including its token, so
 // the result equals token-by-token decoding. Scores, softmax weights and the latent context use
-// the level's dot/axpy kernels (scalar = the reference order).
+// the level's dot/axpy kernels, the value rows of kv_b its GEMV kernel (scalar = the reference
+// order in both).
 #include <algorithm>
 #include <cmath>
 
@@ -48,9 +49,11 @@ void CpuBackend::mla_head(const MlaParams& p, const MlaWeights& w, const MlaCach
   for (int s = 0; s < n; ++s) sum += (scores[s] = std::exp(scores[s] - mx));
   std::fill(cbar, cbar + p.kv_lora, 0.0f);
   for (int s = 0; s < n; ++s) k_->axpy(float(scores[s] / sum), cache.kv + size_t(s) * W, cbar, p.kv_lora);
-  float* out = ctx + (size_t(t) * p.heads + h) * p.v_head;
-  for (int dd = 0; dd < p.v_head; ++dd)
-    out[dd] = k_->dot(row_f32(w.kv_b, int64_t(h) * kvh + p.nope + dd, rowbuf), cbar, p.kv_lora);
+  // ctx_h = W_kvb[v rows of head h] · c̄: a GEMV over those rows in kv_b's own format.
+  float* vout = sc.f(4, size_t(w.kv_b.rows));
+  const int r0 = h * kvh + p.nope;
+  k_->dense[size_t(w.kv_b.format)](w.kv_b, cbar, 1, vout, 0, r0, r0 + p.v_head);
+  std::copy(vout + r0, vout + r0 + p.v_head, ctx + (size_t(t) * p.heads + h) * p.v_head);
 }
 
 void CpuBackend::mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& cache, const float* q,
