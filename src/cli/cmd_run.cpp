@@ -97,7 +97,7 @@ struct Printer {
     if (!tok) return;
     answer += text->finish();
     thought += reasoning->finish();
-    if (!quiet) std::fputs("\n", stdout);
+    if (!quiet) std::fputs("\n", stdout), std::fflush(stdout);  // before the stderr statistics
   }
   std::vector<int> stop_ids;
 };
