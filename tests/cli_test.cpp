@@ -69,6 +69,32 @@ TEST(Cli, LayersDumpAndX0HooksAgreeWithEachOther) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(CliValidate, CpuAgainstItselfPasses) {
+  std::string out;
+  // The reference kernels against themselves: every layer exact.
+  ASSERT_EQ(0, test::run_wren("validate " + model_arg() + " --backend cpu --isa scalar --threads 1 --greedy 4", &out)) << out;
+  EXPECT_NE(out.find("PASS: 2 prompt(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("| 3 | MLA + MoE | 0.000e+00 | 0.000e+00"), std::string::npos) << out;
+  // The SIMD kernels: float-order differences far inside the tolerance.
+  ASSERT_EQ(0, test::run_wren("validate " + model_arg() + " --backend cpu --greedy 4", &out)) << out;
+  EXPECT_NE(out.find("PASS: 2 prompt(s)"), std::string::npos) << out;
+}
+
+TEST(CliValidate, Int4WeightsFailTheExactTolerance) {
+  std::string out;
+  EXPECT_EQ(1, test::run_wren("validate " + model_arg() + " --backend cpu --quant q4 --greedy 0 --json", &out)) << out;
+  EXPECT_NE(out.find("\"pass\": false"), std::string::npos) << out;
+  EXPECT_NE(out.find("outside the tolerance"), std::string::npos) << out;
+}
+
+TEST(CliBench, TokenizerMatchesTiktokenIdsOnTheSameCorpus) {
+  std::string out;
+  ASSERT_EQ(0, test::run_wren("bench tokenizer " + model_arg() + " --mb 0.05 --reps 1", &out)) << out;
+  for (const char* corpus : {"| english", "| code", "| mixed"}) EXPECT_NE(out.find(corpus), std::string::npos) << out;
+  EXPECT_EQ(out.find("| NO"), std::string::npos) << out;
+  EXPECT_NE(out.find("tiktoken MB/s"), std::string::npos) << out;
+}
+
 TEST(Cli, InspectPrintsArchitecture) {
   std::string out;
   ASSERT_EQ(0, test::run_wren("inspect " + model_arg(), &out)) << out;

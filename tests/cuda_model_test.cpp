@@ -270,6 +270,47 @@ TEST_F(CudaModel, CliRunBackendCudaGivesGoldenContinuation) {
   EXPECT_EQ(resolve_backend("auto"), "cuda");
 }
 
+// A CUDA launch fails in the middle of decode (fault injection): the forward continues on the CPU
+// and the greedy continuation is still the golden one.
+TEST_F(CudaModel, FallbackAfterInjectedCudaFault) {
+  const GoldenCase gc = golden_cases()[0];
+  CudaBackend dev;
+  dev.upload(golden_->weights);
+  dev.inject_fault(600);  // a prefill of 8 tokens takes ~300 launches, a decode step ~330
+  Forward fwd(*golden_, dev);
+  fwd.set_fallback([] { return std::unique_ptr<Backend>(std::make_unique<CpuBackend>()); });
+  SequenceState st(dev, golden_->config, 256);
+  const int V = golden_->config.vocab;
+  std::vector<float> logits(V);
+  testing::internal::CaptureStderr();
+  fwd.run(st, gc.ids.data(), nullptr, int(gc.ids.size()), logits.data(), false);
+  std::vector<int> got;
+  for (size_t i = 0; i < gc.greedy.size(); ++i) {
+    got.push_back(argmax(logits.data(), V));
+    fwd.run(st, &got.back(), nullptr, 1, logits.data(), false);
+  }
+  const std::string err = testing::internal::GetCapturedStderr();
+  EXPECT_TRUE(fwd.on_fallback()) << "the injected fault must have fired";
+  EXPECT_EQ(got, gc.greedy);
+  EXPECT_NE(err.find("injected fault at launch 600"), std::string::npos) << err;
+  EXPECT_EQ(err.find("continuing on the CPU"), err.rfind("continuing on the CPU")) << err;
+}
+
+TEST_F(CudaModel, CliFallbackAndValidate) {
+  std::string out;
+  ASSERT_EQ(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
+                                  " -n 8 --json --backend cuda", &out, "WREN_CUDA_FAULT_AT=700")) << out;
+  EXPECT_NE(out.find("{\"output_ids\":[2012,1133,1466,4188,4038,3107,1460,537]"), std::string::npos) << out;
+  EXPECT_NE(out.find("continuing on the CPU"), std::string::npos) << out;
+  EXPECT_NE(out.find("backend cpu (fallback after a GPU failure)"), std::string::npos) << out;
+  ASSERT_NE(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
+                                  " -n 8 --backend cuda --no-cpu-fallback", &out, "WREN_CUDA_FAULT_AT=700")) << out;
+  EXPECT_NE(out.find("injected fault"), std::string::npos) << out;
+  ASSERT_EQ(0, test::run_wren("validate --model " + test::golden_dir() + " --backend cuda", &out)) << out;
+  std::printf("%s\n", out.c_str());
+  EXPECT_NE(out.find("PASS: 2 prompt(s)"), std::string::npos) << out;
+}
+
 // ---- generated models ----
 
 /// The second shape of tests/generated_test.cpp: every size differs from k3-tiny-a.

@@ -230,7 +230,13 @@ TEST_F(Serve, TwentyConcurrentClientsAndOneKilledMidStream) {
   bool hung_up = false;
   std::thread killer([&] { hung_up = hang_up_mid_stream(server_->port(), long_body.dump()); });
   std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  const json got = node_client(server_->port(), reqs, true);
+  json got;
+  try {
+    got = node_client(server_->port(), reqs, true);
+  } catch (...) {  // a missing npm package: fail with its message, not std::terminate
+    killer.join();
+    throw;
+  }
   killer.join();
   EXPECT_TRUE(hung_up) << "the hang-up client saw no delta";
   ASSERT_EQ(got.size(), 20u);

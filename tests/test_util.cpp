@@ -46,8 +46,8 @@ nlohmann::json golden_config(const nlohmann::json& patch) {
   return j;
 }
 
-int run_wren(const std::string& args, std::string* out) {
-  const std::string cmd = std::string(WREN_BINARY) + " " + args + " 2>&1";
+int run_wren(const std::string& args, std::string* out, const std::string& env) {
+  const std::string cmd = (env.empty() ? "" : env + " ") + std::string(WREN_BINARY) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) return -1;
   std::array<char, 4096> buf;

@@ -17,7 +17,8 @@ double rel_l2(const float* a, const float* b, size_t n);
 std::vector<float> read_all_f32(const std::string& path);
 /// The tiny golden config with its text_config overridden by `patch` (merge_patch).
 nlohmann::json golden_config(const nlohmann::json& patch = nlohmann::json::object());
-/// Runs the wren binary with `args`; returns its exit code, stdout+stderr in *out.
-int run_wren(const std::string& args, std::string* out);
+/// Runs the wren binary with `args` (and shell environment assignments `env`, e.g. "A=1");
+/// returns its exit code, stdout+stderr in *out.
+int run_wren(const std::string& args, std::string* out, const std::string& env = "");
 
 }  // namespace wren::test

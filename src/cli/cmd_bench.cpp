@@ -9,6 +9,7 @@ void add_bench(CLI::App& app) {
   add_bench_experts(bench);
   add_bench_layers(bench);
   add_bench_cpu(bench);
+  add_bench_tokenizer(bench);
 }
 
 }  // namespace wren::cli

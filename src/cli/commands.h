@@ -12,7 +12,9 @@ void add_bench(CLI::App& app);
 void add_bench_experts(CLI::App* bench);
 void add_bench_layers(CLI::App* bench);
 void add_bench_cpu(CLI::App* bench);
+void add_bench_tokenizer(CLI::App* bench);
 void add_tokenize(CLI::App& app);
 void add_serve(CLI::App& app);
+void add_validate(CLI::App& app);
 
 }  // namespace wren::cli

@@ -14,6 +14,7 @@ int main(int argc, char** argv) {
   wren::cli::add_bench(app);
   wren::cli::add_tokenize(app);
   wren::cli::add_serve(app);
+  wren::cli::add_validate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -20,6 +20,8 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
   sub->add_option("--chunk", engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(CLI::PositiveNumber);
   sub->add_option("--backend", engine.backend, "Op backend: cpu, cuda, or auto (cuda when built in and a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub->add_flag("--cpu-fallback,!--no-cpu-fallback", engine.cpu_fallback,
+                "On a GPU failure, say so and continue on the CPU (default) or stop with the error");
   cpu.add_to(sub);
   sub->add_option("--ctx", engine.ctx, "Context capacity in tokens (MLA cache size)")->check(CLI::PositiveNumber);
 }
@@ -42,7 +44,7 @@ void print_stats(const GenerateStats& s, Engine& e) {
   const int decoded = s.generated_tokens > 1 ? s.generated_tokens - 1 : 0;
   std::fprintf(stderr,
                "wren: backend %s; %d prompt tokens, prefill %.1f tok/s, TTFT %.3f s; %d generated, decode %.1f tok/s; peak RSS %.1f MB\n",
-               e.backend().name(), s.prompt_tokens, s.prompt_tokens / std::max(s.prefill_s, 1e-9), s.ttft_s, s.generated_tokens,
+               e.forward().on_fallback() ? "cpu (fallback after a GPU failure)" : e.backend().name(), s.prompt_tokens, s.prompt_tokens / std::max(s.prefill_s, 1e-9), s.ttft_s, s.generated_tokens,
                decoded ? decoded / std::max(s.decode_s, 1e-9) : 0.0, peak_rss_bytes() / 1e6);
 }
 

@@ -12,6 +12,13 @@ class Error : public std::runtime_error {
   explicit Error(const std::string& msg) : std::runtime_error(msg) {}
 };
 
+/// Thrown by a backend when its device fails (a CUDA call, launch or allocation), as opposed to
+/// bad input: the one kind of error the forward pass may answer by continuing on the CPU.
+class DeviceError : public Error {
+ public:
+  explicit DeviceError(const std::string& msg) : Error(msg) {}
+};
+
 /// Throws Error(msg) when `cond` is false.
 inline void check(bool cond, const std::string& msg) {
   if (!cond) throw Error(msg);

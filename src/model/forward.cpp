@@ -3,6 +3,7 @@
 #include "model/forward.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <cstring>
 
 #include "core/error.h"
@@ -90,6 +91,34 @@ Forward::~Forward() = default;
 
 void Forward::run(SequenceState& st, const int* ids, const float* x0, int T, float* logits,
                   bool all_logits, const ForwardHooks* hooks) {
+  if (fallback_) return run_fallback(st, ids, x0, T, logits, all_logits, hooks);
+  check(&st.backend() == &be_, "forward: the sequence state belongs to another backend");
+  try {
+    run_here(st, ids, x0, T, logits, all_logits, hooks);
+  } catch (const DeviceError& e) {
+    if (!make_fallback_ || !st.replayable() || x0) throw;
+    std::fprintf(stderr, "wren: the %s backend failed: %s\nwren: continuing on the CPU from here on "
+                         "(each sequence's state is rebuilt there from its tokens)\n", be_.name(), e.what());
+    fallback_be_ = make_fallback_();
+    fallback_ = std::make_unique<Forward>(model_, *fallback_be_, opts_, experts_);
+    run_fallback(st, ids, x0, T, logits, all_logits, hooks);
+  }
+}
+
+void Forward::run_fallback(SequenceState& st, const int* ids, const float* x0, int T, float* logits,
+                           bool all_logits, const ForwardHooks* hooks) {
+  if (&st.backend() != fallback_be_.get()) {  // rebuild the state on the fallback backend
+    check(st.replayable(), "forward: this sequence was fed embeddings (x0), so its state cannot be rebuilt on the "
+                           "fallback backend after the device failed");
+    const std::vector<int> history = st.history();
+    st.move_to(*fallback_be_);
+    if (!history.empty()) fallback_->run(st, history.data(), nullptr, int(history.size()), nullptr, false);
+  }
+  fallback_->run(st, ids, x0, T, logits, all_logits, hooks);
+}
+
+void Forward::run_here(SequenceState& st, const int* ids, const float* x0, int T, float* logits,
+                       bool all_logits, const ForwardHooks* hooks) {
   const size_t V = cfg_.vocab, D = cfg_.hidden;
   for (int t0 = 0; t0 < T; t0 += opts_.max_chunk) {
     const int n = std::min(opts_.max_chunk, T - t0);
@@ -97,6 +126,7 @@ void Forward::run(SequenceState& st, const int* ids, const float* x0, int T, flo
     float* out = logits == nullptr ? nullptr : all_logits ? logits + t0 * V : last ? logits : nullptr;
     chunk(st, ids + t0, x0 ? x0 + t0 * D : nullptr, n, t0, out, all_logits, hooks);
   }
+  st.record(ids, T, x0 == nullptr);
 }
 
 void Forward::chunk(SequenceState& st, const int* ids, const float* x0, int T, int t0,
@@ -112,6 +142,7 @@ void Forward::chunk(SequenceState& st, const int* ids, const float* x0, int T, i
   for (int i = 0; i < n_layers_; ++i) {
     const LayerWeights& l = w.layers[i];
     const LayerSpec& spec = c.layers[i];
+    if (hooks && hooks->before_layer) hooks->before_layer(i, t0, T, LayerIo{be_, b.P, b.blocks.data(), n_blocks, D});
     // Pre-attention mix (skipped while there is no snapshot: the only candidate is P itself).
     pre_mix(l.attn_mix, b.blocks, n_blocks, T);
     if (spec.snapshot) {  // P becomes a snapshot; a new block starts at zero

@@ -2,6 +2,7 @@
 // Layer-major over a chunk of tokens; the sequential state (KDA recurrence, conv windows, MLA
 // cache) advances token by token inside each layer's op, so any chunk size gives the same result.
 #pragma once
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -12,8 +13,22 @@
 
 namespace wren {
 
+/// The inputs of one layer inside a chunk, as backend buffers: the running block sum P [T, D] and
+/// the n_blocks AttnRes snapshots [T, D] (spec §4.1). A hook may read them (to_host) or overwrite
+/// them (from_host) before the layer runs: `wren validate` injects one backend's inputs into the
+/// other so per-layer errors do not compound.
+struct LayerIo {
+  Backend& backend;
+  float* P;
+  float* const* blocks;
+  int n_blocks;
+  size_t D;
+};
+
 /// Validation hooks (spec §8). All buffers are host memory owned by the caller.
 struct ForwardHooks {
+  /// Called before each layer of each chunk (t0 = the chunk's first token within this run call).
+  std::function<void(int layer, int t0, int T, const LayerIo& io)> before_layer;
   float* trace = nullptr;  ///< [T, n_layers_run, D]: P after each layer, token-major
   int dump_layer = -1;     ///< layer whose five vectors are dumped, -1 = none
   int dump_token = -1;     ///< token index (within this run() call) to dump
@@ -43,14 +58,28 @@ class Forward {
   void run(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
            bool all_logits, const ForwardHooks* hooks = nullptr);
 
+  /// Makes device failures survivable: when the backend throws DeviceError, the forward says so
+  /// once on stderr, creates the backend `make` returns (the CPU), rebuilds the failed call's state
+  /// there by running its token history again, repeats the call, and runs every later call there
+  /// (other states move on their next call). A state fed through x0 cannot move: the DeviceError
+  /// propagates. Without a fallback, errors propagate.
+  void set_fallback(std::function<std::unique_ptr<Backend>()> make) { make_fallback_ = std::move(make); }
+  /// True once the forward runs on its fallback backend.
+  bool on_fallback() const { return fallback_ != nullptr; }
+
   int layers_run() const { return n_layers_; }
   /// Bytes of activation workspace a Forward with this config and chunk allocates.
   static size_t workspace_bytes(const Config& c, int max_chunk);
   const Config& config() const { return cfg_; }
-  Backend& backend() { return be_; }
+  /// The backend calls run on now: the fallback once a device failed, else the one given.
+  Backend& backend() { return fallback_ ? *fallback_be_ : be_; }
 
  private:
   struct Buffers;
+  void run_here(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
+                bool all_logits, const ForwardHooks* hooks);
+  void run_fallback(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
+                    bool all_logits, const ForwardHooks* hooks);
   void chunk(SequenceState& st, const int* ids, const float* x0, int T, int t0, float* logits,
              bool all_logits, const ForwardHooks* hooks);
   void kda_layer(const LayerWeights& l, KdaState& s, int T);
@@ -71,6 +100,9 @@ class Forward {
   std::unique_ptr<Buffers> buf_;
   std::unique_ptr<ExpertSource> own_experts_;  ///< the mapped source when none was given
   ExpertSource* experts_;
+  std::function<std::unique_ptr<Backend>()> make_fallback_;
+  std::unique_ptr<Backend> fallback_be_;
+  std::unique_ptr<Forward> fallback_;  ///< the same forward on fallback_be_, once a step failed
 };
 
 }  // namespace wren

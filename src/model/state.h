@@ -23,6 +23,18 @@ class SequenceState {
   void copy_from(const SequenceState& other);
 
   int position() const { return position_; }  ///< tokens consumed so far
+  /// The backend that owns the buffers.
+  Backend& backend() const { return *be_; }
+  /// Ids consumed so far, in order (Forward::run records them): enough to rebuild the state on
+  /// another backend by running them again.
+  const std::vector<int>& history() const { return history_; }
+  /// False once a run replaced embeddings (x0): such a state cannot be rebuilt from its ids.
+  bool replayable() const { return replayable_; }
+  /// Appends n consumed ids to the history (x0 runs pass replayable = false).
+  void record(const int* ids, int n, bool replayable);
+  /// Frees the buffers and allocates zeroed ones on `be`: an empty sequence (position 0, empty
+  /// history) that the caller refills by running the old history (CPU fallback, forward.h).
+  void move_to(Backend& be);
   int capacity() const { return capacity_; }
   void advance(int n) { position_ += n; }
 
@@ -35,10 +47,14 @@ class SequenceState {
   static size_t bytes_for(const Config& c, int capacity);
 
  private:
-  Backend& be_;
+  void allocate();
+  void free_buffers();
+  Backend* be_;
   const Config& cfg_;
   int capacity_;
   int position_ = 0;
+  std::vector<int> history_;
+  bool replayable_ = true;
   std::vector<KdaState> kda_;  ///< per layer (null for MLA layers)
   std::vector<MlaCache> mla_;  ///< per layer (null for KDA layers)
   size_t s_len() const { return size_t(cfg_.kda_heads) * cfg_.kda_head_dim * cfg_.kda_head_dim; }

@@ -15,6 +15,9 @@
 #ifndef WREN_DATA_DIR
 #define WREN_DATA_DIR "data"
 #endif
+#ifndef WREN_SOURCE_DIR
+#define WREN_SOURCE_DIR "."
+#endif
 
 namespace wren {
 
@@ -74,13 +77,17 @@ json model_config() {
                                    {"ignore", {"re:.*(?<!experts\\.\\d+\\.w[123])$"}}}}};
 }
 
+}  // namespace
+
 std::string cache_root() {
   if (const char* x = std::getenv("XDG_CACHE_HOME"); x && *x) return std::string(x) + "/wren";
   if (const char* h = std::getenv("HOME"); h && *h) return std::string(h) + "/.cache/wren";
   return "/tmp/wren-cache";
 }
 
-}  // namespace
+std::string default_tokenizer_config() { return tokenizer_config().dump(1) + "\n"; }
+
+std::string source_dir() { return WREN_SOURCE_DIR; }
 
 std::string default_vocab_file() { return std::string(WREN_DATA_DIR) + "/default-vocab.tiktoken"; }
 
@@ -99,7 +106,7 @@ std::string ensure_default_model(const std::string& vocab_file) {
     o.vision_shard = false;
     write_synthetic_checkpoint(model_config(), tmp, o);
     fs::copy_file(vocab_file, tmp + "/tiktoken.model");
-    std::ofstream(tmp + "/tokenizer_config.json") << tokenizer_config().dump(1) << "\n";
+    std::ofstream(tmp + "/tokenizer_config.json") << default_tokenizer_config();
     std::error_code ec;
     fs::rename(tmp, dir, ec);  // another process may have won the race: then use its copy
     if (ec) fs::remove_all(tmp);

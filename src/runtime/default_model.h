@@ -13,6 +13,15 @@ namespace wren {
 /// stderr saying the weights are random. Throws wren::Error naming what is missing.
 std::string ensure_default_model(const std::string& vocab_file);
 
+/// Wren's cache folder: $XDG_CACHE_HOME/wren, else ~/.cache/wren, else /tmp/wren-cache.
+std::string cache_root();
+
+/// The default model's tokenizer_config.json text (the K3 specials after its 16,384 ranks).
+std::string default_tokenizer_config();
+
+/// The source tree this binary was built from (test tooling such as tests/tokenizer lives there).
+std::string source_dir();
+
 /// The vocabulary file setup writes: <source tree>/data/default-vocab.tiktoken.
 std::string default_vocab_file();
 

@@ -19,6 +19,10 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   if (model_->config.expert_format == ExpertFormat::MXFP4 && backend == "cpu")
     store_ = open_expert_store(model_->weights, model_->config, o.expert_cache, o.direct, o.announce);
   fwd_ = std::make_unique<Forward>(*model_, *be_, ForwardOptions{o.chunk, o.layers}, store_.get());
+  if (backend != "cpu" && o.cpu_fallback) {
+    const CpuOptions cpu = o.cpu;
+    fwd_->set_fallback([this, cpu] { return make_backend("cpu", model_->weights, cpu); });
+  }
   if (std::filesystem::exists(dir_ + "/tiktoken.model")) tok_ = Tokenizer::load(dir_);
 }
 

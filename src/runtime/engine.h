@@ -25,6 +25,7 @@ struct EngineOptions {
   QuantPlan plan;                  ///< dense-weight formats (--quant; default exact f32)
   CpuOptions cpu;                  ///< CPU backend: threads, kernel level, MXFP4 activations
   bool announce = true;            ///< print the expert-cache line on stderr
+  bool cpu_fallback = true;        ///< on a GPU failure, continue on the CPU (Forward::set_fallback)
 };
 
 class Engine {
@@ -35,13 +36,13 @@ class Engine {
   const Model& model() const { return *model_; }
   const Config& config() const { return model_->config; }
   Forward& forward() { return *fwd_; }
-  Backend& backend() { return *be_; }
+  Backend& backend() { return fwd_->backend(); }  ///< the CPU once a GPU failure made it fall back
   ExpertStore* store() { return store_.get(); }
   /// The tokenizer, or throws wren::Error saying the snapshot has none.
   const Tokenizer& tokenizer() const;
   bool has_tokenizer() const { return tok_.has_value(); }
   /// A fresh, empty sequence with room for the context given at construction.
-  std::unique_ptr<SequenceState> new_sequence() { return std::make_unique<SequenceState>(*be_, config(), ctx_); }
+  std::unique_ptr<SequenceState> new_sequence() { return std::make_unique<SequenceState>(fwd_->backend(), config(), ctx_); }
   const std::string& dir() const { return dir_; }
 
  private:

@@ -8,6 +8,14 @@
 //        ("中c中", "ac", "cAa", ...) whose pre-tokenizer pieces depend on c's classes; OUT_DIR gets a
 //        segmentation-revealing vocabulary (all 256 bytes + every substring of every probe, so each piece is
 //        one id), a tokenizer_config.json, probes.json (base64) and ids.json (tiktoken encode_ordinary)
+//   node oracle.js bench-corpus SRC_ROOT MB OUT_DIR
+//        write the throughput corpora of `wren bench tokenizer`, about MB megabytes each:
+//        english.txt (SRC_ROOT's README.md and docs/*.md), code.txt (SRC_ROOT/src C++ and CUDA sources),
+//        mixed.txt (the well-formed test-corpus strings: every script, emoji, digits, whitespace runs)
+//   node oracle.js bench MODEL_DIR REPS FILE...
+//        encode_ordinary throughput: per FILE one JSON line {file, bytes, ids, hash, best_s, best_cpu_s}
+//        (best of REPS runs after one warm-up, wall clock and process CPU time; hash = FNV-1a over
+//        the ids as wren computes it)
 //   node oracle.js encode MODEL_DIR CORPUS.json OUT.json
 //        encode every corpus text; OUT = {"ordinary": [...], "kimi": [...], "special": [...]}, one id list
 //        per text: ordinary = encode_ordinary of the whole text; kimi = upstream tokenization_kimi.py
@@ -143,13 +151,79 @@ function cmdSweep(firstHex, lastHex, strideStr, outDir) {
   enc.free();
 }
 
+/// Documents repeated in order until about `mb` megabytes (whole documents, so no text is cut).
+function cycleTo(docs, mb) {
+  const want = Math.max(1, Math.round(mb * 1e6)), parts = [];
+  let n = 0;
+  if (docs.length === 0) throw new Error("no documents to build a corpus from");
+  for (let i = 0; n < want; i = (i + 1) % docs.length) {
+    parts.push(docs[i]);
+    n += docs[i].length;
+  }
+  return Buffer.concat(parts);
+}
+
+function listFiles(dir, exts) {
+  const out = [];
+  for (const e of fs.readdirSync(dir, { withFileTypes: true }).sort((a, b) => (a.name < b.name ? -1 : 1))) {
+    const p = path.join(dir, e.name);
+    if (e.isDirectory()) out.push(...listFiles(p, exts));
+    else if (exts.some((x) => e.name.endsWith(x))) out.push(p);
+  }
+  return out;
+}
+
+function cmdBenchCorpus(srcRoot, mbStr, outDir) {
+  const mb = Number(mbStr);
+  const read = (p) => fs.readFileSync(p);
+  const english = [path.join(srcRoot, "README.md"), ...listFiles(path.join(srcRoot, "docs"), [".md"])].map(read);
+  const code = listFiles(path.join(srcRoot, "src"), [".h", ".cpp", ".cu", ".cuh"]).map(read);
+  // Well-formed strings only, none long enough for upstream's 25,000-character cuts (wren's encode
+  // applies them, encode_ordinary does not), each followed by a newline.
+  const { makeCorpus } = require("./corpus.js");
+  const decoder = new TextDecoder("utf-8", { fatal: true, ignoreBOM: true });
+  const wellFormed = (b) => { try { decoder.decode(b); return true; } catch (e) { return false; } };
+  const mixed = makeCorpus().filter((b) => b.length < 20000 && wellFormed(b)).map((b) => Buffer.concat([b, Buffer.from("\n")]));
+  fs.mkdirSync(outDir, { recursive: true });
+  for (const [name, docs] of [["english", english], ["code", code], ["mixed", mixed]])
+    fs.writeFileSync(path.join(outDir, name + ".txt"), cycleTo(docs, mb));
+}
+
+/// FNV-1a over 32-bit ids (bench/wren agree on it to show both produced the same ids).
+function fnv(ids) {
+  let h = 0x811c9dc5;
+  for (const id of ids) h = Math.imul((h ^ id) >>> 0, 16777619) >>> 0;
+  return h >>> 0;
+}
+
+function cmdBench(modelDir, repsStr, files) {
+  const enc = loadModel(modelDir);
+  const reps = Math.max(1, Number(repsStr));
+  for (const file of files) {
+    const text = fs.readFileSync(file, "utf8");
+    const bytes = Buffer.byteLength(text, "utf8");
+    let ids = enc.encode_ordinary(text), best = Infinity, bestCpu = Infinity;  // warm-up (and the ids to check)
+    for (let r = 0; r < reps; r++) {
+      const t0 = process.hrtime.bigint(), c0 = process.cpuUsage();
+      ids = enc.encode_ordinary(text);
+      const c = process.cpuUsage(c0);
+      best = Math.min(best, Number(process.hrtime.bigint() - t0) / 1e9);
+      bestCpu = Math.min(bestCpu, (c.user + c.system) / 1e6);
+    }
+    console.log(JSON.stringify({ file, bytes, ids: ids.length, hash: fnv(ids), best_s: best, best_cpu_s: bestCpu }));
+  }
+  enc.free();
+}
+
 const [cmd, ...args] = process.argv.slice(2);
 if (cmd === "corpus" && args.length === 1) cmdCorpus(args[0]);
 else if (cmd === "o200k" && args.length === 2) cmdO200k(args[0], args[1]);
 else if (cmd === "sweep" && args.length === 4) cmdSweep(...args);
 else if (cmd === "encode" && args.length === 3) cmdEncode(args[0], args[1], args[2]);
+else if (cmd === "bench-corpus" && args.length === 3) cmdBenchCorpus(...args);
+else if (cmd === "bench" && args.length >= 3) cmdBench(args[0], args[1], args.slice(2));
 else {
   console.error("usage: node oracle.js corpus OUT | o200k TOKENIZER_CONFIG OUT_DIR | encode MODEL_DIR CORPUS OUT |\n" +
-    "       sweep FIRST_HEX LAST_HEX STRIDE OUT_DIR");
+    "       sweep FIRST_HEX LAST_HEX STRIDE OUT_DIR | bench-corpus SRC_ROOT MB OUT_DIR | bench MODEL_DIR REPS FILE...");
   process.exit(2);
 }

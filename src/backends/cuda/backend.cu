@@ -2,6 +2,7 @@
 // device memory ops and scratch. Layout: activations f32 device buffers from alloc(); weights in
 // arenas, each tensor 256-byte aligned (dense f32 [rows, cols]; expert packed then scale bytes).
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "backends/cuda/cuda_common.cuh"
@@ -56,8 +57,13 @@ void* CudaBackend::Impl::scratch(cuda::Scratch& s, size_t n) {
 
 void CudaBackend::Impl::launched(const char* what) {
   ++stats.launches;
+  if (fault_at != 0 && stats.launches == fault_at)
+    throw DeviceError(std::string("CUDA backend: ") + what + ": injected fault at launch " + std::to_string(fault_at) +
+                      " (WREN_CUDA_FAULT_AT)");
   check_cuda(cudaGetLastError(), what);
 }
+
+void CudaBackend::inject_fault(uint64_t at_launch) { impl_->fault_at = at_launch; }
 
 void CudaBackend::Impl::sync(const char* what) {
   ++stats.host_syncs;
@@ -78,6 +84,7 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   check_cuda(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   check_cuda(cudaDeviceGetAttribute(&impl_->max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
              "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
+  if (const char* f = std::getenv("WREN_CUDA_FAULT_AT"); f && *f) impl_->fault_at = std::strtoull(f, nullptr, 10);
 }
 
 CudaBackend::~CudaBackend() {
@@ -230,7 +237,10 @@ float* CudaBackend::alloc(size_t n) {
 void CudaBackend::release(float* p) {
   // Called from destructors: report, never throw.
   const cudaError_t err = cudaFree(p);
-  if (err != cudaSuccess) std::fprintf(stderr, "wren: CUDA backend: cudaFree failed: %s\n", cudaGetErrorString(err));
+  if (err != cudaSuccess && !impl_->free_failed) {  // after a device failure every free fails: say it once
+    impl_->free_failed = true;
+    std::fprintf(stderr, "wren: CUDA backend: cudaFree failed: %s (further failures not reported)\n", cudaGetErrorString(err));
+  }
 }
 
 void CudaBackend::to_host(const float* src, size_t n, float* dst) {

@@ -59,6 +59,10 @@ class CudaBackend final : public Backend {
   CudaStats stats() const;
   /// Waits for all queued device work (timing, tests).
   void synchronize();
+  /// Fault injection (tests of the CPU fallback): the kernel launch numbered `at_launch` (counting
+  /// from 1 over the backend's life, as CudaStats::launches) throws DeviceError; 0 turns it off.
+  /// The environment variable WREN_CUDA_FAULT_AT=N sets it at construction.
+  void inject_fault(uint64_t at_launch);
 
   float* alloc(size_t n) override;
   void release(float* p) override;

@@ -18,7 +18,7 @@ namespace cuda {
 /// Throws wren::Error("<what>: <CUDA error name>: <string>") when `err` is not cudaSuccess.
 inline void check_cuda(cudaError_t err, const char* what) {
   if (err != cudaSuccess)
-    throw Error(std::string("CUDA backend: ") + what + ": " + cudaGetErrorName(err) + ": " +
+    throw DeviceError(std::string("CUDA backend: ") + what + ": " + cudaGetErrorName(err) + ": " +
                 cudaGetErrorString(err));
 }
 
@@ -47,6 +47,8 @@ struct CudaBackend::Impl {
   float* pinned_w = nullptr;    ///< pinned host staging for router weights
   size_t pinned_len = 0;        ///< entries in each pinned buffer
   CudaStats stats;
+  uint64_t fault_at = 0;        ///< fault injection: the launch count that fails (0 = never)
+  bool free_failed = false;     ///< a cudaFree failure was reported (report once)
 
   /// Device copy of a dense f32 weight; throws naming `op` when it was never uploaded.
   const float* dense(const DenseWeight& w, const char* op) const;
