@@ -25,9 +25,10 @@
 //   (≤ 1, no overflow), or exp(G_t) ≤ 1 relative to the chunk start. The K3 gate allows g down to
 //   −5 per token, so over a 64-token chunk G reaches −320 (e^−320 underflows f32): such factors
 //   become 0 or subnormal, which is the correctly rounded f32 value of a product that small.
-// - G is cumulated in f64 and the differences G_t − G_i and the exps are taken in f64 (cast to
-//   f32 once): a difference of two f32 cumulative sums of size ~100 would lose ~1e-5 absolute in
-//   the exponent, i.e. 1e-5 relative in every intra-chunk term.
+// - G is cumulated in f64 and the differences G_t − G_i are taken in f64 (then rounded to f32):
+//   a difference of two f32 cumulative sums of size ~100 would lose ~1e-5 absolute in the
+//   exponent, i.e. 1e-5 relative in every intra-chunk term. The O(C²·d) pair factors use CUDA's
+//   expf (≤ 2 ulp, no fast math); the O(C·d) ones exp in f64, rounded once.
 // - The conv + SiLU, L2 norms, gates and the per-head RMSNorm + output gate are the token kernel's
 //   arithmetic (same operations and order), so q, k, v, α, β are bit-identical to the recurrence's
 //   and the conv windows come out bit-identical; only the delta-rule sums are reordered.
@@ -152,7 +153,7 @@ __global__ void kda_intra_kernel(int T, int H, int d, int C, float* qn, float* k
     float kk = 0, qk = 0;
     if (i <= t)
       for (int r = 0; r < d; ++r) {
-        const float ki = ks[i * ld + r] * float(exp(G[t * ld + r] - G[i * ld + r]));
+        const float ki = ks[i * ld + r] * expf(float(G[t * ld + r] - G[i * ld + r]));
         kk += ks[t * ld + r] * ki;
         qk += qs[t * ld + r] * ki;
       }
