@@ -20,7 +20,9 @@
 // Only the last three lines need S_0; they are matrix products whose value columns are
 // independent, so the sequential part (chunk after chunk) runs on (head, 32-column slice) blocks.
 //
-// Numerics (f32 storage and sums, f64 where it is cheap):
+// Numerics (f32 storage and sums, f64 where it is cheap; the O(C²·d) and O(C·d²) products use
+// explicit fmaf, one rounding per term, although the backend is built with -fmad=false: this path
+// does not follow the CPU's order anyway):
 // - Decay products are never formed as γ_t/γ_i: a factor is always exp(G_t − G_i) with t ≥ i
 //   (≤ 1, no overflow), or exp(G_t) ≤ 1 relative to the chunk start. The K3 gate allows g down to
 //   −5 per token, so over a 64-token chunk G reaches −320 (e^−320 underflows f32): such factors
@@ -32,6 +34,7 @@
 // - The conv + SiLU, L2 norms, gates and the per-head RMSNorm + output gate are the token kernel's
 //   arithmetic (same operations and order), so q, k, v, α, β are bit-identical to the recurrence's
 //   and the conv windows come out bit-identical; only the delta-rule sums are reordered.
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -154,8 +157,8 @@ __global__ void kda_intra_kernel(int T, int H, int d, int C, float* qn, float* k
     if (i <= t)
       for (int r = 0; r < d; ++r) {
         const float ki = ks[i * ld + r] * expf(float(G[t * ld + r] - G[i * ld + r]));
-        kk += ks[t * ld + r] * ki;
-        qk += qs[t * ld + r] * ki;
+        kk = fmaf(ks[t * ld + r], ki, kk);
+        qk = fmaf(qs[t * ld + r], ki, qk);
       }
     Am[t * C + i] = i < t ? b[t] * kk : 0.f;
     Qs[t * C + i] = qk;
@@ -193,50 +196,100 @@ __global__ void kda_intra_kernel(int T, int H, int d, int C, float* qn, float* k
 }
 
 /// Per (head, 32-column slice of the value index), chunk after chunk: δ = U − W S_0, raw
-/// o = q̃ S_0 + Q δ into out, S ← Diag(γ_n) S_0 + k̂ᵀ δ. The slice of S stays in shared memory.
+/// o = q̃ S_0 + Q δ into out, S ← Diag(γ_n) S_0 + k̂ᵀ δ. The slice of S stays in shared memory;
+/// each chunk's rows of W, q̃, k̂ and its Q are staged there (coalesced), so the products read
+/// shared memory only. Lane = value column, warp = a group of rows (t for δ and o, r for S), kRows
+/// rows per thread in registers (independent accumulators); products use explicit fmaf (this path
+/// is not the CPU's order anyway; one rounding per term instead of two).
+constexpr int kWarps = kStateThreads / kWarp;
+constexpr int kRows = 8;  // rows per thread: C <= kWarps · kRows = 64
+
+size_t state_smem(int d, int C) {
+  return (size_t(d) * kSlice + size_t(C) * kSlice + 3 * size_t(C) * d + size_t(C) * C) * sizeof(float);
+}
+
 __global__ void kda_state_kernel(int T, int H, int d, int C, const float* qd, const float* kd, const float* W,
                                  const float* U, const float* Qm, const float* egc, float* S, float* out) {
   extern __shared__ float sm[];
   const int h = blockIdx.x, c0 = blockIdx.y * kSlice, w = min(kSlice, d - c0), P = H * d;
-  float* Ss = sm;               // [d][kSlice]
-  float* D = Ss + d * kSlice;   // [C][kSlice] δ
+  const int lane = threadIdx.x % kWarp, wq = threadIdx.x / kWarp;
+  float* Ss = sm;                 // [d][kSlice]
+  float* D = Ss + d * kSlice;     // [C][kSlice] δ
+  float* Ws = D + C * kSlice;     // [C][d] W rows
+  float* Qd = Ws + C * d;         // [C][d] q ⊙ γ_t rows
+  float* Kd = Qd + C * d;         // [C][d] k ⊙ e^{G_n − G_t} rows
+  float* Qc = Kd + C * d;         // [C][C] Q
   float* Sg = S + size_t(h) * d * d;
   for (int i = threadIdx.x; i < d * kSlice; i += blockDim.x) {
     const int r = i / kSlice, cc = i % kSlice;
     Ss[i] = cc < w ? Sg[size_t(r) * d + c0 + cc] : 0.f;
   }
-  __syncthreads();
   const int chunks = (T + C - 1) / C;
   for (int c = 0; c < chunks; ++c) {
     const int t0 = c * C, n = min(C, T - t0);
     const size_t base = size_t(t0) * P + size_t(h) * d;
-    for (int i = threadIdx.x; i < n * kSlice; i += blockDim.x) {
-      const int t = i / kSlice, cc = i % kSlice;
-      if (cc >= w) continue;
-      const float* Wt = W + base + size_t(t) * P;
-      float acc = 0;
-      for (int r = 0; r < d; ++r) acc += Wt[r] * Ss[r * kSlice + cc];
-      D[t * kSlice + cc] = U[base + size_t(t) * P + c0 + cc] - acc;
+    for (int i = threadIdx.x; i < n * d; i += blockDim.x) {
+      const int t = i / d, r = i % d;
+      const size_t at = base + size_t(t) * P + r;
+      Ws[i] = W[at];
+      Qd[i] = qd[at];
+      Kd[i] = kd[at];
+    }
+    const float* Qg = Qm + (size_t(c) * H + h) * C * C;
+    for (int i = threadIdx.x; i < n * C; i += blockDim.x) Qc[i] = Qg[i];
+    __syncthreads();
+    // δ rows t = wq + kWarps·k.
+    float acc[kRows];
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) acc[k] = 0.f;
+    for (int r = 0; r < d; ++r) {
+      const float s = Ss[r * kSlice + lane];
+#pragma unroll
+      for (int k = 0; k < kRows; ++k)
+        if (wq + kWarps * k < n) acc[k] = fmaf(Ws[(wq + kWarps * k) * d + r], s, acc[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const int t = wq + kWarps * k;
+      if (t < n) D[t * kSlice + lane] = lane < w ? U[base + size_t(t) * P + c0 + lane] - acc[k] : 0.f;
     }
     __syncthreads();
-    const float* Qc = Qm + (size_t(c) * H + h) * C * C;
-    for (int i = threadIdx.x; i < n * kSlice; i += blockDim.x) {
-      const int t = i / kSlice, cc = i % kSlice;
-      if (cc >= w) continue;
-      const float* qt = qd + base + size_t(t) * P;
-      float acc = 0;
-      for (int r = 0; r < d; ++r) acc += qt[r] * Ss[r * kSlice + cc];
-      for (int j = 0; j <= t; ++j) acc += Qc[t * C + j] * D[j * kSlice + cc];
-      out[base + size_t(t) * P + c0 + cc] = acc;
+    // o rows t: q̃_t S_0 + Σ_{j≤t} Q_{t,j} δ_j.
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) acc[k] = 0.f;
+    for (int r = 0; r < d; ++r) {
+      const float s = Ss[r * kSlice + lane];
+#pragma unroll
+      for (int k = 0; k < kRows; ++k)
+        if (wq + kWarps * k < n) acc[k] = fmaf(Qd[(wq + kWarps * k) * d + r], s, acc[k]);
+    }
+#pragma unroll
+    for (int k = 0; k < kRows; ++k) {
+      const int t = wq + kWarps * k;
+      if (t >= n) continue;
+      float o = acc[k];
+      for (int j = 0; j <= t; ++j) o = fmaf(Qc[t * C + j], D[j * kSlice + lane], o);
+      if (lane < w) out[base + size_t(t) * P + c0 + lane] = o;
     }
     __syncthreads();  // o read S_0
+    // S rows r = r0 + kWarps·k: γ_n[r] S_0[r] + Σ_t k̂_t[r] δ_t.
     const float* eg = egc + size_t(c) * P + size_t(h) * d;
-    for (int i = threadIdx.x; i < d * kSlice; i += blockDim.x) {
-      const int r = i / kSlice, cc = i % kSlice;
-      if (cc >= w) continue;
-      float s = eg[r] * Ss[i];
-      for (int t = 0; t < n; ++t) s += kd[base + size_t(t) * P + r] * D[t * kSlice + cc];
-      Ss[i] = s;
+    for (int r0 = wq; r0 < d; r0 += kWarps * kRows) {
+      float sa[kRows];
+#pragma unroll
+      for (int k = 0; k < kRows; ++k) {
+        const int r = r0 + kWarps * k;
+        sa[k] = r < d ? eg[r] * Ss[r * kSlice + lane] : 0.f;
+      }
+      for (int t = 0; t < n; ++t) {
+        const float dv = D[t * kSlice + lane];
+#pragma unroll
+        for (int k = 0; k < kRows; ++k)
+          if (r0 + kWarps * k < d) sa[k] = fmaf(Kd[t * d + r0 + kWarps * k], dv, sa[k]);
+      }
+#pragma unroll
+      for (int k = 0; k < kRows; ++k)
+        if (r0 + kWarps * k < d) Ss[(r0 + kWarps * k) * kSlice + lane] = sa[k];
     }
     __syncthreads();
   }
@@ -267,7 +320,7 @@ __global__ void kda_out_kernel(KdaChunkArgs a) {
 
 int kda_chunk_fit(int d, int want, int max_smem) {
   for (int C : {64, 32, 16})
-    if (C <= want && intra_smem(d, C) + 1024 <= size_t(max_smem)) return C;
+    if (C <= want && std::max(intra_smem(d, C), state_smem(d, C)) + 1024 <= size_t(max_smem)) return C;
   return 0;
 }
 
@@ -298,7 +351,7 @@ void kda_chunked(CudaBackend::Impl& m, const KdaChunkArgs& a, int C) {
                "cudaFuncSetAttribute (kda_core chunked intra shared memory)");
   kda_intra_kernel<<<dim3(chunks, H), kIntraThreads, ism, m.stream>>>(T, H, d, C, qn, kn, vc, gl, bs, Qm, egc);
   m.launched("kda_core chunked: intra-chunk kernel");
-  const size_t ssm = (size_t(d) + C) * kSlice * sizeof(float);
+  const size_t ssm = state_smem(d, C);
   if (ssm > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(kda_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ssm)),
                "cudaFuncSetAttribute (kda_core chunked state shared memory)");
