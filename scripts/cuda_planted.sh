@@ -4,18 +4,23 @@
 # op: wrong nibble order, KV row written at position 0, decay skipped, ...). Every CudaOps test and
 # every CUDA model test must FAIL with it. Only the patched .cu files are recompiled (with the
 # build's own nvcc command lines) and the test binary relinked; BUILD must be a CUDA build.
-# Usage: scripts/cuda_planted.sh [BUILD]   (default build)
+# Usage: scripts/cuda_planted.sh [BUILD] [PATCH]   (default build, tests/cuda_planted_bugs.patch)
+# A PATCH with a subset of the hunks plants only those bugs (e.g. the chunked-KDA hunk alone, to
+# see that the chunked test catches it while the token-kernel test still passes).
 set -euo pipefail
+patchfile=${2:+$(realpath "$2")}  # relative to the caller's directory
 cd "$(dirname "$0")/.."
 root=$(pwd)
 build=${1:-build}
+patchfile=${patchfile:-$root/tests/cuda_planted_bugs.patch}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cp -r src "$tmp/src"
-(cd "$tmp" && patch -s -p1 < "$root/tests/cuda_planted_bugs.patch")
+(cd "$tmp" && patch -s -p1 < "$patchfile")
 mkdir -p "$tmp/obj"
 cp "$build/libwren_lib.a" "$tmp/libwren_lib.a"
 for cu in src/backends/cuda/*.cu; do
+  cmp -s "$cu" "$tmp/$cu" && continue  # unpatched: the build's own object stays in the copy
   name=$(basename "$cu")
   cmd=$(python3 -c 'import json,sys; [print(e["command"]) for e in json.load(open(sys.argv[1])) if e["file"].endswith(sys.argv[2])]' \
         "$build/compile_commands.json" "/$cu")

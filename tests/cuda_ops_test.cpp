@@ -7,6 +7,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -321,9 +324,13 @@ TEST_F(CudaOps, ElementwiseMatchCpu) {
 
 // ---- KDA ----
 
-// kda_core: conv/L2/gates/delta rule/RMSNorm/gate in the CPU's order per column; exp in f64 ->
-// tolerance rel-L2 1e-5 on outputs and on the carried state (S, conv windows) after every call.
+using test::ScopedEnv;
+
+// kda_core, token-by-token kernel (WREN_CUDA_KDA=recurrent): conv/L2/gates/delta rule/RMSNorm/gate
+// in the CPU's order per column; exp in f64 -> tolerance rel-L2 1e-5 on outputs and on the carried
+// state (S, conv windows) after every call.
 TEST_F(CudaOps, KdaCoreMatchesCpuAcrossCalls) {
+  ScopedEnv mode("WREN_CUDA_KDA", "recurrent");
   std::mt19937 g(7);
   struct Case { int H, d, K; std::vector<int> Ts; };
   const std::vector<Case> cases = {{1, 16, 4, {1, 1, 1}},  {2, 32, 4, {5, 1, 33}}, {3, 16, 3, {33, 2}},
@@ -364,6 +371,135 @@ TEST_F(CudaOps, KdaCoreMatchesCpuAcrossCalls) {
       expect_close("kda_state", sh, host(ds.S, S.size()), S, 1e-5);
       if (K > 1) expect_close("kda_conv_win", sh, host(ds.conv, conv.size()), conv, 0.0);
     }
+  }
+}
+
+// kda_core, chunked form (WREN_CUDA_KDA=chunked, kda_chunked.cu) against the CPU's token-by-token
+// recurrence: head_dim 16..128 (incl. non-multiples of 32), heads 1..8, T around the chunk lengths
+// (1, 2, C-1, C, C+1, 4C-1, 4C, 4C+1, 200), chunk lengths 16/32/64, both gates, random non-zero
+// inputs and initial state (S and conv windows), state carried over the calls.
+// Tolerance rel-L2 1e-5 (outputs and S), windows exact. Why 1e-5: the chunked form computes the
+// same quantities as sums reordered over at most d + C <= 192 f32 terms (pair sums over d, the UT
+// solve and the intra-chunk output over <= C rows, the state products over d or C), each f32
+// rounding u = 6e-8; a linear worst-case accumulation is (d + C)·u ~ 1.2e-5, a random-walk
+// accumulation sqrt(d + C)·u ~ 1e-6. Decay factors are exp(G_t - G_i) <= 1 with G cumulated in f64,
+// so they add no cancellation error (see kda_chunked.cu). The exact path is held to the same 1e-5.
+TEST_F(CudaOps, KdaChunkedMatchesCpuRecurrence) {
+  ScopedEnv mode("WREN_CUDA_KDA", "chunked");
+  std::mt19937 g(17);
+  struct Case { int H, d, C; std::vector<int> Ts; };
+  const std::vector<Case> cases = {
+      {1, 16, 16, {1, 2, 15, 16, 17, 63, 64, 65, 200}},
+      {2, 32, 16, {17, 1, 33}},
+      {8, 16, 32, {2, 31, 32, 33, 200}},
+      {3, 33, 32, {15, 64, 1, 65}},
+      {4, 64, 64, {63, 64, 65, 200}},
+      {2, 100, 32, {17, 63, 2}},
+      {5, 128, 32, {16, 1, 200, 65}},
+      {1, 128, 64, {200, 64, 127}},
+      {8, 128, 16, {15, 16, 17}}};
+  for (const KdaGate gate_kind : {KdaGate::LowerBound, KdaGate::Softplus})  // K3, Kimi Linear
+  for (const Case& c : cases) {
+    const int H = c.H, d = c.d, K = 4, P = H * d;
+    ScopedEnv chunk("WREN_CUDA_KDA_CHUNK", std::to_string(c.C).c_str());
+    KdaParams p{H, d, K, -5.f, 1e-5f, gate_kind};
+    std::vector<HostWeight> ws;
+    ws.reserve(6);
+    auto& qc = ws.emplace_back(random_vec(g, size_t(P) * K), P, K);
+    auto& kc = ws.emplace_back(random_vec(g, size_t(P) * K), P, K);
+    auto& vc = ws.emplace_back(random_vec(g, size_t(P) * K), P, K);
+    auto& alog = ws.emplace_back(random_vec(g, H, -1.f, 1.f), 1, H);
+    auto& dtb = ws.emplace_back(random_vec(g, P), 1, P);
+    auto& onorm = ws.emplace_back(random_vec(g, d, 0.5f, 1.5f), 1, d);
+    KdaWeights w;
+    w.q_conv = qc.w, w.k_conv = kc.w, w.v_conv = vc.w, w.a_log = alog.w, w.dt_bias = dtb.w, w.o_norm = onorm.w;
+    for (auto& hw : ws) be_->upload(hw.w);
+    std::vector<float> S = random_vec(g, size_t(H) * d * d, -0.1f, 0.1f);
+    std::vector<float> conv = random_vec(g, size_t(3) * P * (K - 1));
+    KdaState hs{S.data(), conv.data()};
+    KdaState ds{dev(S), dev(conv)};
+    for (size_t call = 0; call < c.Ts.size(); ++call) {
+      const int T = c.Ts[call];
+      const auto q = random_vec(g, size_t(T) * P), k = random_vec(g, size_t(T) * P), v = random_vec(g, size_t(T) * P);
+      const auto z = random_vec(g, size_t(T) * P, -3.f, 3.f), beta = random_vec(g, size_t(T) * H, -3.f, 3.f);
+      const auto gate = random_vec(g, size_t(T) * P, -3.f, 3.f);
+      float* dout = poisoned(size_t(T) * P);
+      be_->kda_core(p, w, ds, dev(q), dev(k), dev(v), dev(z), dev(beta), dev(gate), T, dout);
+      std::vector<float> ref(size_t(T) * P);
+      cpu_.kda_core(p, w, hs, q.data(), k.data(), v.data(), z.data(), beta.data(), gate.data(), T, ref.data());
+      const std::string sh = shape({{"H", H}, {"d", d}, {"C", c.C}, {"T", T}, {"call", long(call)},
+                                    {"softplus", long(gate_kind == KdaGate::Softplus)}});
+      expect_close("kda_chunked", sh, host(dout, ref.size()), ref, 1e-5);
+      expect_close("kda_chunk_S", sh, host(ds.S, S.size()), S, 1e-5);
+      expect_close("kda_chunk_win", sh, host(ds.conv, conv.size()), conv, 0.0);
+    }
+  }
+}
+
+TEST_F(CudaOps, KdaPathVariableIsChecked) {
+  ScopedEnv mode("WREN_CUDA_KDA", "fast");
+  KdaWeights w;  // never read: the variable is checked first
+  KdaState s{};
+  KdaParams p{1, 16, 4, -5.f, 1e-5f, KdaGate::LowerBound};
+  try {
+    be_->kda_core(p, w, s, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 2, nullptr);
+    FAIL() << "WREN_CUDA_KDA=fast must be rejected";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("WREN_CUDA_KDA"), std::string::npos) << e.what();
+  }
+}
+
+// Speed of the two paths at K3 KDA sizes (96 heads × 128, conv 4, bounded gate) on prefill-sized
+// calls, same inputs and state; prints the times and their ratio (median of 5 calls after a warm-up,
+// host clock around a synchronized call) and checks the paths agree (rel-L2 1e-5, outputs and S).
+TEST_F(CudaOps, KdaChunkedVsRecurrentAtK3Sizes) {
+  std::mt19937 g(23);
+  const int H = 96, d = 128, K = 4, P = H * d;
+  KdaParams p{H, d, K, -5.f, 1e-5f, KdaGate::LowerBound};
+  std::vector<HostWeight> ws;
+  ws.reserve(6);
+  auto& qc = ws.emplace_back(random_vec(g, size_t(P) * K), P, K);
+  auto& kc = ws.emplace_back(random_vec(g, size_t(P) * K), P, K);
+  auto& vc = ws.emplace_back(random_vec(g, size_t(P) * K), P, K);
+  auto& alog = ws.emplace_back(random_vec(g, H, -1.f, 1.f), 1, H);
+  auto& dtb = ws.emplace_back(random_vec(g, P), 1, P);
+  auto& onorm = ws.emplace_back(random_vec(g, d, 0.5f, 1.5f), 1, d);
+  KdaWeights w;
+  w.q_conv = qc.w, w.k_conv = kc.w, w.v_conv = vc.w, w.a_log = alog.w, w.dt_bias = dtb.w, w.o_norm = onorm.w;
+  for (auto& hw : ws) be_->upload(hw.w);
+  const auto S0 = random_vec(g, size_t(H) * d * d, -0.1f, 0.1f), conv0 = random_vec(g, size_t(3) * P * (K - 1));
+  for (const int T : {32, 1024}) {
+    const auto q = random_vec(g, size_t(T) * P), k = random_vec(g, size_t(T) * P), v = random_vec(g, size_t(T) * P);
+    const auto z = random_vec(g, size_t(T) * P, -3.f, 3.f), beta = random_vec(g, size_t(T) * H, -3.f, 3.f);
+    const auto gate = random_vec(g, size_t(T) * P, -3.f, 3.f);
+    float *dq = dev(q), *dk = dev(k), *dv = dev(v), *dz = dev(z), *db = dev(beta), *dg = dev(gate);
+    std::vector<float> outs[2], states[2];
+    double ms[2] = {0, 0};
+    const char* modes[2] = {"recurrent", "chunked"};
+    for (int m = 0; m < 2; ++m) {
+      ScopedEnv mode("WREN_CUDA_KDA", modes[m]);
+      KdaState ds{dev(S0), dev(conv0)};
+      float* dout = poisoned(size_t(T) * P);
+      be_->kda_core(p, w, ds, dq, dk, dv, dz, db, dg, T, dout);  // the call checked below
+      outs[m] = host(dout, size_t(T) * P);
+      states[m] = host(ds.S, S0.size());
+      std::vector<double> t;
+      for (int rep = 0; rep < 5; ++rep) {
+        be_->synchronize();
+        const auto a = std::chrono::steady_clock::now();
+        be_->kda_core(p, w, ds, dq, dk, dv, dz, db, dg, T, dout);
+        be_->synchronize();
+        t.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - a).count());
+      }
+      std::sort(t.begin(), t.end());
+      ms[m] = t[2];
+    }
+    const char* C = std::getenv("WREN_CUDA_KDA_CHUNK");
+    std::printf("[ kda path ] K3 sizes H=96 d=128 T=%d: recurrent %.3f ms, chunked (C=%s) %.3f ms, ratio %.2fx\n", T,
+                ms[0], C ? C : "32", ms[1], ms[0] / ms[1]);
+    const std::string sh = shape({{"T", T}});
+    expect_close("kda_paths_out", sh, outs[1], outs[0], 1e-5);
+    expect_close("kda_paths_S", sh, states[1], states[0], 1e-5);
   }
 }
 

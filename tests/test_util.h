@@ -1,5 +1,6 @@
 // Shared helpers for the test suites: paths, temp dirs, golden files, rel-L2.
 #pragma once
+#include <cstdlib>
 #include <string>
 #include <vector>
 
@@ -20,5 +21,25 @@ nlohmann::json golden_config(const nlohmann::json& patch = nlohmann::json::objec
 /// Runs the wren binary with `args` (and shell environment assignments `env`, e.g. "A=1");
 /// returns its exit code, stdout+stderr in *out.
 int run_wren(const std::string& args, std::string* out, const std::string& env = "");
+
+/// Sets an environment variable for one scope and restores the previous value (or its absence).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    if (const char* old = std::getenv(name)) had_ = true, old_ = old;
+    setenv(name, value, 1);
+  }
+  ~ScopedEnv() {
+    if (had_) setenv(name_, old_.c_str(), 1);
+    else unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  bool had_ = false;
+  std::string old_;
+};
 
 }  // namespace wren::test

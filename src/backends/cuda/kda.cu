@@ -9,10 +9,22 @@
 // pass walk the keys r in increasing order, the CPU's summation order, so the recurrence is the
 // CPU's arithmetic; S_h lives in shared memory for the chunk (d² f32, 64 KB at d = 128; opt-in
 // above 48 KB) or, when it does not fit, is updated in place in global memory.
+//
+// Two paths (issue 6): this token-by-token kernel (exact mode: the CPU's summation order) and the
+// chunked form of kda_chunked.cu (parallel within a chunk of C tokens; same results up to f32
+// rounding, not bit-identical). Selection per call:
+// - T = 1 (decode): always the token kernel.
+// - T > 1: environment variable WREN_CUDA_KDA = "chunked" (the default) or "recurrent" (the token
+//   kernel for every T); WREN_CUDA_KDA_CHUNK = 16, 32 or 64 (default 32) asks for the chunk length
+//   (smaller when d is too large for its shared memory; the token kernel when even 16 does not fit).
+//   Any other value is an error naming the variable. Read on every call (a getenv, negligible next
+//   to the launch), so tests and benchmarks can switch paths in one process.
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/kda_chunked.cuh"
 
 namespace wren {
 
@@ -120,6 +132,25 @@ __global__ void kda_kernel(KdaArgs a) {
     for (int i = threadIdx.x; i < d * d; i += blockDim.x) Sg[i] = S[i];
 }
 
+/// Chunk length the chunked path should use for this call, or 0 for the token kernel (see the
+/// header). Throws wren::Error on a bad WREN_CUDA_KDA / WREN_CUDA_KDA_CHUNK value.
+int chunk_for_call(int T, int d, int max_smem) {
+  if (T <= 1) return 0;
+  const char* mode = std::getenv("WREN_CUDA_KDA");
+  const std::string m = mode ? mode : "";
+  if (m == "recurrent") return 0;
+  if (!m.empty() && m != "chunked")
+    throw Error("WREN_CUDA_KDA: '" + m + "' is not a KDA path (expected 'chunked' or 'recurrent')");
+  int want = 32;
+  if (const char* c = std::getenv("WREN_CUDA_KDA_CHUNK"); c && *c) {
+    const std::string v = c;
+    if (v != "16" && v != "32" && v != "64")
+      throw Error("WREN_CUDA_KDA_CHUNK: '" + v + "' is not a chunk length (expected 16, 32 or 64)");
+    want = std::atoi(c);
+  }
+  return cuda::kda_chunk_fit(d, want, max_smem);
+}
+
 }  // namespace
 
 void CudaBackend::kda_core(const KdaParams& p, const KdaWeights& w, KdaState& s, const float* q, const float* k,
@@ -130,6 +161,22 @@ void CudaBackend::kda_core(const KdaParams& p, const KdaWeights& w, KdaState& s,
   if (p.head_dim < 1 || p.head_dim > 1024)
     throw Error("CUDA backend: kda_core: head_dim " + std::to_string(p.head_dim) + " (supported: 1..1024)");
   if (p.conv_kernel < 1) throw Error("CUDA backend: kda_core: conv kernel must be >= 1");
+  if (const int C = chunk_for_call(T, p.head_dim, m.max_smem_optin); C > 0) {
+    cuda::KdaChunkArgs c{};
+    c.q = q, c.k = k, c.v = v, c.z = z, c.beta = beta, c.gate = gate;
+    c.q_conv = m.dense(w.q_conv, "kda_core (q_conv)");
+    c.k_conv = m.dense(w.k_conv, "kda_core (k_conv)");
+    c.v_conv = m.dense(w.v_conv, "kda_core (v_conv)");
+    c.a_log = m.dense(w.a_log, "kda_core (A_log)");
+    c.dt_bias = m.dense(w.dt_bias, "kda_core (dt_bias)");
+    c.o_norm = m.dense(w.o_norm, "kda_core (o_norm)");
+    c.S = s.S, c.conv = s.conv, c.out = out;
+    c.H = p.heads, c.d = p.head_dim, c.K = p.conv_kernel, c.T = T;
+    c.lower = p.gate_lower_bound, c.eps = p.eps;
+    c.softplus_gate = p.gate == KdaGate::Softplus;
+    cuda::kda_chunked(m, c, C);
+    return;
+  }
   KdaArgs a{};
   a.q = q, a.k = k, a.v = v, a.z = z, a.beta = beta, a.gate = gate;
   a.q_conv = m.dense(w.q_conv, "kda_core (q_conv)");

@@ -1,0 +1,33 @@
+// CUDA backend: the chunked (parallel-within-chunk) form of the KDA core for prefill (issue 6,
+// gpu-backend.md §2.14). Private to src/backends/cuda; kda.cu chooses between it and the
+// token-by-token kernel (see kda.cu's header for the selection and WREN_CUDA_KDA).
+#pragma once
+#include "backends/cuda/cuda_common.cuh"
+
+namespace wren {
+namespace cuda {
+
+/// Inputs of one kda_core call on the device. Layouts as backends/backend.h: q, k, v, z, gate,
+/// out [T, P] (P = H·d); beta [T, H] logits; S [H, d, d] as S[key][value]; conv windows
+/// [3, P, K-1] oldest first; conv weights [P, K] with tap K-1 = the current token.
+struct KdaChunkArgs {
+  const float *q, *k, *v, *z, *beta, *gate;                         ///< activations
+  const float *q_conv, *k_conv, *v_conv, *a_log, *dt_bias, *o_norm;  ///< weights
+  float *S, *conv, *out;                                            ///< state (advanced), output
+  int H, d, K, T;
+  float lower, eps;
+  bool softplus_gate;  ///< Kimi Linear: g = -exp(A)·softplus(z); K3: g = lower·σ(exp(A)·z)
+};
+
+/// Chunk length for head_dim d: the largest of 64, 32, 16 that is <= `want` and whose
+/// intra-chunk kernel fits in `max_smem` bytes of shared memory; 0 when none fits (the caller
+/// then runs the token-by-token kernel).
+int kda_chunk_fit(int d, int want, int max_smem);
+
+/// Runs the KDA core for a.T >= 1 tokens in the chunked form with chunk length C (from
+/// kda_chunk_fit): 5 launches on m's stream, scratch from m.scores. Same outputs, final S and
+/// conv windows as the recurrence up to f32 rounding (conv windows bit-identical).
+void kda_chunked(CudaBackend::Impl& m, const KdaChunkArgs& a, int C);
+
+}  // namespace cuda
+}  // namespace wren
