@@ -232,7 +232,7 @@ TEST_F(CudaModel, DecodeAfterPrefillAndChunkSizeOnDevice) {
                 std::memcmp(one.data(), tf.data(), tf.size() * 4) ? "differ" : "bit-identical",
                 std::memcmp(seven.data(), tf.data(), tf.size() * 4) ? "differ" : "bit-identical");
   }
-  // Chunked KDA (kda_chunked.cu, the default for T > 1): prefill chunks of 32 and 7 against
+  // Chunked KDA (kda_chunked.cu, WREN_CUDA_KDA=chunked, fast mode): prefill chunks of 32 and 7 against
   // token-at-a-time (chunk 1 runs the token kernel), within the op's 1e-5.
   test::ScopedEnv mode("WREN_CUDA_KDA", "chunked");
   const auto tf = logits_of(*golden_, *be_, gc.ids, 32);

@@ -14,8 +14,8 @@
 // chunked form of kda_chunked.cu (parallel within a chunk of C tokens; same results up to f32
 // rounding, not bit-identical). Selection per call:
 // - T = 1 (decode): always the token kernel.
-// - T > 1: environment variable WREN_CUDA_KDA = "chunked" (the default) or "recurrent" (the token
-//   kernel for every T); WREN_CUDA_KDA_CHUNK = 16, 32 or 64 (default 32) asks for the chunk length
+// - T > 1: environment variable WREN_CUDA_KDA = "recurrent" (the default: the token kernel for
+//   every T, exact mode) or "chunked" (fast mode, gpu-backend.md §2.14); WREN_CUDA_KDA_CHUNK = 16, 32 or 64 (default 32) asks for the chunk length
 //   (smaller when d is too large for its shared memory; the token kernel when even 16 does not fit).
 //   Any other value is an error naming the variable. Read on every call (a getenv, negligible next
 //   to the launch), so tests and benchmarks can switch paths in one process.
@@ -138,8 +138,8 @@ int chunk_for_call(int T, int d, int max_smem) {
   if (T <= 1) return 0;
   const char* mode = std::getenv("WREN_CUDA_KDA");
   const std::string m = mode ? mode : "";
-  if (m == "recurrent") return 0;
-  if (!m.empty() && m != "chunked")
+  if (m.empty() || m == "recurrent") return 0;  // exact mode by default (gpu-backend.md §2.14)
+  if (m != "chunked")
     throw Error("WREN_CUDA_KDA: '" + m + "' is not a KDA path (expected 'chunked' or 'recurrent')");
   int want = 32;
   if (const char* c = std::getenv("WREN_CUDA_KDA_CHUNK"); c && *c) {
