@@ -241,25 +241,90 @@ TEST_F(CudaModel, DecodeAfterPrefillAndChunkSizeOnDevice) {
       << "a copied device state must resume identically";
 }
 
+/// Counter differences of one call.
+CudaStats stats_delta(const CudaStats& a, const CudaStats& b) {
+  CudaStats d;
+  d.launches = b.launches - a.launches, d.host_syncs = b.host_syncs - a.host_syncs;
+  d.graph_launches = b.graph_launches - a.graph_launches, d.graph_kernels = b.graph_kernels - a.graph_kernels;
+  d.expert_calls = b.expert_calls - a.expert_calls, d.routed_moe_calls = b.routed_moe_calls - a.routed_moe_calls;
+  return d;
+}
+
+// Without graphs: every op is its own launch, the MoE layers route on the device (no per-layer
+// host sync), and the only sync is the logits copy.
 TEST_F(CudaModel, LaunchesPerDecodeStepAreCounted) {
   const GoldenCase gc = golden_cases()[0];
-  Forward fwd(*golden_, *be_);
+  Forward fwd(*golden_, *be_, {32, -1, false});
   SequenceState st(*be_, golden_->config, 256);
   std::vector<float> logits(golden_->config.vocab);
   fwd.run(st, gc.ids.data(), nullptr, int(gc.ids.size()), logits.data(), false);
   const CudaStats before = be_->stats();
   const int id = argmax(logits.data(), golden_->config.vocab);
   fwd.run(st, &id, nullptr, 1, logits.data(), false);
-  const CudaStats after = be_->stats();
-  const uint64_t launches = after.launches - before.launches, syncs = after.host_syncs - before.host_syncs;
-  const uint64_t experts = after.expert_calls - before.expert_calls;
-  EXPECT_GT(launches, 0u);
-  EXPECT_GT(experts, 0u);
-  EXPECT_GT(after.resident_tensors, 0u);
-  std::printf("[ cuda launches ] one decode token of k3-tiny-a (10 layers, 9 MoE x top-4): %llu kernel launches, "
-              "%llu host syncs, %llu expert_ffn calls; %llu weight bytes resident in %llu tensors\n",
-              (unsigned long long)launches, (unsigned long long)syncs, (unsigned long long)experts,
-              (unsigned long long)after.uploaded_bytes, (unsigned long long)after.resident_tensors);
+  const CudaStats d = stats_delta(before, be_->stats());
+  EXPECT_GT(d.launches, 0u);
+  EXPECT_EQ(d.graph_launches, 0u);
+  EXPECT_EQ(d.expert_calls, 0u) << "resident experts run through routed_moe";
+  EXPECT_EQ(d.routed_moe_calls, 9u) << "k3-tiny-a has 9 MoE layers";
+  EXPECT_EQ(d.host_syncs, 1u) << "only the logits copy waits for the host";
+  EXPECT_GT(be_->stats().resident_tensors, 0u);
+  std::printf("[ cuda launches ] one decode token of k3-tiny-a (10 layers, 9 MoE x top-4), no graph: %llu kernel "
+              "launches, %llu host syncs, %llu routed_moe calls; %llu weight bytes resident in %llu tensors\n",
+              (unsigned long long)d.launches, (unsigned long long)d.host_syncs, (unsigned long long)d.routed_moe_calls,
+              (unsigned long long)be_->stats().uploaded_bytes, (unsigned long long)be_->stats().resident_tensors);
+}
+
+// One decode token = one CUDA graph launch, no other kernel launch, one host sync (the logits
+// copy); the graph's logits equal the op-by-op run's bit for bit over a greedy continuation (the
+// graph is re-recorded every step: MLA cache length and token id change), and stay within the
+// golden criteria of the CPU.
+TEST_F(CudaModel, DecodeStepIsOneGraphLaunch) {
+  const Config& c = golden_->config;
+  const int V = c.vocab;
+  CpuBackend cpu;
+  for (const GoldenCase& gc : golden_cases()) {
+    Forward fg(*golden_, *be_, {32, -1, true}), fn(*golden_, *be_, {32, -1, false});
+    Forward fc(*golden_, cpu);
+    SequenceState sg(*be_, c, 256), sn(*be_, c, 256), sc(cpu, c, 256);
+    std::vector<float> lg(V), ln(V), lc(V);
+    const int T = int(gc.ids.size());
+    fg.run(sg, gc.ids.data(), nullptr, T, lg.data(), false);
+    fn.run(sn, gc.ids.data(), nullptr, T, ln.data(), false);
+    fc.run(sc, gc.ids.data(), nullptr, T, lc.data(), false);
+    ASSERT_EQ(0, std::memcmp(lg.data(), ln.data(), size_t(V) * 4)) << gc.name << " prefill";
+    CudaStats graph_step{}, plain_step{};
+    double worst_cpu = 0;
+    const int steps = 12;
+    for (int i = 0; i < steps; ++i) {
+      const int id = argmax(ln.data(), V);
+      const CudaStats s0 = be_->stats();
+      fg.run(sg, &id, nullptr, 1, lg.data(), false);
+      const CudaStats s1 = be_->stats();
+      fn.run(sn, &id, nullptr, 1, ln.data(), false);
+      const CudaStats s2 = be_->stats();
+      fc.run(sc, &id, nullptr, 1, lc.data(), false);
+      graph_step = stats_delta(s0, s1), plain_step = stats_delta(s1, s2);
+      EXPECT_EQ(graph_step.graph_launches, 1u) << gc.name << " step " << i;
+      EXPECT_EQ(graph_step.launches, 0u) << gc.name << " step " << i << ": kernel launches outside the graph";
+      EXPECT_EQ(graph_step.host_syncs, 1u) << gc.name << " step " << i;
+      EXPECT_EQ(plain_step.graph_launches, 0u);
+      EXPECT_EQ(graph_step.graph_kernels, plain_step.launches) << "the graph holds exactly the op-by-op kernels";
+      EXPECT_EQ(0, std::memcmp(lg.data(), ln.data(), size_t(V) * 4))
+          << gc.name << " step " << i << ": graph and op-by-op logits must be bit-identical";
+      const double r = test::rel_l2(lg.data(), lc.data(), V);
+      worst_cpu = std::max(worst_cpu, r);
+      EXPECT_LT(r, 1e-4) << gc.name << " step " << i << ": graph logits vs CPU";
+    }
+    const CudaStats st = be_->stats();
+    std::printf("[ cuda graph %s ] per decode token: %llu graph launch (%llu kernels inside), %llu kernel launches "
+                "outside graphs, %llu host syncs; op by op: %llu launches, %llu syncs; %d steps bit-identical, "
+                "worst rel-L2 vs CPU %.3g; graphs instantiated %llu, updated %llu (backend total)\n",
+                gc.name.c_str(), (unsigned long long)graph_step.graph_launches,
+                (unsigned long long)graph_step.graph_kernels, (unsigned long long)graph_step.launches,
+                (unsigned long long)graph_step.host_syncs, (unsigned long long)plain_step.launches,
+                (unsigned long long)plain_step.host_syncs, steps, worst_cpu,
+                (unsigned long long)st.graph_instantiations, (unsigned long long)st.graph_updates);
+  }
 }
 
 TEST_F(CudaModel, CliRunBackendCudaGivesGoldenContinuation) {

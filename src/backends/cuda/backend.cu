@@ -1,6 +1,7 @@
 // CUDA backend: device selection, the compute stream, weight upload (host-pointer -> device map),
 // device memory ops and scratch. Layout: activations f32 device buffers from alloc(); weights in
 // arenas, each tensor 256-byte aligned (dense f32 [rows, cols]; expert packed then scale bytes).
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 
@@ -45,21 +46,30 @@ const uint8_t* CudaBackend::Impl::bytes(const uint8_t* host, const char* op) con
 
 void* CudaBackend::Impl::scratch(cuda::Scratch& s, size_t n) {
   if (s.bytes >= n) return s.ptr;
-  if (s.ptr) check_cuda(cudaFree(s.ptr), "cudaFree (scratch)");
+  // While recording a graph the old buffer may still be named by queued work and cudaFree would
+  // synchronize: free it after the launch. Growth by at least 1.5x keeps decode (whose MLA score
+  // span grows by one token a step) from reallocating every step.
+  if (s.ptr) {
+    if (capturing) deferred_free.push_back(s.ptr);
+    else check_cuda(cudaFree(s.ptr), "cudaFree (scratch)");
+  }
+  const size_t grown = s.bytes + s.bytes / 2;
   s.ptr = nullptr;
   s.bytes = 0;
-  const size_t want = n < 256 ? 256 : n;
+  const size_t want = std::max({n, grown, size_t(256)});
   check_cuda(cudaMalloc(&s.ptr, want), ("cudaMalloc of " + std::to_string(want) + " scratch bytes").c_str());
   s.bytes = want;
   return s.ptr;
 }
 
 void CudaBackend::Impl::launched(const char* what) {
-  ++stats.launches;
+  ++(capturing ? stats.graph_kernels : stats.launches);
   check_cuda(cudaGetLastError(), what);
 }
 
 void CudaBackend::Impl::sync(const char* what) {
+  if (capturing)
+    throw Error(std::string("CUDA backend: ") + what + " waits for the host while a decode graph is being recorded");
   ++stats.host_syncs;
   check_cuda(cudaStreamSynchronize(stream), what);
 }
@@ -86,6 +96,10 @@ CudaBackend::~CudaBackend() {
   for (cuda::Scratch* s : {&m.ids, &m.act, &m.scores, &m.router_ids, &m.router_w})
     if (s->ptr) cudaFree(s->ptr);
   for (void* a : m.arenas) cudaFree(a);
+  for (auto& [w, t] : m.tables)
+    if (t.dev) cudaFree(t.dev);
+  for (void* p : m.deferred_free) cudaFree(p);
+  if (m.graph_exec) cudaGraphExecDestroy(m.graph_exec);
   if (m.pinned_ids) cudaFreeHost(m.pinned_ids);
   if (m.pinned_w) cudaFreeHost(m.pinned_w);
   if (m.stream) cudaStreamDestroy(m.stream);
@@ -136,6 +150,8 @@ void add_expert(std::vector<Piece>& out, const ExpertRef& e) {
 /// device arena and are added to the map.
 void upload_pieces(CudaBackend::Impl& m, const std::vector<Piece>& pieces) {
   constexpr size_t kAlign = 256;
+  check(!m.capturing, "CUDA backend: upload while a decode graph is being recorded");
+  ++m.generation;  // routed_moe's expert tables are rebuilt from the (possibly changed) map
   std::vector<Piece> fresh;
   std::unordered_map<const void*, size_t> seen;  // host -> index in `fresh` or SIZE_MAX (refreshed)
   for (const Piece& p : pieces) {

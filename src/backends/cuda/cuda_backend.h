@@ -30,8 +30,13 @@ namespace wren {
 
 /// Counters of one CudaBackend, for tests and reports ("prove the GPU did the work", §3.7).
 struct CudaStats {
-  uint64_t launches = 0;         ///< kernel launches
+  uint64_t launches = 0;         ///< kernel launches outside graphs
   uint64_t host_syncs = 0;       ///< stream synchronizations the host waited for
+  uint64_t graph_launches = 0;   ///< decode graphs launched (cudaGraphLaunch)
+  uint64_t graph_kernels = 0;    ///< kernels recorded into those graphs (run once per launch)
+  uint64_t graph_instantiations = 0;  ///< cudaGraphInstantiate calls (first step, failed updates)
+  uint64_t graph_updates = 0;    ///< successful cudaGraphExecUpdate calls (later steps)
+  uint64_t routed_moe_calls = 0; ///< routed_moe calls handled on the device
   uint64_t uploaded_bytes = 0;   ///< weight bytes copied to the device by upload()
   uint64_t resident_tensors = 0; ///< distinct host tensors with a device copy
   uint64_t expert_calls = 0;     ///< expert_ffn calls
@@ -86,6 +91,17 @@ class CudaBackend final : public Backend {
                    float* weights) override;
   void expert_ffn(const ExpertRef& e, const float* z, float b1, float b2, float* y) override;
   void weighted_sum(const float* ys, const float* weights, int m, int n, float* y) override;
+  /// Handled when every expert of the layer is resident (4 launches: router, all gate/up, all
+  /// down, weighted sum; no host sync); otherwise false.
+  bool routed_moe(const RoutedMoeParams& p, const MoeWeights& m, const float* logits, const float* z, int T,
+                  float* ys, float* out) override;
+  bool routed_moe_on_device(const RoutedMoeParams& p, const MoeWeights& m) override;
+  /// Stream capture (relaxed mode) of the compute stream; the first launch instantiates the
+  /// graph, later launches update it in place (cudaGraphExecUpdate) or re-instantiate when the
+  /// update is refused, so arguments baked into kernels (cache length, token id) are always fresh.
+  bool graph_begin() override;
+  void graph_launch() override;
+  void graph_abort() noexcept override;
 
   struct Impl;  ///< device, stream, weight map, scratch, counters (cuda_common.cuh)
 

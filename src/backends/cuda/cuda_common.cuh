@@ -28,6 +28,22 @@ struct DeviceTensor {
   size_t bytes = 0;
 };
 
+/// Device pointers of one MXFP4 expert's six tensors (w1 gate, w3 up, w2 down; packed, scale).
+struct ExpertPtrs {
+  const uint8_t *p1, *s1, *p3, *s3, *p2, *s2;
+};
+
+/// One MoE layer's device expert table for routed_moe: ExpertPtrs [E] in device memory, built from
+/// the weight map when every expert of the layer is resident. Rebuilt after any upload (the map
+/// may have changed), never keyed by a host address alone (gpu-backend.md lesson 11).
+struct LayerTable {
+  uint64_t generation = 0;   ///< Impl::generation it was built at (0 = never)
+  bool resident = false;     ///< every expert of the layer has a device copy
+  const void* first = nullptr;  ///< host w1.packed of expert 0 when built (identity check)
+  int E = 0, inter = 0, io = 0;
+  ExpertPtrs* dev = nullptr;  ///< [E] device (owned)
+};
+
 /// A grow-only device scratch buffer (stream-ordered reuse: every user is on the one stream).
 struct Scratch {
   void* ptr = nullptr;
@@ -47,6 +63,12 @@ struct CudaBackend::Impl {
   float* pinned_w = nullptr;    ///< pinned host staging for router weights
   size_t pinned_len = 0;        ///< entries in each pinned buffer
   CudaStats stats;
+  uint64_t generation = 1;      ///< bumped by every upload (invalidates LayerTables)
+  std::unordered_map<const MoeWeights*, cuda::LayerTable> tables;  ///< routed_moe expert tables
+  // Decode graphs (graph.cu).
+  bool capturing = false;        ///< the stream is being recorded
+  cudaGraphExec_t graph_exec = nullptr;  ///< last instantiated decode graph (updated in place)
+  std::vector<void*> deferred_free;      ///< scratch replaced while recording (freed after launch)
 
   /// Device copy of a dense f32 weight; throws naming `op` when it was never uploaded.
   const float* dense(const DenseWeight& w, const char* op) const;
@@ -56,8 +78,10 @@ struct CudaBackend::Impl {
   void* scratch(cuda::Scratch& s, size_t bytes);
   /// Counts one launch and checks it (cudaGetLastError), naming `what` on failure.
   void launched(const char* what);
-  /// Waits for the stream; counts the sync.
+  /// Waits for the stream; counts the sync. Throws while recording a graph (a bug in the caller).
   void sync(const char* what);
+  /// Expert table of `m` (built or rebuilt as needed); throws on inconsistent expert shapes.
+  cuda::LayerTable& table(const MoeWeights& m, int layer);
 };
 
 namespace cuda {
