@@ -41,7 +41,8 @@ struct LayerTable {
   bool resident = false;     ///< every expert of the layer has a device copy
   const void* first = nullptr;  ///< host w1.packed of expert 0 when built (identity check)
   int E = 0, inter = 0, io = 0;
-  ExpertPtrs* dev = nullptr;  ///< [E] device (owned)
+  ExpertPtrs* dev = nullptr;  ///< [cap] device (owned)
+  int cap = 0;                ///< entries allocated at dev
 };
 
 /// A grow-only device scratch buffer (stream-ordered reuse: every user is on the one stream).

@@ -352,12 +352,14 @@ cuda::LayerTable& CudaBackend::Impl::table(const MoeWeights& mw, int layer) {
   // The host-routed path validates an expert's scales on first use (ExpertSource); here every
   // expert of the layer may be selected on the device, so all are checked once, now.
   for (const ExpertRef& e : mw.experts) validate_expert_scales(e);
-  if (t.dev && t.E != E) {
+  if (t.dev && t.cap < E) {
     cuda::check_cuda(cudaFree(t.dev), "cudaFree (expert table)");
-    t.dev = nullptr;
+    t.dev = nullptr, t.cap = 0;
   }
-  if (!t.dev)
+  if (!t.dev) {
     cuda::check_cuda(cudaMalloc(&t.dev, size_t(E) * sizeof(cuda::ExpertPtrs)), "cudaMalloc (expert table)");
+    t.cap = E;
+  }
   cuda::check_cuda(cudaMemcpyAsync(t.dev, host.data(), size_t(E) * sizeof(cuda::ExpertPtrs), cudaMemcpyHostToDevice, stream),
              "cudaMemcpyAsync (expert table)");
   sync("expert table");  // `host` is pageable and about to go away
