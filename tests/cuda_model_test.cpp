@@ -15,6 +15,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "backends/factory.h"
+#include "runtime/expert_store.h"
 #include "runtime/generate.h"
 #include "synth/synth.h"
 #include "loader/safetensors.h"
@@ -327,12 +328,101 @@ TEST_F(CudaModel, DecodeStepIsOneGraphLaunch) {
   }
 }
 
+// VRAM expert tier: the golden model at expert budgets of "all" (resident, decode graphs),
+// partial (a third of the experts) and minimal (top-k slots: prefill runs one token per group)
+// gives bit-identical logits (prefill, every position, then greedy decode), with the experts read
+// through the shard mappings and through the ExpertStore (disk -> host -> VRAM slots).
+TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  auto model = load_model(test::golden_dir());
+  const Config& c = model->config;
+  const ExpertRef* e0 = nullptr;
+  int moe_layers = 0;
+  for (const LayerWeights& l : model->weights.layers)
+    if (!l.moe.experts.empty()) {
+      ++moe_layers;
+      if (!e0) e0 = &l.moe.experts[0];
+    }
+  ASSERT_NE(e0, nullptr);
+  auto al = [](size_t n) { return uint64_t((n + 255) / 256 * 256); };
+  uint64_t slot = 0;
+  for (const MxMatrix* mx : {&e0->w1, &e0->w3, &e0->w2})
+    slot += al(size_t(mx->rows) * mx->cols / 2) + al(size_t(mx->rows) * mx->cols / 32);
+  const uint64_t total = uint64_t(c.n_experts) * moe_layers;
+  struct Budget {
+    const char* name;
+    uint64_t bytes;
+    bool store;
+    uint64_t slots;  // expected; 0 = all resident
+  };
+  const Budget budgets[] = {{"all", CudaBackend::kAllExperts, false, 0},
+                            {"partial", slot * (total / 3), false, total / 3},
+                            {"minimal", slot * uint64_t(c.top_k), false, uint64_t(c.top_k)},
+                            {"minimal+store", slot * uint64_t(c.top_k) + 100, true, uint64_t(c.top_k)}};
+  const GoldenCase gc = golden_cases()[1];
+  const int T = int(gc.ids.size()), V = c.vocab, steps = 6;
+  std::vector<float> ref;
+  for (const Budget& b : budgets) {
+    std::unique_ptr<ExpertStore> store;
+    CudaBackend be;
+    be.set_vram_expert_budget(b.bytes);
+    if (b.store) {
+      ExpertStoreOptions so;
+      so.cache_bytes = uint64_t(c.expert_bytes()) * 6;
+      so.direct = DirectIo::Off;
+      store = std::make_unique<ExpertStore>(model->weights, c.expert_bytes(), so);
+      be.set_host_tier(store.get());
+    }
+    be.upload(model->weights);
+    EXPECT_EQ(be.experts_streamed(), b.slots != 0) << b.name;
+    EXPECT_EQ(be.stats().expert_slots, b.slots) << b.name;
+    Forward fwd(*model, be, {32, -1});
+    SequenceState st(be, c, 256);
+    std::vector<float> out(size_t(T + steps) * V);
+    fwd.run(st, gc.ids.data(), nullptr, T, out.data(), true);
+    for (int i = 0; i < steps; ++i) {
+      const int id = argmax(out.data() + size_t(T - 1 + i) * V, V);
+      fwd.run(st, &id, nullptr, 1, out.data() + size_t(T + i) * V, false);
+    }
+    const CudaStats s = be.stats();
+    if (ref.empty()) {
+      ref = out;
+      EXPECT_GT(s.graph_launches, 0u) << "all experts resident: decode runs as graphs";
+    } else {
+      EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), out.size() * 4)) << b.name << ": logits differ from budget 'all'";
+      EXPECT_GT(s.tier_misses, 0u) << b.name;
+      EXPECT_EQ(s.graph_launches, 0u) << b.name << ": steps with streamed experts run without the graph";
+    }
+    if (store) {
+      EXPECT_GT(store->stats().misses, 0u) << "the experts came through the store";
+    }
+    std::printf("[ cuda tier %s ] %llu slots, %llu hits, %llu misses, %.1f MB copied host->device, %llu graph launches, "
+                "%llu host syncs%s\n",
+                b.name, (unsigned long long)s.expert_slots, (unsigned long long)s.tier_hits,
+                (unsigned long long)s.tier_misses, s.tier_bytes / 1e6, (unsigned long long)s.graph_launches,
+                (unsigned long long)s.host_syncs, b.slots ? "; logits bit-identical to budget all" : "");
+  }
+  // A budget below one expert is a clear error, not a crash.
+  CudaBackend tiny;
+  tiny.set_vram_expert_budget(slot / 2);
+  EXPECT_THROW(tiny.upload(model->weights), Error);
+}
+
 TEST_F(CudaModel, CliRunBackendCudaGivesGoldenContinuation) {
   std::string out;
   ASSERT_EQ(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 + " -n 8 --json --backend cuda", &out)) << out;
   EXPECT_NE(out.find("{\"output_ids\":[2012,1133,1466,4188,4038,3107,1460,537]"), std::string::npos) << out;
   EXPECT_NE(out.find("backend cuda"), std::string::npos) << out;
   EXPECT_EQ(resolve_backend("auto"), "cuda");
+  // A VRAM expert budget of 50K holds 7 of k3-tiny-a's 144 experts (6912 bytes a slot): the
+  // rest stream disk -> expert store -> VRAM slots, with the same continuation.
+  ASSERT_EQ(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
+                                  " -n 8 --json --backend cuda --vram-experts 50K", &out)) << out;
+  EXPECT_NE(out.find("{\"output_ids\":[2012,1133,1466,4188,4038,3107,1460,537]"), std::string::npos) << out;
+  EXPECT_EQ(1, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
+                                  " -n 1 --backend cuda --vram-experts 1K", &out)) << out;
+  EXPECT_NE(out.find("--vram-experts"), std::string::npos) << out;
 }
 
 // ---- generated models ----

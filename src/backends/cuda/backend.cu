@@ -96,6 +96,7 @@ CudaBackend::~CudaBackend() {
   for (cuda::Scratch* s : {&m.ids, &m.act, &m.scores, &m.router_ids, &m.router_w})
     if (s->ptr) cudaFree(s->ptr);
   for (void* a : m.arenas) cudaFree(a);
+  m.tier_reset();
   for (auto& [w, t] : m.tables)
     if (t.dev) cudaFree(t.dev);
   for (void* p : m.deferred_free) cudaFree(p);
@@ -197,7 +198,7 @@ void upload_pieces(CudaBackend::Impl& m, const std::vector<Piece>& pieces) {
 }  // namespace
 
 void CudaBackend::upload(const ModelWeights& w) {
-  std::vector<Piece> p;
+  std::vector<Piece> p, experts;
   for (const DenseWeight* d : {&w.embed, &w.final_norm, &w.out_res_norm, &w.out_res_proj, &w.out_mix, &w.lm_head})
     add_dense(p, *d);
   for (const LayerWeights& l : w.layers) {
@@ -216,9 +217,15 @@ void CudaBackend::upload(const ModelWeights& w) {
     for (const DenseWeight* d : {&m.router, &m.bias, &m.down, &m.norm, &m.up, &m.shared_gate,
                                  &m.shared_up, &m.shared_down})
       add_dense(p, *d);
-    for (const ExpertRef& e : m.experts) add_expert(p, e);
+    for (const ExpertRef& e : m.experts) add_expert(experts, e);
   }
   upload_pieces(*impl_, p);
+  // Routed experts: all resident when they fit the VRAM expert budget, else the tier's slots.
+  uint64_t expert_bytes = 0;
+  std::unordered_map<const void*, size_t> distinct;
+  for (const Piece& q : experts) distinct[q.host] = std::max(distinct[q.host], q.bytes);
+  for (const auto& [h, b] : distinct) expert_bytes += b;
+  if (!impl_->tier_setup(w, expert_bytes)) upload_pieces(*impl_, experts);
 }
 
 void CudaBackend::upload(const DenseWeight& w) {

@@ -25,6 +25,7 @@
 #include <string>
 
 #include "backends/backend.h"
+#include "model/expert_source.h"
 
 namespace wren {
 
@@ -37,6 +38,10 @@ struct CudaStats {
   uint64_t graph_instantiations = 0;  ///< cudaGraphInstantiate calls (first step, failed updates)
   uint64_t graph_updates = 0;    ///< successful cudaGraphExecUpdate calls (later steps)
   uint64_t routed_moe_calls = 0; ///< routed_moe calls handled on the device
+  uint64_t expert_slots = 0;     ///< VRAM tier: device expert slots (0 = every expert resident)
+  uint64_t tier_hits = 0;        ///< VRAM tier: selected experts found in a slot
+  uint64_t tier_misses = 0;      ///< VRAM tier: experts copied host -> device into a slot
+  uint64_t tier_bytes = 0;       ///< VRAM tier: bytes copied for those misses
   uint64_t uploaded_bytes = 0;   ///< weight bytes copied to the device by upload()
   uint64_t resident_tensors = 0; ///< distinct host tensors with a device copy
   uint64_t expert_calls = 0;     ///< expert_ffn calls
@@ -53,9 +58,22 @@ class CudaBackend final : public Backend {
 
   const char* name() const override { return "cuda"; }
 
-  /// Mirrors every dense weight and every routed expert of `w` to device memory (one arena).
-  /// Throws wren::Error when a dense weight is not f32 or device memory runs out.
+  /// Mirrors every dense weight of `w` to device memory, and every routed expert when they fit in
+  /// the VRAM expert budget; otherwise the experts stay on the host and the VRAM tier's slots are
+  /// set up (see set_vram_expert_budget). Throws wren::Error when a dense weight is not f32, device
+  /// memory runs out, or the budget is below one expert.
   void upload(const ModelWeights& w);
+  /// Device bytes routed experts may use, applied by the next upload(ModelWeights): 0 = default
+  /// (free device memory after the dense weights, less max(1 GiB, 5% of the card)), kAllExperts =
+  /// every expert resident whatever it costs. Beyond the budget, routed_moe streams the selected
+  /// experts from the host tier into an LRU of device slots keyed by (layer, expert id).
+  void set_vram_expert_budget(uint64_t bytes);
+  static constexpr uint64_t kAllExperts = ~uint64_t(0);
+  /// The host tier the VRAM tier reads missing experts from (e.g. the ExpertStore: disk -> host
+  /// -> VRAM); null = the shard mappings of the uploaded model. Must outlive the backend's use.
+  void set_host_tier(ExpertSource* source);
+  /// True when routed experts stream from the host tier (the budget did not hold them all).
+  bool experts_streamed() const;
   /// Mirrors one dense f32 weight's current contents (a repeated call refreshes the device copy).
   void upload(const DenseWeight& w);
   /// Mirrors one expert's packed/scale bytes (a repeated call refreshes the device copy).

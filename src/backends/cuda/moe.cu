@@ -157,7 +157,8 @@ __global__ void mx_kernel(MxArgs a) {
 }
 
 /// Every (token, slot) pair of a routed MoE chunk in one launch: blockIdx.y = pair j, its expert
-/// table[ids[j]], input row x + (j / x_div)·cols, output row y + j·rows. Each pair's result is
+/// table[ids[j]] (or table[j] when ids is null: the VRAM tier's per-pair table), input row
+/// x + (j / x_div)·cols, output row y + j·rows. Each pair's result is
 /// the single-expert kernel's, bit for bit.
 struct MxBatchArgs {
   const cuda::ExpertPtrs* table;
@@ -173,7 +174,7 @@ __global__ void mx_batch_kernel(MxBatchArgs b) {
   extern __shared__ float xsm[];
   __shared__ float lut[16];
   const int j = blockIdx.y;
-  const cuda::ExpertPtrs e = b.table[b.ids[j]];
+  const cuda::ExpertPtrs e = b.ids ? b.table[b.ids[j]] : b.table[j];  // ids null: a per-pair table
   MxArgs a;
   a.p1 = kGateUp ? e.p1 : e.p2, a.s1 = kGateUp ? e.s1 : e.s2, a.p3 = e.p3, a.s3 = e.s3;
   a.x = b.x + size_t(j / b.x_div) * b.cols;
@@ -368,13 +369,69 @@ cuda::LayerTable& CudaBackend::Impl::table(const MoeWeights& mw, int layer) {
 }
 
 bool CudaBackend::routed_moe_on_device(const RoutedMoeParams& p, const MoeWeights& m) {
+  if (impl_->tier.active) return false;  // experts stream: the ids must come to the host
   const cuda::LayerTable& t = impl_->table(m, p.layer);
   return t.resident && t.io == p.io && t.E == p.n_experts;
+}
+
+/// routed_moe through the VRAM tier: route on the device, ids to the host (one sync), then token
+/// groups whose distinct experts fit the slots: make them resident, run all their pairs.
+static void tier_routed_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeights& mw, const float* logits,
+                     const float* z, int T, float* ys, float* out) {
+  const cuda::ExpertTier& tier = m.tier;
+  const int k = p.top_k, pairs = T * k;
+  if (tier.io != p.io)
+    throw Error("CUDA backend: routed_moe: layer " + std::to_string(p.layer) + ": expert width " +
+                std::to_string(tier.io) + ", expected " + std::to_string(p.io));
+  const size_t smem = router_smem(m, p.n_experts, k);
+  ++m.stats.routed_moe_calls;
+  int* dids = static_cast<int*>(m.scratch(m.router_ids, size_t(pairs) * sizeof(int)));
+  float* dw = static_cast<float*>(m.scratch(m.router_w, size_t(pairs) * sizeof(float)));
+  router_kernel<<<T, kRouterThreads, smem, m.stream>>>(logits, m.dense(mw.bias, "routed_moe (router bias)"),
+                                                       p.n_experts, k, p.routed_scale, dids, dw);
+  m.launched("routed_moe router kernel");
+  std::vector<int> ids(pairs);
+  cuda::check_cuda(cudaMemcpyAsync(ids.data(), dids, size_t(pairs) * sizeof(int), cudaMemcpyDeviceToHost, m.stream),
+                   "cudaMemcpyAsync (routed ids)");
+  m.sync("routed_moe (ids for the VRAM tier)");
+  float* act = static_cast<float*>(m.scratch(m.act, size_t(pairs) * tier.inter * sizeof(float)));
+  for (int t0 = 0; t0 < T;) {
+    // The longest run of tokens whose distinct experts fit the slots (one token always must).
+    std::vector<char> in(size_t(p.n_experts), 0);
+    int distinct = 0, t1 = t0;
+    while (t1 < T) {
+      int add = 0;
+      for (int j = 0; j < k; ++j) {
+        const int e = ids[size_t(t1) * k + j];
+        bool dup = in[e] != 0;
+        for (int i = 0; i < j && !dup; ++i) dup = ids[size_t(t1) * k + i] == e;
+        add += !dup;
+      }
+      if (t1 > t0 && distinct + add > tier.n_slots) break;
+      for (int j = 0; j < k; ++j) in[ids[size_t(t1) * k + j]] = 1;
+      distinct += add;
+      ++t1;
+    }
+    if (t0 > 0) m.sync("routed_moe (VRAM tier staging reuse)");
+    const int gp = (t1 - t0) * k;
+    const cuda::ExpertPtrs* table = m.tier_prepare(p.layer, ids.data() + size_t(t0) * k, gp);
+    launch_mx_batch<true>(m, MxBatchArgs{table, nullptr, z + size_t(t0) * tier.io, act, k, tier.inter, tier.io, p.b1, p.b2},
+                          gp, "routed_moe gate/up kernel");
+    launch_mx_batch<false>(m, MxBatchArgs{table, nullptr, act, ys + size_t(t0) * k * tier.io, 1, tier.io, tier.inter, 0.f, 0.f},
+                           gp, "routed_moe down kernel");
+    t0 = t1;
+  }
+  routed_sum_kernel<<<cuda::grid_for(size_t(T) * tier.io, 256), 256, 0, m.stream>>>(ys, dw, k, tier.io, T, out);
+  m.launched("routed_moe weighted-sum kernel");
 }
 
 bool CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, const float* logits, const float* z,
                              int T, float* ys, float* out) {
   Impl& m = *impl_;
+  if (m.tier.active && T > 0 && T * p.top_k <= 65535) {
+    tier_routed_moe(m, p, mw, logits, z, T, ys, out);
+    return true;
+  }
   const cuda::LayerTable& t = m.table(mw, p.layer);
   if (!t.resident || t.io != p.io || t.E != p.n_experts) return false;
   const int k = p.top_k, pairs = T * k;
