@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 root=$(pwd)
 build=${1:-build}
 patch_file=${2:-tests/cuda_planted_bugs.patch}
-name=${3:-wren_tests_planted}
+out_name=${3:-wren_tests_planted}
 case "$patch_file" in /*) ;; *) patch_file="$root/$patch_file" ;; esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -40,6 +40,6 @@ link=$(cd "$build" && ninja -t commands wren_tests | tail -1)
 link=${link#: && }
 link=${link%% && :*}
 link=${link// libwren_lib.a / $tmp\/libwren_lib.a }
-link=${link//-o wren_tests /-o $name }
+link=${link//-o wren_tests /-o $out_name }
 (cd "$build" && eval "$link")
-echo "built $build/$name"
+echo "built $build/$out_name"
