@@ -9,8 +9,9 @@
 // upload: model weights are immutable while their Model lives, and every upload() re-copies a
 // tensor it already knows, so a host address reused by new data is refreshed, never served stale
 // (gpu-backend.md lesson 11). An op handed a weight that was never uploaded throws rather than
-// reading host memory. Host-side inputs of the interface (token ids, router
-// outputs, expert weights) stay host memory as backend.h says.
+// reading host memory. Host-side inputs of the interface (token ids, router_topk's outputs, expert
+// weights) stay host memory as backend.h says; routed_moe keeps ids and weights on the device.
+// Decode graphs: graph.cu; VRAM expert tier (experts beyond --vram-experts): expert_tier.cu.
 //
 // Numerics ("exact mode", gpu-backend.md §3.5): f32 activations, f32 accumulation in the CPU
 // reference's order wherever that order is cheap to reproduce (the 8-accumulator dot of gemm and

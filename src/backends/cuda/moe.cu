@@ -12,6 +12,10 @@
 // lane 0 then adds the group terms in group order (the CPU's order). The input vector sits in
 // shared memory at a stride of 33 floats per group, so the 32 lanes (32 different groups) hit 32
 // different banks. Launch 1 computes W1·z and W3·z and applies SiTU; launch 2 computes W2·act.
+// routed_moe: the same two passes for every (token, slot) pair of a chunk in one launch each
+// (grid y = pair; the expert through a device table: ExpertPtrs[E] of the resident experts, or
+// the VRAM tier's per-pair table), the router writing ids and scaled weights to device memory,
+// and a weighted sum over each token's slots in slot order.
 #include <string>
 
 #include "backends/cuda/cuda_common.cuh"
