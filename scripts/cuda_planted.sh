@@ -4,23 +4,28 @@
 # op: wrong nibble order, KV row written at position 0, decay skipped, ...). Every CudaOps test and
 # every CUDA model test must FAIL with it. Only the patched .cu files are recompiled (with the
 # build's own nvcc command lines) and the test binary relinked; BUILD must be a CUDA build.
-# Usage: scripts/cuda_planted.sh [BUILD] [PATCH]   (default build, tests/cuda_planted_bugs.patch)
-# A PATCH with a subset of the hunks plants only those bugs (e.g. the chunked-KDA hunk alone, to
-# see that the chunked test catches it while the token-kernel test still passes).
+# Usage: scripts/cuda_planted.sh [BUILD [PATCH [NAME]]]   (defaults: build,
+# tests/cuda_planted_bugs.patch, wren_tests_planted). A PATCH that touches no .cuh header only
+# recompiles the .cu files it patches (single-bug patches: tests/cuda_planted_{routed,graph,tier}.patch).
 set -euo pipefail
-patchfile=${2:+$(realpath "$2")}  # relative to the caller's directory
 cd "$(dirname "$0")/.."
 root=$(pwd)
 build=${1:-build}
-patchfile=${patchfile:-$root/tests/cuda_planted_bugs.patch}
+patch_file=${2:-tests/cuda_planted_bugs.patch}
+out_name=${3:-wren_tests_planted}
+case "$patch_file" in /*) ;; *) patch_file="$root/$patch_file" ;; esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 cp -r src "$tmp/src"
-(cd "$tmp" && patch -s -p1 < "$patchfile")
+(cd "$tmp" && patch -s -p1 < "$patch_file")
+if grep -q '^+++ .*\.cuh' "$patch_file"; then
+  sources=(src/backends/cuda/*.cu)
+else
+  mapfile -t sources < <(grep '^+++ ' "$patch_file" | sed -E 's#^\+\+\+ [^/]+/([^[:space:]]+).*#\1#')
+fi
 mkdir -p "$tmp/obj"
 cp "$build/libwren_lib.a" "$tmp/libwren_lib.a"
-for cu in src/backends/cuda/*.cu; do
-  cmp -s "$cu" "$tmp/$cu" && continue  # unpatched: the build's own object stays in the copy
+for cu in "${sources[@]}"; do
   name=$(basename "$cu")
   cmd=$(python3 -c 'import json,sys; [print(e["command"]) for e in json.load(open(sys.argv[1])) if e["file"].endswith(sys.argv[2])]' \
         "$build/compile_commands.json" "/$cu")
@@ -35,6 +40,6 @@ link=$(cd "$build" && ninja -t commands wren_tests | tail -1)
 link=${link#: && }
 link=${link%% && :*}
 link=${link// libwren_lib.a / $tmp\/libwren_lib.a }
-link=${link//-o wren_tests /-o wren_tests_planted }
+link=${link//-o wren_tests /-o $out_name }
 (cd "$build" && eval "$link")
-echo "built $build/wren_tests_planted"
+echo "built $build/$out_name"

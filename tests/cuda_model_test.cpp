@@ -15,6 +15,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "backends/factory.h"
+#include "runtime/expert_store.h"
 #include "runtime/generate.h"
 #include "synth/synth.h"
 #include "loader/safetensors.h"
@@ -255,25 +256,171 @@ TEST_F(CudaModel, DecodeAfterPrefillAndChunkSizeOnDevice) {
       << "a copied device state must resume identically";
 }
 
+/// Counter differences of one call.
+CudaStats stats_delta(const CudaStats& a, const CudaStats& b) {
+  CudaStats d;
+  d.launches = b.launches - a.launches, d.host_syncs = b.host_syncs - a.host_syncs;
+  d.graph_launches = b.graph_launches - a.graph_launches, d.graph_kernels = b.graph_kernels - a.graph_kernels;
+  d.expert_calls = b.expert_calls - a.expert_calls, d.routed_moe_calls = b.routed_moe_calls - a.routed_moe_calls;
+  return d;
+}
+
+// Without graphs: every op is its own launch, the MoE layers route on the device (no per-layer
+// host sync), and the only sync is the logits copy.
 TEST_F(CudaModel, LaunchesPerDecodeStepAreCounted) {
   const GoldenCase gc = golden_cases()[0];
-  Forward fwd(*golden_, *be_);
+  Forward fwd(*golden_, *be_, {32, -1, false});
   SequenceState st(*be_, golden_->config, 256);
   std::vector<float> logits(golden_->config.vocab);
   fwd.run(st, gc.ids.data(), nullptr, int(gc.ids.size()), logits.data(), false);
   const CudaStats before = be_->stats();
   const int id = argmax(logits.data(), golden_->config.vocab);
   fwd.run(st, &id, nullptr, 1, logits.data(), false);
-  const CudaStats after = be_->stats();
-  const uint64_t launches = after.launches - before.launches, syncs = after.host_syncs - before.host_syncs;
-  const uint64_t experts = after.expert_calls - before.expert_calls;
-  EXPECT_GT(launches, 0u);
-  EXPECT_GT(experts, 0u);
-  EXPECT_GT(after.resident_tensors, 0u);
-  std::printf("[ cuda launches ] one decode token of k3-tiny-a (10 layers, 9 MoE x top-4): %llu kernel launches, "
-              "%llu host syncs, %llu expert_ffn calls; %llu weight bytes resident in %llu tensors\n",
-              (unsigned long long)launches, (unsigned long long)syncs, (unsigned long long)experts,
-              (unsigned long long)after.uploaded_bytes, (unsigned long long)after.resident_tensors);
+  const CudaStats d = stats_delta(before, be_->stats());
+  EXPECT_GT(d.launches, 0u);
+  EXPECT_EQ(d.graph_launches, 0u);
+  EXPECT_EQ(d.expert_calls, 0u) << "resident experts run through routed_moe";
+  EXPECT_EQ(d.routed_moe_calls, 9u) << "k3-tiny-a has 9 MoE layers";
+  EXPECT_EQ(d.host_syncs, 1u) << "only the logits copy waits for the host";
+  EXPECT_GT(be_->stats().resident_tensors, 0u);
+  std::printf("[ cuda launches ] one decode token of k3-tiny-a (10 layers, 9 MoE x top-4), no graph: %llu kernel "
+              "launches, %llu host syncs, %llu routed_moe calls; %llu weight bytes resident in %llu tensors\n",
+              (unsigned long long)d.launches, (unsigned long long)d.host_syncs, (unsigned long long)d.routed_moe_calls,
+              (unsigned long long)be_->stats().uploaded_bytes, (unsigned long long)be_->stats().resident_tensors);
+}
+
+// One decode token = one CUDA graph launch, no other kernel launch, one host sync (the logits
+// copy); the graph's logits equal the op-by-op run's bit for bit over a greedy continuation (the
+// graph is re-recorded every step: MLA cache length and token id change), and stay within the
+// golden criteria of the CPU.
+TEST_F(CudaModel, DecodeStepIsOneGraphLaunch) {
+  const Config& c = golden_->config;
+  const int V = c.vocab;
+  CpuBackend cpu;
+  for (const GoldenCase& gc : golden_cases()) {
+    Forward fg(*golden_, *be_, {32, -1, true}), fn(*golden_, *be_, {32, -1, false});
+    Forward fc(*golden_, cpu);
+    SequenceState sg(*be_, c, 256), sn(*be_, c, 256), sc(cpu, c, 256);
+    std::vector<float> lg(V), ln(V), lc(V);
+    const int T = int(gc.ids.size());
+    fg.run(sg, gc.ids.data(), nullptr, T, lg.data(), false);
+    fn.run(sn, gc.ids.data(), nullptr, T, ln.data(), false);
+    fc.run(sc, gc.ids.data(), nullptr, T, lc.data(), false);
+    ASSERT_EQ(0, std::memcmp(lg.data(), ln.data(), size_t(V) * 4)) << gc.name << " prefill";
+    CudaStats graph_step{}, plain_step{};
+    double worst_cpu = 0;
+    const int steps = 12;
+    for (int i = 0; i < steps; ++i) {
+      const int id = argmax(ln.data(), V);
+      const CudaStats s0 = be_->stats();
+      fg.run(sg, &id, nullptr, 1, lg.data(), false);
+      const CudaStats s1 = be_->stats();
+      fn.run(sn, &id, nullptr, 1, ln.data(), false);
+      const CudaStats s2 = be_->stats();
+      fc.run(sc, &id, nullptr, 1, lc.data(), false);
+      graph_step = stats_delta(s0, s1), plain_step = stats_delta(s1, s2);
+      EXPECT_EQ(graph_step.graph_launches, 1u) << gc.name << " step " << i;
+      EXPECT_EQ(graph_step.launches, 0u) << gc.name << " step " << i << ": kernel launches outside the graph";
+      EXPECT_EQ(graph_step.host_syncs, 1u) << gc.name << " step " << i;
+      EXPECT_EQ(plain_step.graph_launches, 0u);
+      EXPECT_EQ(graph_step.graph_kernels, plain_step.launches) << "the graph holds exactly the op-by-op kernels";
+      EXPECT_EQ(0, std::memcmp(lg.data(), ln.data(), size_t(V) * 4))
+          << gc.name << " step " << i << ": graph and op-by-op logits must be bit-identical";
+      const double r = test::rel_l2(lg.data(), lc.data(), V);
+      worst_cpu = std::max(worst_cpu, r);
+      EXPECT_LT(r, 1e-4) << gc.name << " step " << i << ": graph logits vs CPU";
+    }
+    const CudaStats st = be_->stats();
+    std::printf("[ cuda graph %s ] per decode token: %llu graph launch (%llu kernels inside), %llu kernel launches "
+                "outside graphs, %llu host syncs; op by op: %llu launches, %llu syncs; %d steps bit-identical, "
+                "worst rel-L2 vs CPU %.3g; graphs instantiated %llu, updated %llu (backend total)\n",
+                gc.name.c_str(), (unsigned long long)graph_step.graph_launches,
+                (unsigned long long)graph_step.graph_kernels, (unsigned long long)graph_step.launches,
+                (unsigned long long)graph_step.host_syncs, (unsigned long long)plain_step.launches,
+                (unsigned long long)plain_step.host_syncs, steps, worst_cpu,
+                (unsigned long long)st.graph_instantiations, (unsigned long long)st.graph_updates);
+  }
+}
+
+// VRAM expert tier: the golden model at expert budgets of "all" (resident, decode graphs),
+// partial (a third of the experts) and minimal (top-k slots: prefill runs one token per group)
+// gives bit-identical logits (prefill, every position, then greedy decode), with the experts read
+// through the shard mappings and through the ExpertStore (disk -> host -> VRAM slots).
+TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  auto model = load_model(test::golden_dir());
+  const Config& c = model->config;
+  const ExpertRef* e0 = nullptr;
+  int moe_layers = 0;
+  for (const LayerWeights& l : model->weights.layers)
+    if (!l.moe.experts.empty()) {
+      ++moe_layers;
+      if (!e0) e0 = &l.moe.experts[0];
+    }
+  ASSERT_NE(e0, nullptr);
+  auto al = [](size_t n) { return uint64_t((n + 255) / 256 * 256); };
+  uint64_t slot = 0;
+  for (const MxMatrix* mx : {&e0->w1, &e0->w3, &e0->w2})
+    slot += al(size_t(mx->rows) * mx->cols / 2) + al(size_t(mx->rows) * mx->cols / 32);
+  const uint64_t total = uint64_t(c.n_experts) * moe_layers;
+  struct Budget {
+    const char* name;
+    uint64_t bytes;
+    bool store;
+    uint64_t slots;  // expected; 0 = all resident
+  };
+  const Budget budgets[] = {{"all", CudaBackend::kAllExperts, false, 0},
+                            {"partial", slot * (total / 3), false, total / 3},
+                            {"minimal", slot * uint64_t(c.top_k), false, uint64_t(c.top_k)},
+                            {"minimal+store", slot * uint64_t(c.top_k) + 100, true, uint64_t(c.top_k)}};
+  const GoldenCase gc = golden_cases()[1];
+  const int T = int(gc.ids.size()), V = c.vocab, steps = 6;
+  std::vector<float> ref;
+  for (const Budget& b : budgets) {
+    std::unique_ptr<ExpertStore> store;
+    CudaBackend be;
+    be.set_vram_expert_budget(b.bytes);
+    if (b.store) {
+      ExpertStoreOptions so;
+      so.cache_bytes = uint64_t(c.expert_bytes()) * 6;
+      so.direct = DirectIo::Off;
+      store = std::make_unique<ExpertStore>(model->weights, c.expert_bytes(), so);
+      be.set_host_tier(store.get());
+    }
+    be.upload(model->weights);
+    EXPECT_EQ(be.experts_streamed(), b.slots != 0) << b.name;
+    EXPECT_EQ(be.stats().expert_slots, b.slots) << b.name;
+    Forward fwd(*model, be, {32, -1});
+    SequenceState st(be, c, 256);
+    std::vector<float> out(size_t(T + steps) * V);
+    fwd.run(st, gc.ids.data(), nullptr, T, out.data(), true);
+    for (int i = 0; i < steps; ++i) {
+      const int id = argmax(out.data() + size_t(T - 1 + i) * V, V);
+      fwd.run(st, &id, nullptr, 1, out.data() + size_t(T + i) * V, false);
+    }
+    const CudaStats s = be.stats();
+    if (ref.empty()) {
+      ref = out;
+      EXPECT_GT(s.graph_launches, 0u) << "all experts resident: decode runs as graphs";
+    } else {
+      EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), out.size() * 4)) << b.name << ": logits differ from budget 'all'";
+      EXPECT_GT(s.tier_misses, 0u) << b.name;
+      EXPECT_EQ(s.graph_launches, 0u) << b.name << ": steps with streamed experts run without the graph";
+    }
+    if (store) {
+      EXPECT_GT(store->stats().misses, 0u) << "the experts came through the store";
+    }
+    std::printf("[ cuda tier %s ] %llu slots, %llu hits, %llu misses, %.1f MB copied host->device, %llu graph launches, "
+                "%llu host syncs%s\n",
+                b.name, (unsigned long long)s.expert_slots, (unsigned long long)s.tier_hits,
+                (unsigned long long)s.tier_misses, s.tier_bytes / 1e6, (unsigned long long)s.graph_launches,
+                (unsigned long long)s.host_syncs, b.slots ? "; logits bit-identical to budget all" : "");
+  }
+  // A budget below one expert is a clear error, not a crash.
+  CudaBackend tiny;
+  tiny.set_vram_expert_budget(slot / 2);
+  EXPECT_THROW(tiny.upload(model->weights), Error);
 }
 
 TEST_F(CudaModel, CliRunBackendCudaGivesGoldenContinuation) {
@@ -282,6 +429,14 @@ TEST_F(CudaModel, CliRunBackendCudaGivesGoldenContinuation) {
   EXPECT_NE(out.find("{\"output_ids\":[2012,1133,1466,4188,4038,3107,1460,537]"), std::string::npos) << out;
   EXPECT_NE(out.find("backend cuda"), std::string::npos) << out;
   EXPECT_EQ(resolve_backend("auto"), "cuda");
+  // A VRAM expert budget of 50K holds 7 of k3-tiny-a's 144 experts (6912 bytes a slot): the
+  // rest stream disk -> expert store -> VRAM slots, with the same continuation.
+  ASSERT_EQ(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
+                                  " -n 8 --json --backend cuda --vram-experts 50K", &out)) << out;
+  EXPECT_NE(out.find("{\"output_ids\":[2012,1133,1466,4188,4038,3107,1460,537]"), std::string::npos) << out;
+  EXPECT_EQ(1, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
+                                  " -n 1 --backend cuda --vram-experts 1K", &out)) << out;
+  EXPECT_NE(out.find("--vram-experts"), std::string::npos) << out;
 }
 
 // A CUDA launch fails in the middle of decode (fault injection): the forward continues on the CPU

@@ -41,6 +41,16 @@ struct MlaParams {
   float latent_eps;
 };
 
+/// One MoE layer's routed-expert constants for Backend::routed_moe (spec §4.4 steps 1-5).
+struct RoutedMoeParams {
+  int layer = 0;            ///< layer index (names the layer in errors, keys device expert slots)
+  int n_experts = 0;        ///< E
+  int top_k = 0;            ///< k
+  int io = 0;               ///< expert input/output width (latent for LatentMoE, hidden for plain)
+  float routed_scale = 1;   ///< routed_scaling_factor applied to the renormalized weights
+  float b1 = 0, b2 = 0;     ///< SiTU bounds
+};
+
 /// The ops. All are synchronous from the caller's view; T >= 1 tokens in original order.
 class Backend {
  public:
@@ -110,6 +120,36 @@ class Backend {
   }
   /// y [n] = Σ_j w[j] · ys[j] over j < m, in j order (ys [m, n], weights HOST [m]).
   virtual void weighted_sum(const float* ys, const float* weights, int m, int n, float* y) = 0;
+
+  // ---- coarse ops a backend may take over (default: not handled) ----
+  /// Routed MXFP4 experts inside the backend (spec §4.4 steps 2-5): router σ + bias top-k on
+  /// logits [T, E] (router_topk's rule), weights × routed_scale, every selected expert of every
+  /// token on z [T, io], out [T, io] = Σ_slot w · expert(z) in slot order; ys [T·k, io] is
+  /// workspace. Must give what router_topk + expert_ffn_batch + weighted_sum give. Returns false,
+  /// having done nothing, when the backend does not handle this layer (the forward pass then runs
+  /// that host-routed path). Throws wren::Error on a bad expert (e.g. a ue8m0 scale byte 255).
+  virtual bool routed_moe(const RoutedMoeParams& p, const MoeWeights& m, const float* logits,
+                          const float* z, int T, float* ys, float* out) {
+    (void)p, (void)m, (void)logits, (void)z, (void)T, (void)ys, (void)out;
+    return false;
+  }
+  /// True when routed_moe(p, m, ...) runs without waiting for the host (every expert of the layer
+  /// resident on the device), so it may be recorded into a decode graph.
+  virtual bool routed_moe_on_device(const RoutedMoeParams& p, const MoeWeights& m) {
+    (void)p, (void)m;
+    return false;
+  }
+
+  // ---- decode graphs (one submission per decode step) ----
+  /// Starts recording the ops that follow instead of running them. False when the backend has no
+  /// graphs (the ops then run as usual). While recording no op may wait for the host: no to_host,
+  /// from_host, router_topk or host-routed experts (the backend throws if one does).
+  virtual bool graph_begin() { return false; }
+  /// Ends the recording and submits the recorded ops once (queued like any op; a later to_host
+  /// waits for them). Throws wren::Error when the graph cannot be built or launched.
+  virtual void graph_launch() {}
+  /// Ends a recording that failed midway and discards it. Never throws.
+  virtual void graph_abort() noexcept {}
 };
 
 }  // namespace wren

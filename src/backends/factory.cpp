@@ -3,6 +3,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "runtime/expert_store.h"  // parse_size
 #ifdef WREN_HAVE_CUDA
 #include "backends/cuda/cuda_backend.h"
 #endif
@@ -41,16 +42,37 @@ std::string resolve_backend(const std::string& name) {
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
-                                      const CpuOptions& cpu) {
+                                      const CpuOptions& cpu, const std::string& vram_experts) {
   const std::string kind = resolve_backend(name);
+  uint64_t budget = 0;  // default: all that fit with a margin
+  if (vram_experts == "all") budget = ~uint64_t(0);
+  else if (!vram_experts.empty()) budget = parse_size(vram_experts, "--vram-experts");
 #ifdef WREN_HAVE_CUDA
   if (kind == "cuda") {
     auto be = std::make_unique<CudaBackend>();
+    be->set_vram_expert_budget(budget == ~uint64_t(0) ? CudaBackend::kAllExperts : budget);
     be->upload(weights);
     return be;
   }
+#else
+  (void)budget;
 #endif
   return std::make_unique<CpuBackend>(cpu);
+}
+
+bool backend_streams_experts(Backend& be) {
+#ifdef WREN_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) return cuda->experts_streamed();
+#endif
+  (void)be;
+  return true;
+}
+
+void set_backend_host_tier(Backend& be, ExpertSource* source) {
+#ifdef WREN_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) cuda->set_host_tier(source);
+#endif
+  (void)be, (void)source;
 }
 
 }  // namespace wren

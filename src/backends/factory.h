@@ -5,6 +5,7 @@
 
 #include "backends/backend.h"
 #include "backends/cpu/cpu_backend.h"
+#include "model/expert_source.h"
 #include "model/weights.h"
 
 namespace wren {
@@ -23,7 +24,17 @@ std::string resolve_backend(const std::string& name);
 /// Creates the backend `name` (resolved as above) and gives it the model's weights (the CUDA
 /// backend mirrors them to device memory). Throws wren::Error.
 /// `cpu` configures the CPU backend (threads, kernel level, MXFP4 activation mode).
+/// `vram_experts` (CUDA, --vram-experts): device memory for routed experts, "" = all that fit
+/// with a margin, "all", or a size ("2G", "500M"); experts beyond it stream from the host.
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
-                                      const CpuOptions& cpu = {});
+                                      const CpuOptions& cpu = {}, const std::string& vram_experts = "");
+
+/// True when `be` reads routed experts from an ExpertSource during the forward pass (the CPU
+/// backend; the CUDA backend when its VRAM expert budget does not hold every expert), so a
+/// bounded host expert store is worth opening.
+bool backend_streams_experts(Backend& be);
+
+/// Gives `be` the host tier it streams experts from (the CUDA VRAM tier; no-op elsewhere).
+void set_backend_host_tier(Backend& be, ExpertSource* source);
 
 }  // namespace wren

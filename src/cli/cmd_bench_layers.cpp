@@ -90,30 +90,47 @@ double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-/// Median seconds per decode token with the first `layers` layers, after an 8-token prefill.
-double decode_time(const Model& m, Backend& be, int layers, int tokens, uint64_t* launches) {
-  Forward fwd(m, be, {32, layers});
+/// Launch counters of one decode token (CUDA backend; zeros elsewhere).
+struct StepCounts {
+  uint64_t graph_launches = 0;  ///< decode graphs launched
+  uint64_t kernels = 0;         ///< kernels run (inside graphs + outside)
+  uint64_t outside = 0;         ///< kernel launches outside graphs
+  uint64_t syncs = 0;           ///< host syncs
+};
+
+/// Median seconds per decode token with the first `layers` layers, after an 8-token prefill;
+/// `graph` = one CUDA graph per token where the backend can (ForwardOptions::graph). `counts`
+/// receives the counters of the last timed token.
+double decode_time(const Model& m, Backend& be, int layers, int tokens, bool graph, StepCounts* counts) {
+  Forward fwd(m, be, {32, layers, graph});
   SequenceState st(be, m.config, 64 + tokens);
   std::vector<int> ids(8);
   for (int i = 0; i < 8; ++i) ids[i] = 3 + i;
   std::vector<float> logits(m.config.vocab);
   fwd.run(st, ids.data(), nullptr, 8, logits.data(), false);
   std::vector<double> t;
+  if (counts) *counts = {};
 #ifdef WREN_HAVE_CUDA
   auto* cuda = dynamic_cast<CudaBackend*>(&be);
-  const uint64_t l0 = cuda ? cuda->stats().launches : 0;
 #endif
   for (int i = 0; i < tokens; ++i) {
     const int id = argmax(logits.data(), m.config.vocab);
+#ifdef WREN_HAVE_CUDA
+    const CudaStats s0 = cuda ? cuda->stats() : CudaStats{};
+#endif
     const auto t0 = clock_type::now();
     fwd.run(st, &id, nullptr, 1, logits.data(), false);  // ends with a device -> host copy (sync)
     t.push_back(seconds_since(t0));
-  }
 #ifdef WREN_HAVE_CUDA
-  if (launches) *launches = cuda ? (cuda->stats().launches - l0) / std::max(tokens, 1) : 0;
-#else
-  if (launches) *launches = 0;
+    if (cuda && counts) {
+      const CudaStats s1 = cuda->stats();
+      counts->graph_launches = s1.graph_launches - s0.graph_launches;
+      counts->outside = s1.launches - s0.launches;
+      counts->kernels = counts->outside + (s1.graph_kernels - s0.graph_kernels);
+      counts->syncs = s1.host_syncs - s0.host_syncs;
+    }
 #endif
+  }
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }
@@ -196,6 +213,16 @@ void op_table(const Model& m, Backend& be, double bw) {
     const double s = time_op(be, y, 10, [&](int) { be.router_topk(y, l.moe.bias, 1, c.n_experts, c.top_k, ids.data(), w.data()); });
     row("router_topk (incl. host sync)", s, double(c.n_experts) * 8);
   }
+  if (c.expert_format == ExpertFormat::MXFP4) {  // the device-routed MoE (no host sync)
+    const RoutedMoeParams p{0, c.n_experts, c.top_k, c.expert_io(), c.routed_scale, c.situ_b1, c.situ_b2};
+    float* ys = be.alloc(size_t(c.top_k) * c.expert_io());
+    float* out = be.alloc(c.expert_io());
+    bool handled = true;
+    const double s = time_op(be, y, 10, [&](int) { handled = be.routed_moe(p, l.moe, y, x, 1, ys, out) && handled; });
+    if (handled) row("routed_moe T=1 (router+top-k experts)", s, double(c.top_k) * c.expert_bytes());
+    be.release(ys);
+    be.release(out);
+  }
   {
     SequenceState st(be, c, 8);
     float* buf = be.alloc(P * 6);
@@ -232,11 +259,15 @@ void bench_layers(const BenchArgs& a) {
 
   // Per-layer decode: differences of cumulative runs.
   std::vector<double> cum(c.n_layers + 1);
-  std::vector<uint64_t> launches(c.n_layers + 1);
+  std::vector<StepCounts> counts(c.n_layers + 1);
   for (int k = 0; k <= c.n_layers; ++k) {
-    cum[k] = decode_time(*model, *be, k, a.decode, &launches[k]);
+    cum[k] = decode_time(*model, *be, k, a.decode, true, &counts[k]);
     progress(start, "decode with " + std::to_string(k) + " layers: " + std::to_string(cum[k] * 1e3) + " ms/token");
   }
+  // The whole model once more op by op (no graph), side by side with the graph run above.
+  StepCounts plain;
+  const double plain_s = decode_time(*model, *be, c.n_layers, a.decode, false, &plain);
+  progress(start, "decode without graph: " + std::to_string(plain_s * 1e3) + " ms/token");
   const std::vector<double> bytes = layer_bytes(c, 8 + a.decode / 2);
 
   // Prefill of a --prompt-token prompt: TTFT (prefill + the first token's logits) and tok/s.
@@ -256,25 +287,35 @@ void bench_layers(const BenchArgs& a) {
 
   nlohmann::json out = {{"backend", be->name()}, {"preset", a.preset}, {"copy_GBps", bw / 1e9},
                         {"model_gen_s", gen_s}, {"upload_s", upload_s}, {"decode_tokens", a.decode},
-                        {"full_decode_ms", cum.back() * 1e3}, {"launches_per_token", launches.back()},
+                        {"full_decode_ms", cum.back() * 1e3}, {"kernels_per_token", counts.back().kernels},
+                        {"graph_launches_per_token", counts.back().graph_launches},
+                        {"launches_outside_graphs_per_token", counts.back().outside},
+                        {"host_syncs_per_token", counts.back().syncs}, {"no_graph_decode_ms", plain_s * 1e3},
+                        {"no_graph_launches_per_token", plain.outside}, {"no_graph_host_syncs_per_token", plain.syncs},
                         {"prompt", a.prompt}, {"chunk", a.chunk}, {"ttft_s", ttft}, {"prefill_tok_s", a.prompt / ttft}};
   std::printf("wren bench: backend %s, preset %s (hidden %d, %d KDA + %d MLA layers, %d experts top-%d, "
               "%d distinct), copy bandwidth %.0f GB/s (read+write)\n",
               be->name(), a.preset.c_str(), c.hidden, a.kda, a.mla, c.n_experts, c.top_k,
               std::min(a.distinct, a.experts), bw / 1e9);
   std::printf("%-6s %-4s %12s %12s %12s %8s %10s\n", "layer", "type", "decode_ms", "MB_read", "floor_ms", "ratio",
-              "launches");
+              "kernels");
   for (int i = 0; i < c.n_layers; ++i) {
     const double ms = (cum[i + 1] - cum[i]) * 1e3, floor_ms = bytes[i] / bw * 1e3;
     const char* type = c.layers[i].mixer == Mixer::KDA ? "KDA" : "MLA";
     std::printf("%-6d %-4s %12.3f %12.1f %12.3f %8.2f %10llu\n", i, type, ms, bytes[i] / 1e6, floor_ms,
-                ms / floor_ms, (unsigned long long)(launches[i + 1] - launches[i]));
+                ms / floor_ms, (unsigned long long)(counts[i + 1].kernels - counts[i].kernels));
     out["layers"].push_back({{"layer", i}, {"type", type}, {"decode_ms", ms}, {"bytes", bytes[i]},
                              {"floor_ms", floor_ms}, {"ratio", ms / floor_ms},
-                             {"launches", launches[i + 1] - launches[i]}});
+                             {"kernels", counts[i + 1].kernels - counts[i].kernels}});
   }
-  std::printf("embedding + final mix/norm + lm_head (vocab %d): %.3f ms; whole decode token %.3f ms, %llu launches\n",
-              c.vocab, cum[0] * 1e3, cum.back() * 1e3, (unsigned long long)launches.back());
+  const StepCounts& full = counts.back();
+  std::printf("embedding + final mix/norm + lm_head (vocab %d): %.3f ms; whole decode token %.3f ms: %llu graph "
+              "launches (%llu kernels), %llu kernel launches outside graphs, %llu host syncs\n",
+              c.vocab, cum[0] * 1e3, cum.back() * 1e3, (unsigned long long)full.graph_launches,
+              (unsigned long long)full.kernels, (unsigned long long)full.outside, (unsigned long long)full.syncs);
+  std::printf("same token without graph: %.3f ms, %llu kernel launches, %llu host syncs (graph speedup %.2fx)\n",
+              plain_s * 1e3, (unsigned long long)plain.outside, (unsigned long long)plain.syncs,
+              plain_s / cum.back());
   std::printf("prefill %d tokens (chunk %d): TTFT %.3f s, %.1f tok/s\n", a.prompt, a.chunk, ttft, a.prompt / ttft);
   if (a.json) std::printf("%s\n", out.dump().c_str());
 }

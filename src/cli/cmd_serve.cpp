@@ -86,6 +86,8 @@ void add_serve(CLI::App& app) {
   sub->add_option("--port", a->server.port, "Port to listen on (0 = any free port; default 8000)")->check(CLI::Range(0, 65535));
   sub->add_option("--expert-cache", a->engine.expert_cache, "Expert cache budget, e.g. 8G, 512M (default: from available RAM)");
   sub->add_option("--direct", a->engine.direct, "O_DIRECT expert reads: auto, on or off");
+  sub->add_option("--vram-experts", a->engine.vram_experts,
+                  "CUDA: device memory for routed experts, e.g. 2G, 500M, all (default: all that fit)");
   sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(CLI::PositiveNumber);
   sub->add_option("--ctx", a->engine.ctx, "Context limit per request in tokens (prompt + max_tokens)")->check(CLI::PositiveNumber);
   sub->add_option("--max-queue", a->server.max_queue, "Requests allowed to wait behind the running one (503 beyond)")

@@ -17,6 +17,8 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
   sub->add_flag("--think,!--no-think", think, "Thinking on (default) or off (chat format)");
   sub->add_option("--expert-cache", engine.expert_cache, "Expert cache budget, e.g. 8G, 512M (default: from available RAM)");
   sub->add_option("--direct", engine.direct, "O_DIRECT expert reads: auto, on or off");
+  sub->add_option("--vram-experts", engine.vram_experts,
+                  "CUDA: device memory for routed experts, e.g. 2G, 500M, all (default: all that fit)");
   sub->add_option("--chunk", engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(CLI::PositiveNumber);
   sub->add_option("--backend", engine.backend, "Op backend: cpu, cuda, or auto (cuda when built in and a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));

@@ -131,6 +131,18 @@ void Forward::run_here(SequenceState& st, const int* ids, const float* x0, int T
 
 void Forward::chunk(SequenceState& st, const int* ids, const float* x0, int T, int t0,
                     float* logits, bool all_logits, const ForwardHooks* hooks) {
+  // One decode step = one graph submission when nothing in it needs the host (see graph_step).
+  const bool graph = graph_step(T, x0, hooks) && be_.graph_begin();
+  try {
+    chunk_ops(st, ids, x0, T, t0, logits, all_logits, hooks, graph);
+  } catch (...) {
+    if (graph) be_.graph_abort();
+    throw;
+  }
+}
+
+void Forward::chunk_ops(SequenceState& st, const int* ids, const float* x0, int T, int t0, float* logits,
+                        bool all_logits, const ForwardHooks* hooks, bool graph) {
   Buffers& b = *buf_;
   const Config& c = cfg_;
   const ModelWeights& w = model_.weights;
@@ -166,7 +178,23 @@ void Forward::chunk(SequenceState& st, const int* ids, const float* x0, int T, i
         be_.to_host(b.P + t * D, D, hooks->trace + ((size_t(t0) + t) * n_layers_ + i) * D);
   }
   st.advance(T);
-  if (logits) head(n_blocks, T, logits, all_logits);
+  const int rows = logits ? head(n_blocks, T, all_logits) : 0;
+  if (graph) be_.graph_launch();
+  if (logits) be_.to_host(b.logits, size_t(rows) * c.vocab, logits);
+}
+
+bool Forward::graph_step(int T, const float* x0, const ForwardHooks* hooks) {
+  if (!opts_.graph || T != 1 || x0 || (hooks && (hooks->trace || hooks->dump || hooks->before_layer))) return false;
+  if (cfg_.expert_format != ExpertFormat::MXFP4) return false;  // dense experts route on the host
+  for (int i = 0; i < n_layers_; ++i)
+    if (cfg_.layers[i].ffn == Ffn::MoE && !be_.routed_moe_on_device(routed_params(i), model_.weights.layers[i].moe))
+      return false;
+  return true;
+}
+
+RoutedMoeParams Forward::routed_params(int layer) const {
+  const Config& c = cfg_;
+  return RoutedMoeParams{layer, c.n_experts, c.top_k, c.expert_io(), c.routed_scale, c.situ_b1, c.situ_b2};
 }
 
 /// b.mixed = Mix(blocks + [P]) (AttnRes, spec §4.1), or P itself when there is nothing to mix:
@@ -270,6 +298,8 @@ void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int
   const Config& c = cfg_;
   const int K = c.top_k, io = c.expert_io();
   be_.gemm(m.router, b.nrm, T, b.rlog);
+  if (c.expert_format == ExpertFormat::MXFP4 && be_.routed_moe(routed_params(layer), m, b.rlog, z, T, b.ys, out))
+    return;  // routed on the device (same result as the host-routed path below)
   be_.router_topk(b.rlog, m.bias, T, c.n_experts, K, b.ids.data(), b.wts.data());
   if (c.routed_scale != 1.f)
     for (int j = 0; j < T * K; ++j) b.wts[j] *= c.routed_scale;
@@ -306,16 +336,16 @@ void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int
     be_.weighted_sum(b.ys + size_t(t) * K * io, b.wts.data() + size_t(t) * K, K, io, out + size_t(t) * io);
 }
 
-void Forward::head(int n_blocks, int T, float* logits, bool all_logits) {
+int Forward::head(int n_blocks, int T, bool all_logits) {
   Buffers& b = *buf_;
   const ModelWeights& w = model_.weights;
-  const size_t D = cfg_.hidden, V = cfg_.vocab;
+  const size_t D = cfg_.hidden;
   pre_mix(w.out_mix, b.blocks, n_blocks, T);  // final mix (the residual itself when plain)
   // Only the last position needs the head unless every position's logits are asked for.
   const int first = all_logits ? 0 : T - 1, n = T - first;
   be_.rms_norm(b.mixed + first * D, n, int(D), w.final_norm, cfg_.rms_eps, b.hnorm);
   be_.gemm(w.lm_head, b.hnorm, n, b.logits);
-  be_.to_host(b.logits, n * V, logits);
+  return n;
 }
 
 void Forward::dump(const ForwardHooks* h, int layer, int t0, int T) {

@@ -39,6 +39,9 @@ struct ForwardHooks {
 struct ForwardOptions {
   int max_chunk = 32;  ///< tokens per layer-major chunk
   int layers = -1;     ///< run only the first N layers (-1 = all)
+  /// Record each single-token step (no x0, no hooks) into one backend graph when the backend has
+  /// graphs and every MoE layer's experts run on the device (Backend::routed_moe_on_device).
+  bool graph = true;
 };
 
 /// Runs tokens through the model; owns the activation workspace (allocated once, sized from the
@@ -82,11 +85,17 @@ class Forward {
                     bool all_logits, const ForwardHooks* hooks);
   void chunk(SequenceState& st, const int* ids, const float* x0, int T, int t0, float* logits,
              bool all_logits, const ForwardHooks* hooks);
+  /// The body of chunk(); `graph` = the ops are being recorded (launch before reading logits).
+  void chunk_ops(SequenceState& st, const int* ids, const float* x0, int T, int t0, float* logits,
+                 bool all_logits, const ForwardHooks* hooks, bool graph);
   void kda_layer(const LayerWeights& l, KdaState& s, int T);
   void mla_layer(const LayerWeights& l, MlaCache& c, int T);
   void dense_mlp(const LayerWeights& l, int T);
   void moe(int layer, const MoeWeights& m, int T);
-  void head(int n_entries, int T, float* logits, bool all_logits);
+  /// Final mix, norm and lm_head into the device logits; returns the number of rows computed.
+  int head(int n_entries, int T, bool all_logits);
+  bool graph_step(int T, const float* x0, const ForwardHooks* hooks);
+  RoutedMoeParams routed_params(int layer) const;
   void dump(const ForwardHooks* h, int layer, int t0, int T);
   void pre_mix(const DenseWeight& w, const std::vector<float*>& blocks, int n_blocks, int T);
   void glu(const float* g, const float* u, int T, int n, float* out);

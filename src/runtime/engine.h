@@ -21,6 +21,7 @@ struct EngineOptions {
   std::string expert_cache;        ///< --expert-cache ("" = default budget)
   std::string direct = "auto";     ///< --direct
   std::string backend = "auto";    ///< --backend: cpu, cuda or auto (backends/factory.h)
+  std::string vram_experts;        ///< --vram-experts (CUDA): "" = all that fit, "all", or a size
   int chunk = 32, layers = -1, ctx = 4096;
   QuantPlan plan;                  ///< dense-weight formats (--quant; default exact f32)
   CpuOptions cpu;                  ///< CPU backend: threads, kernel level, MXFP4 activations

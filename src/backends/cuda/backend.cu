@@ -1,6 +1,7 @@
 // CUDA backend: device selection, the compute stream, weight upload (host-pointer -> device map),
 // device memory ops and scratch. Layout: activations f32 device buffers from alloc(); weights in
 // arenas, each tensor 256-byte aligned (dense f32 [rows, cols]; expert packed then scale bytes).
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -46,18 +47,25 @@ const uint8_t* CudaBackend::Impl::bytes(const uint8_t* host, const char* op) con
 
 void* CudaBackend::Impl::scratch(cuda::Scratch& s, size_t n) {
   if (s.bytes >= n) return s.ptr;
-  if (s.ptr) check_cuda(cudaFree(s.ptr), "cudaFree (scratch)");
+  // While recording a graph the old buffer may still be named by queued work and cudaFree would
+  // synchronize: free it after the launch. Growth by at least 1.5x keeps decode (whose MLA score
+  // span grows by one token a step) from reallocating every step.
+  if (s.ptr) {
+    if (capturing) deferred_free.push_back(s.ptr);
+    else check_cuda(cudaFree(s.ptr), "cudaFree (scratch)");
+  }
+  const size_t grown = s.bytes + s.bytes / 2;
   s.ptr = nullptr;
   s.bytes = 0;
-  const size_t want = n < 256 ? 256 : n;
+  const size_t want = std::max({n, grown, size_t(256)});
   check_cuda(cudaMalloc(&s.ptr, want), ("cudaMalloc of " + std::to_string(want) + " scratch bytes").c_str());
   s.bytes = want;
   return s.ptr;
 }
 
 void CudaBackend::Impl::launched(const char* what) {
-  ++stats.launches;
-  if (fault_at != 0 && stats.launches == fault_at)
+  ++(capturing ? stats.graph_kernels : stats.launches);
+  if (fault_at != 0 && stats.launches + stats.graph_kernels == fault_at)
     throw DeviceError(std::string("CUDA backend: ") + what + ": injected fault at launch " + std::to_string(fault_at) +
                       " (WREN_CUDA_FAULT_AT)");
   check_cuda(cudaGetLastError(), what);
@@ -66,6 +74,8 @@ void CudaBackend::Impl::launched(const char* what) {
 void CudaBackend::inject_fault(uint64_t at_launch) { impl_->fault_at = at_launch; }
 
 void CudaBackend::Impl::sync(const char* what) {
+  if (capturing)
+    throw Error(std::string("CUDA backend: ") + what + " waits for the host while a decode graph is being recorded");
   ++stats.host_syncs;
   check_cuda(cudaStreamSynchronize(stream), what);
 }
@@ -93,6 +103,11 @@ CudaBackend::~CudaBackend() {
   for (cuda::Scratch* s : {&m.ids, &m.act, &m.scores, &m.router_ids, &m.router_w})
     if (s->ptr) cudaFree(s->ptr);
   for (void* a : m.arenas) cudaFree(a);
+  m.tier_reset();
+  for (auto& [w, t] : m.tables)
+    if (t.dev) cudaFree(t.dev);
+  for (void* p : m.deferred_free) cudaFree(p);
+  if (m.graph_exec) cudaGraphExecDestroy(m.graph_exec);
   if (m.pinned_ids) cudaFreeHost(m.pinned_ids);
   if (m.pinned_w) cudaFreeHost(m.pinned_w);
   if (m.stream) cudaStreamDestroy(m.stream);
@@ -143,6 +158,8 @@ void add_expert(std::vector<Piece>& out, const ExpertRef& e) {
 /// device arena and are added to the map.
 void upload_pieces(CudaBackend::Impl& m, const std::vector<Piece>& pieces) {
   constexpr size_t kAlign = 256;
+  check(!m.capturing, "CUDA backend: upload while a decode graph is being recorded");
+  ++m.generation;  // routed_moe's expert tables are rebuilt from the (possibly changed) map
   std::vector<Piece> fresh;
   std::unordered_map<const void*, size_t> seen;  // host -> index in `fresh` or SIZE_MAX (refreshed)
   for (const Piece& p : pieces) {
@@ -188,7 +205,7 @@ void upload_pieces(CudaBackend::Impl& m, const std::vector<Piece>& pieces) {
 }  // namespace
 
 void CudaBackend::upload(const ModelWeights& w) {
-  std::vector<Piece> p;
+  std::vector<Piece> p, experts;
   for (const DenseWeight* d : {&w.embed, &w.final_norm, &w.out_res_norm, &w.out_res_proj, &w.out_mix, &w.lm_head})
     add_dense(p, *d);
   for (const LayerWeights& l : w.layers) {
@@ -207,9 +224,15 @@ void CudaBackend::upload(const ModelWeights& w) {
     for (const DenseWeight* d : {&m.router, &m.bias, &m.down, &m.norm, &m.up, &m.shared_gate,
                                  &m.shared_up, &m.shared_down})
       add_dense(p, *d);
-    for (const ExpertRef& e : m.experts) add_expert(p, e);
+    for (const ExpertRef& e : m.experts) add_expert(experts, e);
   }
   upload_pieces(*impl_, p);
+  // Routed experts: all resident when they fit the VRAM expert budget, else the tier's slots.
+  uint64_t expert_bytes = 0;
+  std::unordered_map<const void*, size_t> distinct;
+  for (const Piece& q : experts) distinct[q.host] = std::max(distinct[q.host], q.bytes);
+  for (const auto& [h, b] : distinct) expert_bytes += b;
+  if (!impl_->tier_setup(w, expert_bytes)) upload_pieces(*impl_, experts);
 }
 
 void CudaBackend::upload(const DenseWeight& w) {

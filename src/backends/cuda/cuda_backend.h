@@ -9,8 +9,9 @@
 // upload: model weights are immutable while their Model lives, and every upload() re-copies a
 // tensor it already knows, so a host address reused by new data is refreshed, never served stale
 // (gpu-backend.md lesson 11). An op handed a weight that was never uploaded throws rather than
-// reading host memory. Host-side inputs of the interface (token ids, router
-// outputs, expert weights) stay host memory as backend.h says.
+// reading host memory. Host-side inputs of the interface (token ids, router_topk's outputs, expert
+// weights) stay host memory as backend.h says; routed_moe keeps ids and weights on the device.
+// Decode graphs: graph.cu; VRAM expert tier (experts beyond --vram-experts): expert_tier.cu.
 //
 // Numerics ("exact mode", gpu-backend.md §3.5): f32 activations, f32 accumulation in the CPU
 // reference's order wherever that order is cheap to reproduce (the 8-accumulator dot of gemm and
@@ -25,13 +26,23 @@
 #include <string>
 
 #include "backends/backend.h"
+#include "model/expert_source.h"
 
 namespace wren {
 
 /// Counters of one CudaBackend, for tests and reports ("prove the GPU did the work", §3.7).
 struct CudaStats {
-  uint64_t launches = 0;         ///< kernel launches
+  uint64_t launches = 0;         ///< kernel launches outside graphs
   uint64_t host_syncs = 0;       ///< stream synchronizations the host waited for
+  uint64_t graph_launches = 0;   ///< decode graphs launched (cudaGraphLaunch)
+  uint64_t graph_kernels = 0;    ///< kernels recorded into those graphs (run once per launch)
+  uint64_t graph_instantiations = 0;  ///< cudaGraphInstantiate calls (first step, failed updates)
+  uint64_t graph_updates = 0;    ///< successful cudaGraphExecUpdate calls (later steps)
+  uint64_t routed_moe_calls = 0; ///< routed_moe calls handled on the device
+  uint64_t expert_slots = 0;     ///< VRAM tier: device expert slots (0 = every expert resident)
+  uint64_t tier_hits = 0;        ///< VRAM tier: selected experts found in a slot
+  uint64_t tier_misses = 0;      ///< VRAM tier: experts copied host -> device into a slot
+  uint64_t tier_bytes = 0;       ///< VRAM tier: bytes copied for those misses
   uint64_t uploaded_bytes = 0;   ///< weight bytes copied to the device by upload()
   uint64_t resident_tensors = 0; ///< distinct host tensors with a device copy
   uint64_t expert_calls = 0;     ///< expert_ffn calls
@@ -48,9 +59,22 @@ class CudaBackend final : public Backend {
 
   const char* name() const override { return "cuda"; }
 
-  /// Mirrors every dense weight and every routed expert of `w` to device memory (one arena).
-  /// Throws wren::Error when a dense weight is not f32 or device memory runs out.
+  /// Mirrors every dense weight of `w` to device memory, and every routed expert when they fit in
+  /// the VRAM expert budget; otherwise the experts stay on the host and the VRAM tier's slots are
+  /// set up (see set_vram_expert_budget). Throws wren::Error when a dense weight is not f32, device
+  /// memory runs out, or the budget is below one expert.
   void upload(const ModelWeights& w);
+  /// Device bytes routed experts may use, applied by the next upload(ModelWeights): 0 = default
+  /// (free device memory after the dense weights, less max(1 GiB, 5% of the card)), kAllExperts =
+  /// every expert resident whatever it costs. Beyond the budget, routed_moe streams the selected
+  /// experts from the host tier into an LRU of device slots keyed by (layer, expert id).
+  void set_vram_expert_budget(uint64_t bytes);
+  static constexpr uint64_t kAllExperts = ~uint64_t(0);
+  /// The host tier the VRAM tier reads missing experts from (e.g. the ExpertStore: disk -> host
+  /// -> VRAM); null = the shard mappings of the uploaded model. Must outlive the backend's use.
+  void set_host_tier(ExpertSource* source);
+  /// True when routed experts stream from the host tier (the budget did not hold them all).
+  bool experts_streamed() const;
   /// Mirrors one dense f32 weight's current contents (a repeated call refreshes the device copy).
   void upload(const DenseWeight& w);
   /// Mirrors one expert's packed/scale bytes (a repeated call refreshes the device copy).
@@ -90,6 +114,17 @@ class CudaBackend final : public Backend {
                    float* weights) override;
   void expert_ffn(const ExpertRef& e, const float* z, float b1, float b2, float* y) override;
   void weighted_sum(const float* ys, const float* weights, int m, int n, float* y) override;
+  /// Handled when every expert of the layer is resident (4 launches: router, all gate/up, all
+  /// down, weighted sum; no host sync); otherwise false.
+  bool routed_moe(const RoutedMoeParams& p, const MoeWeights& m, const float* logits, const float* z, int T,
+                  float* ys, float* out) override;
+  bool routed_moe_on_device(const RoutedMoeParams& p, const MoeWeights& m) override;
+  /// Stream capture (relaxed mode) of the compute stream; the first launch instantiates the
+  /// graph, later launches update it in place (cudaGraphExecUpdate) or re-instantiate when the
+  /// update is refused, so arguments baked into kernels (cache length, token id) are always fresh.
+  bool graph_begin() override;
+  void graph_launch() override;
+  void graph_abort() noexcept override;
 
   struct Impl;  ///< device, stream, weight map, scratch, counters (cuda_common.cuh)
 

@@ -5,12 +5,14 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
 #include "core/error.h"
+#include "model/expert_source.h"
 
 namespace wren {
 namespace cuda {
@@ -26,6 +28,48 @@ inline void check_cuda(cudaError_t err, const char* what) {
 struct DeviceTensor {
   void* ptr = nullptr;
   size_t bytes = 0;
+};
+
+/// Device pointers of one MXFP4 expert's six tensors (w1 gate, w3 up, w2 down; packed, scale).
+struct ExpertPtrs {
+  const uint8_t *p1, *s1, *p3, *s3, *p2, *s2;
+};
+
+/// One MoE layer's device expert table for routed_moe: ExpertPtrs [E] in device memory, built from
+/// the weight map when every expert of the layer is resident. Rebuilt after any upload (the map
+/// may have changed), never keyed by a host address alone (gpu-backend.md lesson 11).
+struct LayerTable {
+  uint64_t generation = 0;   ///< Impl::generation it was built at (0 = never)
+  bool resident = false;     ///< every expert of the layer has a device copy
+  const void* first = nullptr;  ///< host w1.packed of expert 0 when built (identity check)
+  int E = 0, inter = 0, io = 0;
+  ExpertPtrs* dev = nullptr;  ///< [cap] device (owned)
+  int cap = 0;                ///< entries allocated at dev
+};
+
+/// The VRAM expert tier (expert_tier.cu): when the routed MXFP4 experts exceed the budget they
+/// stay on the host (the ExpertSource: shard mappings or the ExpertStore) and an LRU of device
+/// slots holds the recently used ones. Slots are keyed by (layer, expert id), never by a host
+/// address (the store reuses its buffers for other experts: gpu-backend.md lesson 11). A slot is
+/// one expert's six tensors, each 256-byte aligned: w1 packed, w1 scale, w3 packed, w3 scale,
+/// w2 packed, w2 scale.
+struct ExpertTier {
+  uint64_t budget = 0;       ///< bytes for routed experts; 0 = free memory less a margin
+  bool active = false;       ///< some experts live on the host (slots in use)
+  ExpertSource* source = nullptr;  ///< host tier given by set_host_tier (null: `mapped`)
+  std::unique_ptr<ExpertSource> mapped;  ///< the shard mappings of the uploaded model
+  size_t slot_bytes = 0;
+  size_t off[6] = {}, len[6] = {};
+  int inter = 0, io = 0, n_slots = 0;
+  char* arena = nullptr;                    ///< [n_slots, slot_bytes] device (owned)
+  std::unordered_map<int64_t, int> where;   ///< layer << 32 | expert -> slot
+  std::vector<int64_t> key;                 ///< slot -> key, -1 = empty
+  std::vector<uint64_t> last_use;           ///< slot -> LRU clock of its last use
+  uint64_t clock = 0;
+  uint8_t* staging = nullptr;               ///< pinned host staging of the misses being copied
+  size_t staging_bytes = 0;
+  ExpertPtrs* pinned_pairs = nullptr;       ///< pinned host per-pair table
+  size_t pinned_pairs_len = 0;
 };
 
 /// A grow-only device scratch buffer (stream-ordered reuse: every user is on the one stream).
@@ -49,6 +93,14 @@ struct CudaBackend::Impl {
   CudaStats stats;
   uint64_t fault_at = 0;        ///< fault injection: the launch count that fails (0 = never)
   bool free_failed = false;     ///< a cudaFree failure was reported (report once)
+  uint64_t generation = 1;      ///< bumped by every upload (invalidates LayerTables)
+  std::unordered_map<const MoeWeights*, cuda::LayerTable> tables;  ///< routed_moe expert tables
+  cuda::ExpertTier tier;        ///< VRAM expert tier (expert_tier.cu)
+  cuda::Scratch pair_table;     ///< device per-pair expert table (tier)
+  // Decode graphs (graph.cu).
+  bool capturing = false;        ///< the stream is being recorded
+  cudaGraphExec_t graph_exec = nullptr;  ///< last instantiated decode graph (updated in place)
+  std::vector<void*> deferred_free;      ///< scratch replaced while recording (freed after launch)
 
   /// Device copy of a dense f32 weight; throws naming `op` when it was never uploaded.
   const float* dense(const DenseWeight& w, const char* op) const;
@@ -58,8 +110,19 @@ struct CudaBackend::Impl {
   void* scratch(cuda::Scratch& s, size_t bytes);
   /// Counts one launch and checks it (cudaGetLastError), naming `what` on failure.
   void launched(const char* what);
-  /// Waits for the stream; counts the sync.
+  /// Waits for the stream; counts the sync. Throws while recording a graph (a bug in the caller).
   void sync(const char* what);
+  /// Expert table of `m` (built or rebuilt as needed); throws on inconsistent expert shapes.
+  cuda::LayerTable& table(const MoeWeights& m, int layer);
+  /// Tier: sets up slots for the routed experts of `w` when their `bytes` exceed the budget
+  /// (returns true; the experts are then not uploaded), else returns false.
+  bool tier_setup(const ModelWeights& w, uint64_t bytes);
+  /// Tier: makes the experts of `pairs` (host ids [pairs]) of `layer` resident in slots (copying
+  /// the misses from the host tier; at most n_slots distinct ids) and returns the device per-pair
+  /// table [pairs]. The caller has synchronized since the previous call (staging reuse).
+  const cuda::ExpertPtrs* tier_prepare(int layer, const int* ids, int pairs);
+  /// Tier: frees the slots (a new upload starts over).
+  void tier_reset();
 };
 
 namespace cuda {

@@ -47,10 +47,17 @@ __global__ void gemm_kernel(const float* __restrict__ W, const float* __restrict
   }
 }
 
-__global__ void embed_kernel(const float* __restrict__ table, const int* __restrict__ ids, int D,
+/// Up to kArgIds token ids passed by value (decode: no host -> device copy, so the step can be
+/// recorded into a graph with the id baked into the kernel's arguments).
+constexpr int kArgIds = 8;
+struct ArgIds {
+  int id[kArgIds];
+};
+
+__global__ void embed_kernel(const float* __restrict__ table, const int* __restrict__ ids, ArgIds small, int D,
                              float* __restrict__ x) {
   const int t = blockIdx.x;
-  const float* src = table + size_t(ids[t]) * D;
+  const float* src = table + size_t(ids ? ids[t] : small.id[t]) * D;
   for (int i = threadIdx.x; i < D; i += blockDim.x) x[size_t(t) * D + i] = src[i];
 }
 
@@ -63,11 +70,17 @@ void CudaBackend::embed(const DenseWeight& table, const int* ids, int T, float* 
       throw Error("token id " + std::to_string(ids[t]) + " is outside the vocabulary [0, " +
                   std::to_string(table.rows) + ")");
   const float* dt = m.dense(table, "embed");
-  int* dids = static_cast<int*>(m.scratch(m.ids, size_t(T) * sizeof(int)));
-  // Pageable source: the copy returns once `ids` is staged, so the caller may reuse it.
-  cuda::check_cuda(cudaMemcpyAsync(dids, ids, size_t(T) * sizeof(int), cudaMemcpyHostToDevice, m.stream),
-                   "cudaMemcpyAsync (embed ids)");
-  embed_kernel<<<T, 256, 0, m.stream>>>(dt, dids, int(table.cols), x);
+  ArgIds small{};
+  int* dids = nullptr;
+  if (T <= kArgIds) {
+    for (int t = 0; t < T; ++t) small.id[t] = ids[t];
+  } else {
+    dids = static_cast<int*>(m.scratch(m.ids, size_t(T) * sizeof(int)));
+    // Pageable source: the copy returns once `ids` is staged, so the caller may reuse it.
+    cuda::check_cuda(cudaMemcpyAsync(dids, ids, size_t(T) * sizeof(int), cudaMemcpyHostToDevice, m.stream),
+                     "cudaMemcpyAsync (embed ids)");
+  }
+  embed_kernel<<<T, 256, 0, m.stream>>>(dt, dids, small, int(table.cols), x);
   m.launched("embed kernel");
 }
 

@@ -12,10 +12,15 @@
 // lane 0 then adds the group terms in group order (the CPU's order). The input vector sits in
 // shared memory at a stride of 33 floats per group, so the 32 lanes (32 different groups) hit 32
 // different banks. Launch 1 computes W1·z and W3·z and applies SiTU; launch 2 computes W2·act.
+// routed_moe: the same two passes for every (token, slot) pair of a chunk in one launch each
+// (grid y = pair; the expert through a device table: ExpertPtrs[E] of the resident experts, or
+// the VRAM tier's per-pair table), the router writing ids and scaled weights to device memory,
+// and a weighted sum over each token's slots in slot order.
 #include <string>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "core/mxfp4.h"
+#include "model/load.h"
 
 namespace wren {
 
@@ -37,8 +42,9 @@ __device__ __forceinline__ bool better(const Best& a, const Best& b) {
   return a.v > b.v || (a.v == b.v && a.i < b.i);
 }
 
+/// scale: routed_scale applied after the renormalization (1 = none), as the forward pass does.
 __global__ void router_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int E, int k,
-                              int* __restrict__ ids, float* __restrict__ weights) {
+                              float scale, int* __restrict__ ids, float* __restrict__ weights) {
   extern __shared__ float rs[];
   float* s = rs;                                         // [E] σ(logit)
   float* biased = s + E;                                 // [E]
@@ -78,7 +84,8 @@ __global__ void router_kernel(const float* __restrict__ logits, const float* __r
     for (int j = 0; j < k; ++j) total += s[chosen[j]];
     for (int j = 0; j < k; ++j) {
       ids[size_t(t) * k + j] = chosen[j];
-      weights[size_t(t) * k + j] = s[chosen[j]] / (total + 1e-20f);
+      const float w = s[chosen[j]] / (total + 1e-20f);
+      weights[size_t(t) * k + j] = scale != 1.f ? w * scale : w;
     }
   }
 }
@@ -125,10 +132,10 @@ struct MxArgs {
   float b1, b2;
 };
 
+/// The body of one expert matrix pass (see the file comment); xsm is the block's dynamic shared
+/// memory, lut 16 floats of shared memory.
 template <bool kGateUp>
-__global__ void mx_kernel(MxArgs a) {
-  extern __shared__ float xsm[];  // [groups * 33] input, then [kMxWarps * groups] terms
-  __shared__ float lut[16];
+__device__ __forceinline__ void mx_pass(const MxArgs& a, float* xsm, float* lut) {
   const int groups = a.cols / mxfp4::kGroup;
   if (threadIdx.x < 16) lut[threadIdx.x] = mxfp4::e2m1_value(uint8_t(threadIdx.x));
   for (int c = threadIdx.x; c < a.cols; c += blockDim.x) xsm[(c / 32) * 33 + c % 32] = a.x[c];
@@ -146,6 +153,52 @@ __global__ void mx_kernel(MxArgs a) {
   }
 }
 
+template <bool kGateUp>
+__global__ void mx_kernel(MxArgs a) {
+  extern __shared__ float xsm[];  // [groups * 33] input, then [kMxWarps * groups] terms
+  __shared__ float lut[16];
+  mx_pass<kGateUp>(a, xsm, lut);
+}
+
+/// Every (token, slot) pair of a routed MoE chunk in one launch: blockIdx.y = pair j, its expert
+/// table[ids[j]] (or table[j] when ids is null: the VRAM tier's per-pair table), input row
+/// x + (j / x_div)·cols, output row y + j·rows. Each pair's result is
+/// the single-expert kernel's, bit for bit.
+struct MxBatchArgs {
+  const cuda::ExpertPtrs* table;
+  const int* ids;
+  const float* x;
+  float* y;
+  int x_div, rows, cols;
+  float b1, b2;
+};
+
+template <bool kGateUp>
+__global__ void mx_batch_kernel(MxBatchArgs b) {
+  extern __shared__ float xsm[];
+  __shared__ float lut[16];
+  const int j = blockIdx.y;
+  const cuda::ExpertPtrs e = b.ids ? b.table[b.ids[j]] : b.table[j];  // ids null: a per-pair table
+  MxArgs a;
+  a.p1 = kGateUp ? e.p1 : e.p2, a.s1 = kGateUp ? e.s1 : e.s2, a.p3 = e.p3, a.s3 = e.s3;
+  a.x = b.x + size_t(j / b.x_div) * b.cols;
+  a.y = b.y + size_t(j) * b.rows;
+  a.rows = b.rows, a.cols = b.cols, a.b1 = b.b1, a.b2 = b.b2;
+  mx_pass<kGateUp>(a, xsm, lut);
+}
+
+/// out[t, i] = Σ_j w[t, j] · ys[t·k + j, i] in slot order (weights on the device).
+__global__ void routed_sum_kernel(const float* __restrict__ ys, const float* __restrict__ w, int k, int io, int T,
+                                  float* __restrict__ out) {
+  const size_t n = size_t(T) * io;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t t = i / io, c = i % io;
+    float acc = 0;
+    for (int j = 0; j < k; ++j) acc += w[t * k + j] * ys[(t * k + j) * io + c];
+    out[i] = acc;
+  }
+}
+
 struct Weights {
   float w[kMaxWeighted];
 };
@@ -158,27 +211,39 @@ __global__ void weighted_sum_kernel(const float* __restrict__ ys, Weights w, int
   }
 }
 
+/// Dynamic shared memory of an MXFP4 pass over `cols` inputs (opting `kernel` in when > 48 KiB).
+template <typename K>
+size_t mx_smem(CudaBackend::Impl& m, K kernel, int cols) {
+  const int groups = cols / mxfp4::kGroup;
+  const size_t smem = (size_t(groups) * 33 + size_t(kMxWarps) * groups) * sizeof(float);
+  if (smem + 1024 > size_t(m.max_smem_optin))
+    throw Error("CUDA backend: expert_ffn: " + std::to_string(cols) + " columns need too much shared memory");
+  if (smem > 48 * 1024)
+    cuda::check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+                     "cudaFuncSetAttribute (expert_ffn shared memory)");
+  return smem;
+}
+
 /// Launch of one MXFP4 matrix pass over `rows` outputs.
 template <bool kGateUp>
 void launch_mx(CudaBackend::Impl& m, const MxArgs& a, const char* what) {
-  const int groups = a.cols / mxfp4::kGroup;
-  const size_t smem = (size_t(groups) * 33 + size_t(kMxWarps) * groups) * sizeof(float);
-  if (smem + 1024 > size_t(m.max_smem_optin))
-    throw Error("CUDA backend: expert_ffn: " + std::to_string(a.cols) + " columns need too much shared memory");
-  if (smem > 48 * 1024)
-    cuda::check_cuda(cudaFuncSetAttribute(mx_kernel<kGateUp>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-                     "cudaFuncSetAttribute (expert_ffn shared memory)");
+  const size_t smem = mx_smem(m, mx_kernel<kGateUp>, a.cols);
   const unsigned blocks = unsigned((a.rows + kMxWarps - 1) / kMxWarps);
   mx_kernel<kGateUp><<<blocks, kMxWarps * 32, smem, m.stream>>>(a);
   m.launched(what);
 }
 
-}  // namespace
+/// Launch of one MXFP4 matrix pass for `pairs` (token, slot) pairs.
+template <bool kGateUp>
+void launch_mx_batch(CudaBackend::Impl& m, const MxBatchArgs& a, int pairs, const char* what) {
+  const size_t smem = mx_smem(m, mx_batch_kernel<kGateUp>, a.cols);
+  const unsigned blocks = unsigned((a.rows + kMxWarps - 1) / kMxWarps);
+  mx_batch_kernel<kGateUp><<<dim3(blocks, unsigned(pairs)), kMxWarps * 32, smem, m.stream>>>(a);
+  m.launched(what);
+}
 
-void CudaBackend::router_topk(const float* logits, const DenseWeight& bias, int T, int E, int k, int* ids,
-                              float* weights) {
-  Impl& m = *impl_;
-  if (T <= 0) return;
+/// Checks the router's limits for top-k of E and returns its dynamic shared memory bytes.
+size_t router_smem(const CudaBackend::Impl& m, int E, int k) {
   if (k < 1 || k > E || k > kMaxWeighted * 4)
     throw Error("CUDA backend: router_topk: top-" + std::to_string(k) + " of " + std::to_string(E) + " is not supported");
   const size_t smem = size_t(E) * (2 * sizeof(float) + 1);
@@ -187,10 +252,20 @@ void CudaBackend::router_topk(const float* logits, const DenseWeight& bias, int 
   if (smem > 48 * 1024)
     cuda::check_cuda(cudaFuncSetAttribute(router_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
                      "cudaFuncSetAttribute (router shared memory)");
+  return smem;
+}
+
+}  // namespace
+
+void CudaBackend::router_topk(const float* logits, const DenseWeight& bias, int T, int E, int k, int* ids,
+                              float* weights) {
+  Impl& m = *impl_;
+  if (T <= 0) return;
+  const size_t smem = router_smem(m, E, k);
   const size_t n = size_t(T) * k;
   int* dids = static_cast<int*>(m.scratch(m.router_ids, n * sizeof(int)));
   float* dw = static_cast<float*>(m.scratch(m.router_w, n * sizeof(float)));
-  router_kernel<<<T, kRouterThreads, smem, m.stream>>>(logits, m.dense(bias, "router_topk (bias)"), E, k, dids, dw);
+  router_kernel<<<T, kRouterThreads, smem, m.stream>>>(logits, m.dense(bias, "router_topk (bias)"), E, k, 1.f, dids, dw);
   m.launched("router kernel");
   if (m.pinned_len < n) {
     if (m.pinned_ids) cuda::check_cuda(cudaFreeHost(m.pinned_ids), "cudaFreeHost");
@@ -235,6 +310,152 @@ void CudaBackend::weighted_sum(const float* ys, const float* weights, int m, int
   for (int j = 0; j < m; ++j) w.w[j] = weights[j];
   weighted_sum_kernel<<<cuda::grid_for(size_t(n), 256), 256, 0, impl_->stream>>>(ys, w, m, n, y);
   impl_->launched("weighted_sum kernel");
+}
+
+}  // namespace wren
+
+// ---- routed experts on the device ----
+
+namespace wren {
+
+cuda::LayerTable& CudaBackend::Impl::table(const MoeWeights& mw, int layer) {
+  cuda::LayerTable& t = tables[&mw];
+  const int E = int(mw.experts.size());
+  const void* first = E ? static_cast<const void*>(mw.experts[0].w1.packed) : nullptr;
+  if (t.generation == generation && t.first == first && t.E == E) return t;
+  if (capturing)
+    throw Error("CUDA backend: routed_moe: layer " + std::to_string(layer) +
+                ": expert table rebuilt while a decode graph is being recorded");
+  t.generation = generation, t.first = first, t.resident = false;
+  if (E == 0 || !first) {  // dense experts (Kimi Linear) are not handled here
+    t.E = E;
+    return t;
+  }
+  const ExpertRef& e0 = mw.experts[0];
+  const int inter = int(e0.w1.rows), io = int(e0.w1.cols);
+  std::vector<cuda::ExpertPtrs> host(E);
+  for (int i = 0; i < E; ++i) {
+    const ExpertRef& e = mw.experts[i];
+    if (e.w1.rows != inter || e.w1.cols != io || e.w3.rows != inter || e.w3.cols != io || e.w2.rows != io ||
+        e.w2.cols != inter)
+      throw Error("CUDA backend: routed_moe: layer " + std::to_string(layer) + ": expert " + e.name +
+                  " has a shape unlike expert 0's");
+    const uint8_t* p[6];
+    const MxMatrix* mats[3] = {&e.w1, &e.w3, &e.w2};
+    for (int k = 0; k < 3; ++k) {
+      const size_t packed = size_t(mats[k]->rows) * (mats[k]->cols / 2), scale = size_t(mats[k]->rows) * (mats[k]->cols / 32);
+      const auto a = weights.find(mats[k]->packed), b = weights.find(mats[k]->scale);
+      if (a == weights.end() || b == weights.end() || a->second.bytes < packed || b->second.bytes < scale) {
+        t.E = E;  // not resident: routed_moe declines, the host-routed path runs
+        return t;
+      }
+      p[2 * k] = static_cast<const uint8_t*>(a->second.ptr);
+      p[2 * k + 1] = static_cast<const uint8_t*>(b->second.ptr);
+    }
+    host[i] = {p[0], p[1], p[2], p[3], p[4], p[5]};
+  }
+  // The host-routed path validates an expert's scales on first use (ExpertSource); here every
+  // expert of the layer may be selected on the device, so all are checked once, now.
+  for (const ExpertRef& e : mw.experts) validate_expert_scales(e);
+  if (t.dev && t.cap < E) {
+    cuda::check_cuda(cudaFree(t.dev), "cudaFree (expert table)");
+    t.dev = nullptr, t.cap = 0;
+  }
+  if (!t.dev) {
+    cuda::check_cuda(cudaMalloc(&t.dev, size_t(E) * sizeof(cuda::ExpertPtrs)), "cudaMalloc (expert table)");
+    t.cap = E;
+  }
+  cuda::check_cuda(cudaMemcpyAsync(t.dev, host.data(), size_t(E) * sizeof(cuda::ExpertPtrs), cudaMemcpyHostToDevice, stream),
+             "cudaMemcpyAsync (expert table)");
+  sync("expert table");  // `host` is pageable and about to go away
+  t.E = E, t.inter = inter, t.io = io, t.resident = true;
+  return t;
+}
+
+bool CudaBackend::routed_moe_on_device(const RoutedMoeParams& p, const MoeWeights& m) {
+  if (impl_->tier.active) return false;  // experts stream: the ids must come to the host
+  const cuda::LayerTable& t = impl_->table(m, p.layer);
+  return t.resident && t.io == p.io && t.E == p.n_experts;
+}
+
+/// routed_moe through the VRAM tier: route on the device, ids to the host (one sync), then token
+/// groups whose distinct experts fit the slots: make them resident, run all their pairs.
+static void tier_routed_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeights& mw, const float* logits,
+                     const float* z, int T, float* ys, float* out) {
+  const cuda::ExpertTier& tier = m.tier;
+  const int k = p.top_k, pairs = T * k;
+  if (tier.io != p.io)
+    throw Error("CUDA backend: routed_moe: layer " + std::to_string(p.layer) + ": expert width " +
+                std::to_string(tier.io) + ", expected " + std::to_string(p.io));
+  const size_t smem = router_smem(m, p.n_experts, k);
+  ++m.stats.routed_moe_calls;
+  int* dids = static_cast<int*>(m.scratch(m.router_ids, size_t(pairs) * sizeof(int)));
+  float* dw = static_cast<float*>(m.scratch(m.router_w, size_t(pairs) * sizeof(float)));
+  router_kernel<<<T, kRouterThreads, smem, m.stream>>>(logits, m.dense(mw.bias, "routed_moe (router bias)"),
+                                                       p.n_experts, k, p.routed_scale, dids, dw);
+  m.launched("routed_moe router kernel");
+  std::vector<int> ids(pairs);
+  cuda::check_cuda(cudaMemcpyAsync(ids.data(), dids, size_t(pairs) * sizeof(int), cudaMemcpyDeviceToHost, m.stream),
+                   "cudaMemcpyAsync (routed ids)");
+  m.sync("routed_moe (ids for the VRAM tier)");
+  float* act = static_cast<float*>(m.scratch(m.act, size_t(pairs) * tier.inter * sizeof(float)));
+  for (int t0 = 0; t0 < T;) {
+    // The longest run of tokens whose distinct experts fit the slots (one token always must).
+    std::vector<char> in(size_t(p.n_experts), 0);
+    int distinct = 0, t1 = t0;
+    while (t1 < T) {
+      int add = 0;
+      for (int j = 0; j < k; ++j) {
+        const int e = ids[size_t(t1) * k + j];
+        bool dup = in[e] != 0;
+        for (int i = 0; i < j && !dup; ++i) dup = ids[size_t(t1) * k + i] == e;
+        add += !dup;
+      }
+      if (t1 > t0 && distinct + add > tier.n_slots) break;
+      for (int j = 0; j < k; ++j) in[ids[size_t(t1) * k + j]] = 1;
+      distinct += add;
+      ++t1;
+    }
+    if (t0 > 0) m.sync("routed_moe (VRAM tier staging reuse)");
+    const int gp = (t1 - t0) * k;
+    const cuda::ExpertPtrs* table = m.tier_prepare(p.layer, ids.data() + size_t(t0) * k, gp);
+    launch_mx_batch<true>(m, MxBatchArgs{table, nullptr, z + size_t(t0) * tier.io, act, k, tier.inter, tier.io, p.b1, p.b2},
+                          gp, "routed_moe gate/up kernel");
+    launch_mx_batch<false>(m, MxBatchArgs{table, nullptr, act, ys + size_t(t0) * k * tier.io, 1, tier.io, tier.inter, 0.f, 0.f},
+                           gp, "routed_moe down kernel");
+    t0 = t1;
+  }
+  routed_sum_kernel<<<cuda::grid_for(size_t(T) * tier.io, 256), 256, 0, m.stream>>>(ys, dw, k, tier.io, T, out);
+  m.launched("routed_moe weighted-sum kernel");
+}
+
+bool CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, const float* logits, const float* z,
+                             int T, float* ys, float* out) {
+  Impl& m = *impl_;
+  if (m.tier.active && T > 0 && T * p.top_k <= 65535) {
+    tier_routed_moe(m, p, mw, logits, z, T, ys, out);
+    return true;
+  }
+  const cuda::LayerTable& t = m.table(mw, p.layer);
+  if (!t.resident || t.io != p.io || t.E != p.n_experts) return false;
+  const int k = p.top_k, pairs = T * k;
+  if (T <= 0) return true;
+  if (pairs > 65535) return false;  // grid y limit: the host-routed path handles such chunks
+  const size_t smem = router_smem(m, p.n_experts, k);
+  ++m.stats.routed_moe_calls;
+  int* dids = static_cast<int*>(m.scratch(m.router_ids, size_t(pairs) * sizeof(int)));
+  float* dw = static_cast<float*>(m.scratch(m.router_w, size_t(pairs) * sizeof(float)));
+  router_kernel<<<T, kRouterThreads, smem, m.stream>>>(logits, m.dense(mw.bias, "routed_moe (router bias)"),
+                                                       p.n_experts, k, p.routed_scale, dids, dw);
+  m.launched("routed_moe router kernel");
+  float* act = static_cast<float*>(m.scratch(m.act, size_t(pairs) * t.inter * sizeof(float)));
+  launch_mx_batch<true>(m, MxBatchArgs{t.dev, dids, z, act, k, t.inter, t.io, p.b1, p.b2}, pairs,
+                        "routed_moe gate/up kernel");
+  launch_mx_batch<false>(m, MxBatchArgs{t.dev, dids, act, ys, 1, t.io, t.inter, 0.f, 0.f}, pairs,
+                         "routed_moe down kernel");
+  routed_sum_kernel<<<cuda::grid_for(size_t(T) * t.io, 256), 256, 0, m.stream>>>(ys, dw, k, t.io, T, out);
+  m.launched("routed_moe weighted-sum kernel");
+  return true;
 }
 
 }  // namespace wren
