@@ -82,10 +82,8 @@ void mx_gemv(const MxMatrix& m, const float* x, float* y) {
 int mx_act_pos(Isa isa, bool int8, int cols, int c) {
   if (isa == Isa::Scalar && !int8) return c;
   const int g = c / 32, j = c % 32, eo = g * 32 + (j % 2 ? 16 + j / 2 : j / 2);
-  if (isa != Isa::Avx512 || g >= (cols / 128) * 4) return eo;
-  const int b = c / 128, cb = c % 128;
-  if (int8) return b * 128 + (j % 2) * 64 + (cb / 32) * 16 + j / 2;  // [even halves | odd halves]
-  return b * 128 + 16 * (cb % 8) + cb / 8;                            // c = 8d + k at 16k + d
+  if (isa != Isa::Avx512 || !int8 || g >= (cols / 128) * 4) return eo;
+  return (c / 128) * 128 + (j % 2) * 64 + (c % 128 / 32) * 16 + j / 2;  // [even halves | odd halves]
 }
 
 #if WREN_X86
@@ -102,7 +100,6 @@ WREN_AVX512 void prep_avx512(const float* x, int cols, bool int8, float* f, int8
   for (int g = 0; g < cols / 32; ++g) {
     const __m512 a = _mm512_loadu_ps(x + g * 32), b = _mm512_loadu_ps(x + g * 32 + 16);
     if (!int8) {
-      if (g < whole) continue;  // whole blocks: transposed below
       _mm512_storeu_ps(f + g * 32, _mm512_permutex2var_ps(a, even, b));
       _mm512_storeu_ps(f + g * 32 + 16, _mm512_permutex2var_ps(a, odd, b));
       continue;
@@ -118,14 +115,7 @@ WREN_AVX512 void prep_avx512(const float* x, int cols, bool int8, float* f, int8
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + pe), _mm512_cvtepi32_epi8(qe));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + po), _mm512_cvtepi32_epi8(qo));
   }
-  for (int b = 0; b < whole / 4; ++b) {
-    if (!int8) {  // c = 8d + k -> 16k + d
-      const float* xb = x + b * 128;
-      float* fb = f + b * 128;
-      for (int d = 0; d < 16; ++d)
-        for (int k = 0; k < 8; ++k) fb[16 * k + d] = xb[8 * d + k];
-      continue;
-    }
+  for (int b = 0; int8 && b < whole / 4; ++b) {
     const __m512i twelve = _mm512_set1_epi8(12);
     const __m512i xl = _mm512_loadu_si512(q + b * 128), xh = _mm512_loadu_si512(q + b * 128 + 64);
     const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), twelve, xl), twelve, xh);
@@ -222,64 +212,23 @@ WREN_AVX512 inline __m512i block_lanes(int q) {
   return _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(4 * q));
 }
 
-/// Whole blocks of 4 groups (64 packed bytes, 128 columns): dword d of the block holds columns
-/// 8d .. 8d + 7 (group d / 4), nibble k being column 8d + k, so step k looks nibble k of every
-/// dword up with one shift and one vpermps (which reads only the low 4 index bits) against the
-/// activations at 16k (mx_prep's order), and every lane stays in one group: the 8 steps sum per
-/// lane, then one multiply by the lanes' scales per block. The groups after the last whole block
-/// go one at a time as [even | odd] halves. Per output the order is fixed by the column
-/// position alone, so results do not depend on R, N or the row split.
 struct MxF32Avx512 : MxArgs {
   template <int R, int N>
   WREN_AVX512 void block(int r, int t) const {
     const __m512 lut = _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f);
-    const int blocks = groups / 4;
+    const float* p2 = pow2().full;
     __m512 acc[R][N];
     WREN_UNROLL
     for (int i = 0; i < R; ++i)
       WREN_UNROLL
       for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
-    __m512 p16[R];
-    for (int b = 0; b < blocks; ++b) {
-      const int q = b & 3;
-      if (q == 0) {
-        const int ng = std::min(16, groups - 4 * b);
-        const __mmask16 gm = ng == 16 ? __mmask16(0xFFFF) : __mmask16((1u << ng) - 1);
-        WREN_UNROLL
-        for (int i = 0; i < R; ++i) p16[i] = pow2_16(scales(r + i) + 4 * b, gm, 1.0f);
-      }
-      __m512i v[R];
-      WREN_UNROLL
-      for (int i = 0; i < R; ++i) {
-        prefetch_ahead(row(r + i) + b * 64, size_t(R) * (cols / 2));
-        v[i] = _mm512_loadu_si512(row(r + i) + b * 64);
-      }
-      __m512 part[R][N][2];  // even and odd steps: two short dependency chains
-      WREN_UNROLL
-      for (int k = 0; k < 8; ++k) {
-        __m512 w[R];
-        WREN_UNROLL
-        for (int i = 0; i < R; ++i) w[i] = _mm512_permutexvar_ps(k == 0 ? v[i] : _mm512_srli_epi32(v[i], 4 * k), lut);
-        WREN_UNROLL
-        for (int j = 0; j < N; ++j) {
-          const __m512 xk = _mm512_loadu_ps(a.xf + size_t(t + j) * cols + b * 128 + 16 * k);
-          WREN_UNROLL
-          for (int i = 0; i < R; ++i)
-            part[i][j][k & 1] = k < 2 ? _mm512_mul_ps(w[i], xk) : _mm512_fmadd_ps(w[i], xk, part[i][j][k & 1]);
-        }
-      }
-      WREN_UNROLL
-      for (int i = 0; i < R; ++i) {
-        const __m512 sv = _mm512_permutexvar_ps(block_lanes(q), p16[i]);
-        WREN_UNROLL
-        for (int j = 0; j < N; ++j) acc[i][j] = _mm512_fmadd_ps(_mm512_add_ps(part[i][j][0], part[i][j][1]), sv, acc[i][j]);
-      }
-    }
-    const float* p2 = pow2().full;
-    for (int g = blocks * 4; g < groups; ++g) {
+    for (int g = 0; g < groups; ++g) {
       __m512 we[R], wo[R];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
+        if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16, size_t(R) * (cols / 2));
+        // vpermps reads only the low 4 bits of each index: the widened byte indexes its low
+        // nibble as it is, and its high nibble after one shift.
         const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16)));
         we[i] = _mm512_permutexvar_ps(b, lut);
         wo[i] = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut);

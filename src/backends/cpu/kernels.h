@@ -20,11 +20,8 @@ using DenseRowsFn = void (*)(const DenseWeight& W, const float* x, int T, float*
 
 /// Activations of one MXFP4 product [T, cols], prepared once per token by mx_prep():
 ///   f32:  xf [T, cols] in the level's column order (mx_act_pos): natural for Scalar; for AVX2
-///         each 32-column group as [16 even columns | 16 odd columns], the order of a packed
-///         group's [low nibbles | high nibbles], so kernels never interleave nibbles; for AVX-512
-///         each whole block of 4 groups (128 columns, c = 8d + k) at 16k + d, the order in which
-///         the kernel takes nibble k of dword d of the block's 64 packed bytes, and the groups
-///         after the last whole block as on AVX2.
+///         and AVX-512 each 32-column group as [16 even columns | 16 odd columns], the order of
+///         a packed group's [low nibbles | high nibbles], so kernels never interleave nibbles.
 ///   int8: xq [T, cols] in the level's order (mx_act_pos), round(x / xs) with xs [T, cols/32] =
 ///         max|x| / 127 per 32-column group (zero groups get xs = 0, q = 0); the values are the
 ///         same at every level. Scalar and AVX2: even/odd per group; AVX-512: each whole block of
