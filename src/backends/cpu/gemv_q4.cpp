@@ -63,6 +63,20 @@ struct Q4Avx512 {
     w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(b1, 4), lut);
   }
 
+  /// The same 64 values without table lookups: a nibble OR-ed into the mantissa of 2^23, then
+  /// 2^23 + 8 subtracted (exact). More ALU work but no shuffles beyond the widening, which suits
+  /// the chunk GEMM (shuffle-bound with the table); both decodes give the same exact values.
+  WREN_AVX512 static void decode_alu(const uint8_t* grp, __m512 (&w)[4]) {
+    const __m512i magic = _mm512_set1_epi32(0x4B000000), m0f = _mm512_set1_epi32(0x0F);
+    const __m512 bias = _mm512_set1_ps(8388616.0f);  // 2^23 + 8
+    const __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp)));
+    const __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp + 16)));
+    w[0] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(b0, m0f, magic, 0xEA)), bias);
+    w[1] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_ternarylogic_epi32(b1, m0f, magic, 0xEA)), bias);
+    w[2] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_srli_epi32(b0, 4), magic)), bias);
+    w[3] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_srli_epi32(b1, 4), magic)), bias);
+  }
+
   /// Per (row, token) and group: part = Σ q·x over the group's 64 columns (lane-wise, in the
   /// fixed order cols 0-15, 16-31, 32-47, 48-63), then acc += part · scale: the group's scale is
   /// applied once, not per weight. Weights are decoded once per row and shared by the tokens.
@@ -79,7 +93,8 @@ struct Q4Avx512 {
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         if ((g & 1) == 0) prefetch_ahead(d + (size_t(r + i) * groups + g) * 32, size_t(R) * groups * 32);
-        decode(d + (size_t(r + i) * groups + g) * 32, lut, w[i]);
+        if (N == 1) decode(d + (size_t(r + i) * groups + g) * 32, lut, w[i]);
+        else decode_alu(d + (size_t(r + i) * groups + g) * 32, w[i]);
       }
       const int c = g * 64;
       const bool whole = c + 64 <= cols;
