@@ -227,6 +227,7 @@ struct MxF32Avx512 : MxArgs {
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16, size_t(R) * (cols / 2));
+        if ((g & 63) == 0) prefetch_ahead(scales(r + i) + g, size_t(R) * groups);
         // vpermps reads only the low 4 bits of each index: the widened byte indexes its low
         // nibble as it is, and its high nibble after one shift.
         const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16)));
@@ -283,6 +284,7 @@ struct MxI8Avx512 : MxArgs {
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         prefetch_ahead(row(r + i) + b * 64, size_t(R) * (cols / 2));
+        if ((b & 15) == 0) prefetch_ahead(scales(r + i) + 4 * b, size_t(R) * groups);
         const __m512i v = _mm512_loadu_si512(row(r + i) + b * 64);
         wl[i] = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m0f));
         wh[i] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f));
@@ -347,6 +349,7 @@ struct MxF32Avx2 : MxArgs {
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16, size_t(R) * (cols / 2));
+        if ((g & 63) == 0) prefetch_ahead(scales(r + i) + g, size_t(R) * groups);
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
         const __m128i e = _mm_shuffle_epi8(lut, _mm_and_si128(b, m0f));
         const __m128i o = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m0f));
@@ -392,6 +395,7 @@ struct MxI8Avx2 : MxArgs {
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16, size_t(R) * (cols / 2));
+        if ((g & 63) == 0) prefetch_ahead(scales(r + i) + g, size_t(R) * groups);
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
         const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m0f), _mm_and_si128(b, m0f));
         w[i] = _mm256_shuffle_epi8(lut, idx);
