@@ -93,6 +93,7 @@ struct Q4Avx512 {
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         if ((g & 1) == 0) prefetch_ahead(d + (size_t(r + i) * groups + g) * 32, size_t(R) * groups * 32);
+        if ((g & 15) == 0) prefetch_ahead(scale + size_t(r + i) * groups + g, size_t(R) * groups * 4);
         if (N == 1) decode(d + (size_t(r + i) * groups + g) * 32, lut, w[i]);
         else decode_alu(d + (size_t(r + i) * groups + g) * 32, w[i]);
       }
@@ -150,6 +151,7 @@ struct Q4Avx2 {
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         if ((g & 1) == 0) prefetch_ahead(d + (size_t(r + i) * groups + g) * 32, size_t(R) * groups * 32);
+        if ((g & 15) == 0) prefetch_ahead(scale + size_t(r + i) * groups + g, size_t(R) * groups * 4);
         const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + (size_t(r + i) * groups + g) * 32));
         lo[i] = _mm256_sub_epi8(_mm256_and_si256(b, m0f), eight);
         hi[i] = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(b, 4), m0f), eight);
