@@ -27,9 +27,10 @@ std::vector<int> prompt_ids(int n, int vocab) {
 }
 
 /// Teacher-forced logits with `src` as the expert source (null = the mappings), chunk 4, then two
-/// decode steps.
-std::vector<float> run_logits(const Model& m, ExpertSource* src, const std::vector<int>& ids) {
-  CpuBackend be;
+/// decode steps, on the CPU backend with options `o` (default: the reference, one thread).
+std::vector<float> run_logits(const Model& m, ExpertSource* src, const std::vector<int>& ids,
+                              const CpuOptions& o = {}) {
+  CpuBackend be(o);
   Forward fwd(m, be, {4, -1}, src);
   SequenceState st(be, m.config, 64);
   const size_t V = m.config.vocab;
@@ -87,6 +88,29 @@ TEST_P(StoreModels, BitIdenticalAtEveryBudget) {
     EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << "budget " << n << " experts";
     EXPECT_EQ(store.slots(), std::min(n, all));
     EXPECT_GT(store.stats().misses, 0u);
+  }
+}
+
+TEST_P(StoreModels, BitIdenticalAtEveryBudgetWithThreads) {
+  // The fast kernels with 3 threads and every op through the pool: the experts a source hands
+  // over together run concurrently (all of them from the mappings, the resident ones from the
+  // store), so this checks that results depend neither on the batching nor on the thread count.
+  const Model& m = *models_[GetParam()];
+  const Config& c = m.config;
+  const auto ids = prompt_ids(11, c.vocab);
+  CpuOptions one;
+  one.isa = cpu::best_isa();
+  CpuOptions three = one;
+  three.threads = 3;
+  three.min_parallel_work = 0;
+  const auto want = run_logits(m, nullptr, ids, one);
+  EXPECT_EQ(0, std::memcmp(run_logits(m, nullptr, ids, three).data(), want.data(), want.size() * 4));
+  const int all = c.n_experts * (c.n_layers - c.first_dense);
+  for (int n : {1, c.top_k + 3, all}) {
+    ExpertStore store(m.weights, c.expert_bytes(), budget(c, n));
+    run_logits(m, &store, ids, three);  // the second pass finds residents (all of them at n = all)
+    const auto got = run_logits(m, &store, ids, three);
+    EXPECT_EQ(0, std::memcmp(got.data(), want.data(), want.size() * 4)) << "budget " << n << " experts";
   }
 }
 

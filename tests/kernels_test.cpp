@@ -158,7 +158,7 @@ TEST(Kernels, Mxfp4F32EveryLevelMatchesF64) {
   std::mt19937 rng(4);
   for (Isa isa : levels())
     for (int rows : {1, 33})
-      for (int cols : {32, 96, 160, 1056})
+      for (int cols : {32, 96, 128, 160, 416, 1056})
         for (int T : {1, 5, 33}) {
           const OwnedMx mx(rows, cols, rng);
           std::vector<std::vector<float>> wr;
@@ -178,7 +178,7 @@ TEST(Kernels, Mxfp4Int8ActivationsEveryLevel) {
   //     |y − ref| <= Σ_c |w_c| · xs_g(c) / 2 (plus the f32 part).
   std::mt19937 rng(5);
   for (Isa isa : levels())
-    for (int cols : {32, 96, 160, 1056})
+    for (int cols : {32, 96, 128, 160, 416, 1056})
       for (int T : {1, 5, 33}) {
         const int rows = 33;
         const OwnedMx mx(rows, cols, rng);
@@ -190,8 +190,8 @@ TEST(Kernels, Mxfp4Int8ActivationsEveryLevel) {
         std::vector<float> xd(x.size());  // dequantized activations in natural column order
         for (int t = 0; t < T; ++t)
           for (int c = 0; c < cols; ++c) {
-            const int g = c / 32, j = c % 32, pos = g * 32 + (j % 2 ? 16 + j / 2 : j / 2);
-            xd[size_t(t) * cols + c] = float(a.xq[size_t(t) * cols + pos]) * a.xs[size_t(t) * (cols / 32) + g];
+            const int pos = cpu::mx_act_pos(isa, true, cols, c);
+            xd[size_t(t) * cols + c] = float(a.xq[size_t(t) * cols + pos]) * a.xs[size_t(t) * (cols / 32) + c / 32];
           }
         std::vector<std::vector<float>> wr;
         for (int r = 0; r < rows; ++r) wr.push_back(mx.row(r));
@@ -209,35 +209,53 @@ TEST(Kernels, Mxfp4Int8ActivationsEveryLevel) {
 }
 
 TEST(Kernels, Mxfp4ActivationPrepIsTheSameAtEveryLevel) {
-  // int8 activations are bit-identical whatever the level (so int8 results differ between levels
-  // only by the f32 sums of the per-group integer dots); the f32 even/odd order is a permutation.
+  // int8 activations have the same values and scales whatever the level, only their order
+  // differs (mx_act_pos), so int8 results differ between levels only by the f32 sums of the
+  // integer dots; the f32 orders are permutations. cols 416 = 3 whole 4-group blocks + 1 group;
+  // AVX-512's per-block lane scales xs4 and bias corrections xc are checked too.
   std::mt19937 rng(10);
-  const int T = 3, cols = 96;
-  auto x = random_vec(size_t(T) * cols, rng);
-  for (int c = 32; c < 64; ++c) x[c] = 0;  // an all-zero group: scale 0, q 0
-  std::vector<float> fb0(x.size()), sb0(x.size() / 32), fb(x.size()), sb(x.size() / 32);
-  std::vector<int8_t> qb0(x.size()), qb(x.size());
-  cpu::mx_prep(Isa::Scalar, x.data(), T, cols, true, fb0.data(), qb0.data(), sb0.data());
-  for (Isa isa : levels()) {
-    cpu::mx_prep(isa, x.data(), T, cols, true, fb.data(), qb.data(), sb.data());
-    EXPECT_EQ(0, std::memcmp(qb.data(), qb0.data(), qb.size())) << cpu::isa_name(isa);
-    EXPECT_EQ(0, std::memcmp(sb.data(), sb0.data(), sb.size() * 4)) << cpu::isa_name(isa);
-    const cpu::MxAct a = cpu::mx_prep(isa, x.data(), T, cols, false, fb.data(), qb.data(), sb.data());
-    if (isa == Isa::Scalar) continue;
-    for (int t = 0; t < T; ++t)
+  for (int cols : {96, 416}) {
+    const int T = 3, G = cols / 32;
+    auto x = random_vec(size_t(T) * cols, rng);
+    for (int c = 32; c < 64; ++c) x[c] = 0;  // an all-zero group: scale 0, q 0
+    std::vector<float> fb0(x.size()), sb0(x.size() / 32), fb(x.size()), sb(x.size() / 32);
+    std::vector<int8_t> qb0(x.size()), qb(x.size());
+    cpu::mx_prep(Isa::Scalar, x.data(), T, cols, true, fb0.data(), qb0.data(), sb0.data());
+    for (Isa isa : levels()) {
+      const cpu::MxAct q = cpu::mx_prep(isa, x.data(), T, cols, true, fb.data(), qb.data(), sb.data());
+      EXPECT_EQ(0, std::memcmp(sb.data(), sb0.data(), sb.size() * 4)) << cpu::isa_name(isa);
+      for (int t = 0; t < T; ++t)
+        for (int c = 0; c < cols; ++c)
+          ASSERT_EQ(qb[size_t(t) * cols + cpu::mx_act_pos(isa, true, cols, c)],
+                    qb0[size_t(t) * cols + cpu::mx_act_pos(Isa::Scalar, true, cols, c)]) << cpu::isa_name(isa) << " " << c;
+      if (isa == Isa::Avx512)
+        for (int t = 0; t < T; ++t)
+          for (int b = 0; b < G / 4; ++b)
+            for (int d = 0; d < 16; ++d) {
+              const int g = 4 * b + d / 4, c0 = 128 * b + 8 * d;  // lane d meets columns c0 .. c0 + 7
+              int sum = 0;
+              for (int c = c0; c < c0 + 8; ++c) sum += qb[size_t(t) * cols + cpu::mx_act_pos(isa, true, cols, c)];
+              EXPECT_EQ(q.xc[size_t(t) * (cols / 8) + 16 * b + d], -12 * sum);
+              EXPECT_EQ(q.xs4[size_t(t) * (cols / 8) + 16 * b + d], sb[size_t(t) * G + g]);
+            }
+      const cpu::MxAct a = cpu::mx_prep(isa, x.data(), T, cols, false, fb.data(), qb.data(), sb.data());
+      std::vector<char> hit(cols);
       for (int c = 0; c < cols; ++c) {
-        const int g = c / 32, j = c % 32, pos = g * 32 + (j % 2 ? 16 + j / 2 : j / 2);
-        ASSERT_EQ(a.xf[size_t(t) * cols + pos], x[size_t(t) * cols + c]) << cpu::isa_name(isa);
+        const int pos = cpu::mx_act_pos(isa, false, cols, c);
+        ASSERT_TRUE(pos >= 0 && pos < cols && !hit[pos]) << cpu::isa_name(isa) << " " << c;
+        hit[pos] = 1;
+        for (int t = 0; t < T; ++t) ASSERT_EQ(a.xf[size_t(t) * cols + pos], x[size_t(t) * cols + c]) << cpu::isa_name(isa);
       }
+    }
+    EXPECT_EQ(sb0[1], 0.0f);
   }
-  EXPECT_EQ(sb0[1], 0.0f);
 }
 
 TEST(Kernels, Mxfp4OutputsDoNotDependOnRowSplitOrTokenCount) {
   std::mt19937 rng(6);
   for (Isa isa : levels())
     for (bool i8 : {false, true}) {
-      const int rows = 35, cols = 96, T = 6;
+      const int rows = 35, cols = 672, T = 6;  // 5 whole 4-group blocks + 1 group
       const OwnedMx mx(rows, cols, rng);
       const auto x = random_vec(size_t(T) * cols, rng);
       std::vector<float> fb(x.size()), sb(x.size() / 32), all(size_t(T) * rows), split(all.size());

@@ -11,14 +11,22 @@ MappedExperts::MappedExperts(const ModelWeights& w) : w_(w), checked_(w.layers.s
 
 void MappedExperts::visit(int layer, const std::vector<int>& experts,
                           const std::function<void(int, const ExpertRef&)>& fn) {
+  visit_batches(layer, experts, [&](const int* ids, const ExpertRef* const* views, int n) {
+    for (int i = 0; i < n; ++i) fn(ids[i], *views[i]);
+  });
+}
+
+void MappedExperts::visit_batches(int layer, const std::vector<int>& experts, const BatchFn& fn) {
+  std::vector<const ExpertRef*> views;
   for (int e : experts) {
     const ExpertRef& ref = w_.layers[layer].moe.experts[e];
     if (!checked_[layer][e]) {
       validate_expert_scales(ref);
       checked_[layer][e] = 1;
     }
-    fn(e, ref);
+    views.push_back(&ref);
   }
+  if (!experts.empty()) fn(experts.data(), views.data(), int(views.size()));
 }
 
 }  // namespace wren

@@ -17,6 +17,19 @@ class ExpertSource {
   virtual ~ExpertSource() = default;
   virtual void visit(int layer, const std::vector<int>& experts,
                      const std::function<void(int e, const ExpertRef& view)>& fn) = 0;
+
+  /// fn(ids, views, n): n experts of `experts` at once, views[i] of expert ids[i], all valid
+  /// during that call only.
+  using BatchFn = std::function<void(const int* ids, const ExpertRef* const* views, int n)>;
+  /// As visit, but hands over as many experts at once as the source keeps valid together, so a
+  /// backend can run them concurrently (each expert exactly once over all batches). The default
+  /// hands them over one at a time through visit.
+  virtual void visit_batches(int layer, const std::vector<int>& experts, const BatchFn& fn) {
+    visit(layer, experts, [&](int e, const ExpertRef& view) {
+      const ExpertRef* v = &view;
+      fn(&e, &v, 1);
+    });
+  }
 };
 
 /// Experts read through the shards' memory mappings (pages fault in on first use). Each expert's
@@ -26,6 +39,8 @@ class MappedExperts final : public ExpertSource {
   explicit MappedExperts(const ModelWeights& w);
   void visit(int layer, const std::vector<int>& experts,
              const std::function<void(int e, const ExpertRef& view)>& fn) override;
+  /// All of them in one batch (the mappings stay valid).
+  void visit_batches(int layer, const std::vector<int>& experts, const BatchFn& fn) override;
 
  private:
   const ModelWeights& w_;

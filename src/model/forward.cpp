@@ -322,13 +322,18 @@ void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int
       }
   } else {
     std::vector<const ExpertRef*> refs;
-    std::vector<int> in_rows;
-    experts_->visit(layer, unique, [&](int e, const ExpertRef& ref) {
-      // All tokens of this expert in one batch: the backend streams the expert once for them.
-      refs.assign(uses[e].size(), &ref);
-      in_rows.clear();
-      for (int j : uses[e]) in_rows.push_back(j / K);
-      be_.expert_ffn_batch(refs.data(), in_rows.data(), uses[e].data(), int(refs.size()), z, c.situ_b1,
+    std::vector<int> in_rows, out_rows;
+    experts_->visit_batches(layer, unique, [&](const int* ids, const ExpertRef* const* views, int n) {
+      // Every expert the source hands over at once in one call (so the backend can run them
+      // concurrently), each with all its tokens adjacent: the backend streams it once for them.
+      refs.clear(), in_rows.clear(), out_rows.clear();
+      for (int i = 0; i < n; ++i)
+        for (int j : uses[ids[i]]) {
+          refs.push_back(views[i]);
+          in_rows.push_back(j / K);
+          out_rows.push_back(j);
+        }
+      be_.expert_ffn_batch(refs.data(), in_rows.data(), out_rows.data(), int(refs.size()), z, c.situ_b1,
                            c.situ_b2, b.ys);
     });
   }

@@ -191,6 +191,12 @@ void ExpertStore::wait_loaded(int slot) {
 
 void ExpertStore::visit(int layer, const std::vector<int>& experts,
                         const std::function<void(int, const ExpertRef&)>& fn) {
+  visit_batches(layer, experts, [&](const int* ids, const ExpertRef* const* views, int n) {
+    for (int i = 0; i < n; ++i) fn(ids[i], *views[i]);
+  });
+}
+
+void ExpertStore::visit_batches(int layer, const std::vector<int>& experts, const BatchFn& fn) {
   const int64_t E = int64_t(w_.layers[layer].moe.experts.size());
   std::vector<std::pair<int, int>> hits;  // (e, slot)
   std::vector<int> misses;
@@ -219,19 +225,30 @@ void ExpertStore::visit(int layer, const std::vector<int>& experts,
       miss_slot[issued++] = s;
     }
   };
-  auto run = [&](int e, int slot) {
-    Slot& s = *slots_[slot];
-    s.last_use = ++clock_;
+  std::vector<int> ids;  // one batch: (ids[i], slot[i]), views of pinned slots
+  std::vector<int> batch_slots;
+  std::vector<ExpertRef> views;
+  std::vector<const ExpertRef*> ptrs;
+  auto run = [&] {
+    views.clear();
+    ptrs.clear();
+    for (int slot : batch_slots) {
+      Slot& s = *slots_[slot];
+      s.last_use = ++clock_;
+      views.push_back(view_of(s));
+    }
+    for (const ExpertRef& v : views) ptrs.push_back(&v);
     const double t0 = now_s();
-    fn(e, view_of(s));
+    fn(ids.data(), ptrs.data(), int(ids.size()));
     stats_.compute_s += now_s() - t0;
   };
   size_t done_hits = 0, done_misses = 0;
   try {
     issue_more();
-    for (; done_hits < hits.size(); ++done_hits) {  // resident experts compute while reads run
-      run(hits[done_hits].first, hits[done_hits].second);
-      --slots_[hits[done_hits].second]->pins;
+    if (!hits.empty()) {  // resident experts compute (all at once) while reads run
+      for (const auto& h : hits) ids.push_back(h.first), batch_slots.push_back(h.second);
+      run();
+      for (; done_hits < hits.size(); ++done_hits) --slots_[hits[done_hits].second]->pins;
     }
     for (; done_misses < misses.size(); ++done_misses) {
       issue_more();
@@ -241,7 +258,9 @@ void ExpertStore::visit(int layer, const std::vector<int>& experts,
       stats_.wait_s += now_s() - t0;
       Slot& s = *slots_[slot];
       if (s.state == Slot::Failed) throw Error(s.error);
-      run(misses[done_misses], slot);
+      ids.assign(1, misses[done_misses]);
+      batch_slots.assign(1, slot);
+      run();
       --s.pins;
     }
   } catch (...) {

@@ -54,6 +54,8 @@ class ExpertStore final : public ExpertSource {
 
   void visit(int layer, const std::vector<int>& experts,
              const std::function<void(int e, const ExpertRef& view)>& fn) override;
+  /// The resident experts (pinned for the call) in one batch, then each miss as its read lands.
+  void visit_batches(int layer, const std::vector<int>& experts, const BatchFn& fn) override;
 
   const ExpertStoreStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }

@@ -79,29 +79,49 @@ void mx_gemv(const MxMatrix& m, const float* x, float* y) {
     y[r] = mx_row_ref(m.packed + size_t(r) * row_bytes, m.scale + size_t(r) * groups, groups, x);
 }
 
+int mx_act_pos(Isa isa, bool int8, int cols, int c) {
+  if (isa == Isa::Scalar && !int8) return c;
+  const int g = c / 32, j = c % 32, eo = g * 32 + (j % 2 ? 16 + j / 2 : j / 2);
+  if (isa != Isa::Avx512 || !int8 || g >= (cols / 128) * 4) return eo;
+  return (c / 128) * 128 + (j % 2) * 64 + (c % 128 / 32) * 16 + j / 2;  // [even halves | odd halves]
+}
+
 #if WREN_X86
 namespace {
-/// permute_even_odd and quantize_act on AVX-512, with the same arithmetic (the int8 results are
-/// bit-identical to the scalar ones: same products, round-to-nearest-even, clamp).
-WREN_AVX512 void prep_avx512(const float* x, int cols, bool int8, float* f, int8_t* q, float* s) {
+/// permute_even_odd and quantize_act on AVX-512, with the same arithmetic (the int8 values are
+/// bit-identical to the scalar ones: same products, round-to-nearest-even, clamp), in the AVX-512
+/// orders of kernels.h. int8 also fills xs4 and xc of each whole 4-group block.
+WREN_AVX512 void prep_avx512(const float* x, int cols, bool int8, float* f, int8_t* q, float* s, float* xs4,
+                             int32_t* xc) {
   const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
   const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
   const __m512i lo = _mm512_set1_epi32(-127), hi = _mm512_set1_epi32(127);
+  const int whole = (cols / 128) * 4;  // groups in whole blocks
   for (int g = 0; g < cols / 32; ++g) {
     const __m512 a = _mm512_loadu_ps(x + g * 32), b = _mm512_loadu_ps(x + g * 32 + 16);
-    const __m512 e = _mm512_permutex2var_ps(a, even, b), o = _mm512_permutex2var_ps(a, odd, b);
     if (!int8) {
-      _mm512_storeu_ps(f + g * 32, e);
-      _mm512_storeu_ps(f + g * 32 + 16, o);
+      _mm512_storeu_ps(f + g * 32, _mm512_permutex2var_ps(a, even, b));
+      _mm512_storeu_ps(f + g * 32 + 16, _mm512_permutex2var_ps(a, odd, b));
       continue;
     }
+    const __m512 e = _mm512_permutex2var_ps(a, even, b), o = _mm512_permutex2var_ps(a, odd, b);
     const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
     s[g] = amax / 127.0f;
     const __m512 inv = _mm512_set1_ps(amax > 0 ? 127.0f / amax : 0.0f);
     const __m512i qe = _mm512_min_epi32(hi, _mm512_max_epi32(lo, _mm512_cvtps_epi32(_mm512_mul_ps(e, inv))));
     const __m512i qo = _mm512_min_epi32(hi, _mm512_max_epi32(lo, _mm512_cvtps_epi32(_mm512_mul_ps(o, inv))));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * 32), _mm512_cvtepi32_epi8(qe));
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + g * 32 + 16), _mm512_cvtepi32_epi8(qo));
+    // Whole blocks: the even half of group 4b + i at 128b + 16i, its odd half 64 bytes later.
+    const int pe = g < whole ? (g / 4) * 128 + (g % 4) * 16 : g * 32, po = g < whole ? pe + 64 : pe + 16;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + pe), _mm512_cvtepi32_epi8(qe));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + po), _mm512_cvtepi32_epi8(qo));
+  }
+  for (int b = 0; int8 && b < whole / 4; ++b) {
+    const __m512i twelve = _mm512_set1_epi8(12);
+    const __m512i xl = _mm512_loadu_si512(q + b * 128), xh = _mm512_loadu_si512(q + b * 128 + 64);
+    const __m512i sum = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), twelve, xl), twelve, xh);
+    _mm512_storeu_si512(xc + b * 16, _mm512_sub_epi32(_mm512_setzero_si512(), sum));
+    const __m512i rep = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+    _mm512_storeu_ps(xs4 + b * 16, _mm512_permutexvar_ps(rep, _mm512_castps128_ps512(_mm_loadu_ps(s + 4 * b))));
   }
 }
 }  // namespace
@@ -112,6 +132,10 @@ MxAct mx_prep(Isa isa, const float* x, int T, int cols, bool int8, float* fbuf, 
   a.T = T, a.cols = cols, a.int8 = int8;
   if (int8) a.xq = qbuf, a.xs = sbuf;
   else a.xf = isa == Isa::Scalar ? x : fbuf;
+  if (int8 && isa == Isa::Avx512) {
+    a.xs4 = fbuf;
+    a.xc = reinterpret_cast<int32_t*>(fbuf + size_t(T) * (cols / 8));  // written by vector stores only
+  }
   if (!int8 && isa == Isa::Scalar) return a;
   for (int t = 0; t < T; ++t) {
     const float* xt = x + size_t(t) * cols;
@@ -120,7 +144,8 @@ MxAct mx_prep(Isa isa, const float* x, int T, int cols, bool int8, float* fbuf, 
     float* s = int8 ? sbuf + size_t(t) * (cols / 32) : nullptr;
 #if WREN_X86
     if (isa == Isa::Avx512) {
-      prep_avx512(xt, cols, int8, f, q, s);
+      prep_avx512(xt, cols, int8, f, q, s, int8 ? fbuf + size_t(t) * (cols / 8) : nullptr,
+                  int8 ? const_cast<int32_t*>(a.xc) + size_t(t) * (cols / 8) : nullptr);
       continue;
     }
 #endif
@@ -173,6 +198,20 @@ struct MxArgs {
   const uint8_t* scales(int r) const { return sc + size_t(r) * groups; }
 };
 
+/// 2^(s − 127) · mul for up to 16 ue8m0 bytes (masked lanes 0): s << 23 is 2^(s − 127) as f32
+/// bits for s >= 1; s = 0 is the subnormal 2^-127. mul is 1 or 0.5 (both exact).
+WREN_AVX512 inline __m512 pow2_16(const uint8_t* s, __mmask16 m, float mul) {
+  const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s));
+  const __m512 p = _mm512_castsi512_ps(_mm512_slli_epi32(b, 23));
+  const __m512 v = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(b, _mm512_setzero_si512()), p, _mm512_set1_ps(0x1p-127f));
+  return _mm512_mul_ps(v, _mm512_set1_ps(mul));
+}
+
+/// Lane d of block q (0..3) of 16 groups takes group 4q + d / 4.
+WREN_AVX512 inline __m512i block_lanes(int q) {
+  return _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(4 * q));
+}
+
 struct MxF32Avx512 : MxArgs {
   template <int R, int N>
   WREN_AVX512 void block(int r, int t) const {
@@ -188,6 +227,7 @@ struct MxF32Avx512 : MxArgs {
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16, size_t(R) * (cols / 2));
+        if ((g & 63) == 0) prefetch_ahead(scales(r + i) + g, size_t(R) * groups);
         // vpermps reads only the low 4 bits of each index: the widened byte indexes its low
         // nibble as it is, and its high nibble after one shift.
         const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16)));
@@ -212,74 +252,65 @@ struct MxF32Avx512 : MxArgs {
   }
 };
 
+/// Whole blocks of 4 groups as exact integer dot products: the block's 64 packed bytes give its
+/// low nibbles (even columns) and high nibbles (odd columns) as bytes, looked up as 2·e2m1 + 12
+/// (unsigned, 0..24) so vpdpbusd multiplies them with the signed activations directly; lane d
+/// sums 8 columns of group 4b + d / 4 and starts from xc = −12·Σ of those activations, which
+/// removes the bias exactly. Then one convert and one multiply by the lanes' scales
+/// 2^(s − 128) · xs per block. Groups after the last whole block go one at a time (tail_group).
 struct MxI8Avx512 : MxArgs {
-  /// 2^(s − 128) for 16 ue8m0 bytes (masked lanes 0): s << 23 is 2^(s − 127) as f32 bits for s >= 1,
-  /// s = 0 is the subnormal 2^-127; then halved (exact), matching the 2·e2m1 integer weights.
-  WREN_AVX512 static __m512 half_scales(const uint8_t* s, __mmask16 m) {
-    const __m512i b = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s));
-    const __m512 p = _mm512_castsi512_ps(_mm512_slli_epi32(b, 23));
-    const __m512 v = _mm512_mask_blend_ps(_mm512_cmpeq_epi32_mask(b, _mm512_setzero_si512()), p, _mm512_set1_ps(0x1p-127f));
-    return _mm512_mul_ps(v, _mm512_set1_ps(0.5f));
-  }
-
   template <int R, int N>
   WREN_AVX512 void block(int r, int t) const {
-    const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2M1x2)));
-    const __m512i dup = _mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3);  // [A, A, B, B] 128-bit lanes
-    const long long S = 0x0004000400040004ll;
-    const __m512i shift = _mm512_setr_epi64(0, 0, S, S, 0, 0, S, S);  // high nibbles in lanes 1, 3
-    const __m512i m0f = _mm512_set1_epi8(0x0F), zero = _mm512_setzero_si512();
+    alignas(16) static constexpr uint8_t kBiased[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+    const __m512i lut = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kBiased)));
+    const __m512i m0f = _mm512_set1_epi8(0x0F);
+    const int blocks = groups / 4, c8 = cols / 8;
     __m512 acc[R][N];
     WREN_UNROLL
     for (int i = 0; i < R; ++i)
       WREN_UNROLL
       for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
-    const int pairs_end = groups & ~1;
-    for (int g0 = 0; g0 < pairs_end; g0 += 16) {
-      // The combined scales (weight · activation) of up to 16 groups, one lane each; a pair of
-      // groups then takes lanes [k x8, k+1 x8] with one permute.
-      const int ng = std::min(16, pairs_end - g0);
-      const __mmask16 gm = ng == 16 ? __mmask16(0xFFFF) : __mmask16((1u << ng) - 1);
-      __m512 cs[R][N];
+    __m512 p16[R];
+    for (int b = 0; b < blocks; ++b) {
+      const int q = b & 3;
+      if (q == 0) {
+        const int ng = std::min(16, groups - 4 * b);
+        const __mmask16 gm = ng == 16 ? __mmask16(0xFFFF) : __mmask16((1u << ng) - 1);
+        WREN_UNROLL
+        for (int i = 0; i < R; ++i) p16[i] = pow2_16(scales(r + i) + 4 * b, gm, 0.5f);
+      }
+      __m512i wl[R], wh[R];
+      __m512 ws[R];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
-        const __m512 ws = half_scales(scales(r + i) + g0, gm);
-        WREN_UNROLL
-        for (int j = 0; j < N; ++j) cs[i][j] = _mm512_mul_ps(ws, _mm512_maskz_loadu_ps(gm, a.xs + size_t(t + j) * groups + g0));
+        prefetch_ahead(row(r + i) + b * 64, size_t(R) * (cols / 2));
+        if ((b & 15) == 0) prefetch_ahead(scales(r + i) + 4 * b, size_t(R) * groups);
+        const __m512i v = _mm512_loadu_si512(row(r + i) + b * 64);
+        wl[i] = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m0f));
+        wh[i] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f));
+        ws[i] = _mm512_permutexvar_ps(block_lanes(q), p16[i]);
       }
-      __m512i idx = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-      for (int g = g0; g < g0 + ng; g += 2, idx = _mm512_add_epi32(idx, _mm512_set1_epi32(2))) {
-        __m512i aw[R];
-        __mmask64 neg[R];
+      WREN_UNROLL
+      for (int j = 0; j < N; ++j) {
+        const int8_t* xb = a.xq + size_t(t + j) * cols + b * 128;
+        const __m512i xl = _mm512_loadu_si512(xb), xh = _mm512_loadu_si512(xb + 64);
+        const __m512i xc = _mm512_loadu_si512(a.xc + size_t(t + j) * c8 + b * 16);
+        const __m512 xs = _mm512_loadu_ps(a.xs4 + size_t(t + j) * c8 + b * 16);
         WREN_UNROLL
         for (int i = 0; i < R; ++i) {
-          if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16, size_t(R) * (cols / 2));
-          const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row(r + i) + g * 16));
-          const __m512i z = _mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(v));
-          const __m512i w = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srlv_epi16(z, shift), m0f));
-          aw[i] = _mm512_abs_epi8(w);
-          neg[i] = _mm512_movepi8_mask(w);
-        }
-        WREN_UNROLL
-        for (int j = 0; j < N; ++j) {
-          const __m512i xv = _mm512_loadu_si512(a.xq + size_t(t + j) * cols + g * 32);
-          WREN_UNROLL
-          for (int i = 0; i < R; ++i) {
-            const __m512i sx = _mm512_mask_sub_epi8(xv, neg[i], zero, xv);
-            const __m512 f = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, aw[i], sx));
-            acc[i][j] = _mm512_fmadd_ps(f, _mm512_permutexvar_ps(idx, cs[i][j]), acc[i][j]);
-          }
+          const __m512i dp = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(xc, wl[i], xl), wh[i], xh);
+          acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(ws[i], xs), acc[i][j]);
         }
       }
     }
-    if (pairs_end < groups) tail_group<R, N>(r, t, pairs_end, acc);
+    for (int g = blocks * 4; g < groups; ++g) tail_group<R, N>(r, t, g, acc);
     WREN_UNROLL
     for (int i = 0; i < R; ++i)
       WREN_UNROLL
       for (int j = 0; j < N; ++j) y[size_t(t + j) * ldy + r + i] = hsum(acc[i][j]);
   }
 
-  /// The last group when the count is odd, on 256-bit vectors.
+  /// One group after the last whole block, on 256-bit vectors.
   template <int R, int N>
   WREN_AVX512 void tail_group(int r, int t, int g, __m512 (&acc)[R][N]) const {
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2M1x2)));
@@ -318,6 +349,7 @@ struct MxF32Avx2 : MxArgs {
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16, size_t(R) * (cols / 2));
+        if ((g & 63) == 0) prefetch_ahead(scales(r + i) + g, size_t(R) * groups);
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
         const __m128i e = _mm_shuffle_epi8(lut, _mm_and_si128(b, m0f));
         const __m128i o = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m0f));
@@ -363,6 +395,7 @@ struct MxI8Avx2 : MxArgs {
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16, size_t(R) * (cols / 2));
+        if ((g & 63) == 0) prefetch_ahead(scales(r + i) + g, size_t(R) * groups);
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
         const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m0f), _mm_and_si128(b, m0f));
         w[i] = _mm256_shuffle_epi8(lut, idx);

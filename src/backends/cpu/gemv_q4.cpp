@@ -51,10 +51,22 @@ struct Q4Avx512 {
     return _mm512_maskz_loadu_ps(m, x + size_t(j) * cols + c);
   }
 
-  /// The 64 weights (q − 8 as f32) of one group: bytes widen to 32-bit lanes, a nibble is OR-ed
-  /// into the mantissa of 2^23 and 2^23 + 8 subtracted (exact), so the decode needs two widening
-  /// shuffles per group instead of a table lookup per 16 weights. Lanes: cols 0-15, 16-31, 32-47, 48-63.
-  WREN_AVX512 static void decode(const uint8_t* grp, __m512 (&w)[4]) {
+  /// The 64 weights (q as f32) of one group, unscaled: bytes widen to 32-bit lanes and vpermps
+  /// looks the nibble up in a 16-float table (it reads only the low 4 index bits, so the low
+  /// nibble needs no mask and the high one one shift). Lanes: cols 0-15, 16-31, 32-47, 48-63.
+  WREN_AVX512 static void decode(const uint8_t* grp, __m512 lut, __m512 (&w)[4]) {
+    const __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp)));
+    const __m512i b1 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp + 16)));
+    w[0] = _mm512_permutexvar_ps(b0, lut);
+    w[1] = _mm512_permutexvar_ps(b1, lut);
+    w[2] = _mm512_permutexvar_ps(_mm512_srli_epi32(b0, 4), lut);
+    w[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(b1, 4), lut);
+  }
+
+  /// The same 64 values without table lookups: a nibble OR-ed into the mantissa of 2^23, then
+  /// 2^23 + 8 subtracted (exact). More ALU work but no shuffles beyond the widening, which suits
+  /// the chunk GEMM (shuffle-bound with the table); both decodes give the same exact values.
+  WREN_AVX512 static void decode_alu(const uint8_t* grp, __m512 (&w)[4]) {
     const __m512i magic = _mm512_set1_epi32(0x4B000000), m0f = _mm512_set1_epi32(0x0F);
     const __m512 bias = _mm512_set1_ps(8388616.0f);  // 2^23 + 8
     const __m512i b0 = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(grp)));
@@ -65,24 +77,25 @@ struct Q4Avx512 {
     w[3] = _mm512_sub_ps(_mm512_castsi512_ps(_mm512_or_si512(_mm512_srli_epi32(b1, 4), magic)), bias);
   }
 
-  /// Weights are decoded and multiplied by their group scale once per row (q · scale, exactly
-  /// dequant_row's value), then shared by the block's tokens: two accumulators per output.
+  /// Per (row, token) and group: part = Σ q·x over the group's 64 columns (lane-wise, in the
+  /// fixed order cols 0-15, 16-31, 32-47, 48-63), then acc += part · scale: the group's scale is
+  /// applied once, not per weight. Weights are decoded once per row and shared by the tokens.
   template <int R, int N>
   WREN_AVX512 void block(int r, int t) const {
-    __m512 acc[R][N][2];
+    const __m512 lut = _mm512_setr_ps(-8.f, -7.f, -6.f, -5.f, -4.f, -3.f, -2.f, -1.f, 0.f, 1.f, 2.f, 3.f, 4.f, 5.f, 6.f, 7.f);
+    __m512 acc[R][N];
     WREN_UNROLL
     for (int i = 0; i < R; ++i)
       WREN_UNROLL
-      for (int j = 0; j < N; ++j) acc[i][j][0] = acc[i][j][1] = _mm512_setzero_ps();
+      for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
     for (int g = 0; g < groups; ++g) {
       __m512 w[R][4];
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         if ((g & 1) == 0) prefetch_ahead(d + (size_t(r + i) * groups + g) * 32, size_t(R) * groups * 32);
-        decode(d + (size_t(r + i) * groups + g) * 32, w[i]);
-        const __m512 s = _mm512_set1_ps(scale[size_t(r + i) * groups + g]);
-        WREN_UNROLL
-        for (int k = 0; k < 4; ++k) w[i][k] = _mm512_mul_ps(w[i][k], s);
+        if ((g & 15) == 0) prefetch_ahead(scale + size_t(r + i) * groups + g, size_t(R) * groups * 4);
+        if (N == 1) decode(d + (size_t(r + i) * groups + g) * 32, lut, w[i]);
+        else decode_alu(d + (size_t(r + i) * groups + g) * 32, w[i]);
       }
       const int c = g * 64;
       const bool whole = c + 64 <= cols;
@@ -94,17 +107,18 @@ struct Q4Avx512 {
         for (int k = 0; k < 4; ++k) xv[k] = whole ? _mm512_loadu_ps(xc + 16 * k) : xload(t + j, c + 16 * k);
         WREN_UNROLL
         for (int i = 0; i < R; ++i) {
-          acc[i][j][0] = _mm512_fmadd_ps(w[i][0], xv[0], acc[i][j][0]);
-          acc[i][j][1] = _mm512_fmadd_ps(w[i][1], xv[1], acc[i][j][1]);
-          acc[i][j][0] = _mm512_fmadd_ps(w[i][2], xv[2], acc[i][j][0]);
-          acc[i][j][1] = _mm512_fmadd_ps(w[i][3], xv[3], acc[i][j][1]);
+          __m512 part = _mm512_mul_ps(w[i][0], xv[0]);
+          part = _mm512_fmadd_ps(w[i][1], xv[1], part);
+          part = _mm512_fmadd_ps(w[i][2], xv[2], part);
+          part = _mm512_fmadd_ps(w[i][3], xv[3], part);
+          acc[i][j] = _mm512_fmadd_ps(part, _mm512_set1_ps(scale[size_t(r + i) * groups + g]), acc[i][j]);
         }
       }
     }
     WREN_UNROLL
     for (int i = 0; i < R; ++i)
       WREN_UNROLL
-      for (int j = 0; j < N; ++j) y[size_t(t + j) * ldy + r + i] = hsum(_mm512_add_ps(acc[i][j][0], acc[i][j][1]));
+      for (int j = 0; j < N; ++j) y[size_t(t + j) * ldy + r + i] = hsum(acc[i][j]);
   }
 };
 
@@ -137,6 +151,7 @@ struct Q4Avx2 {
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
         if ((g & 1) == 0) prefetch_ahead(d + (size_t(r + i) * groups + g) * 32, size_t(R) * groups * 32);
+        if ((g & 15) == 0) prefetch_ahead(scale + size_t(r + i) * groups + g, size_t(R) * groups * 4);
         const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(d + (size_t(r + i) * groups + g) * 32));
         lo[i] = _mm256_sub_epi8(_mm256_and_si256(b, m0f), eight);
         hi[i] = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(b, 4), m0f), eight);

@@ -19,18 +19,28 @@ using DenseRowsFn = void (*)(const DenseWeight& W, const float* x, int T, float*
                              int r1);
 
 /// Activations of one MXFP4 product [T, cols], prepared once per token by mx_prep():
-///   f32:  xf [T, cols] in the level's column order: natural for Scalar; for AVX2/AVX-512 each
-///         32-column group as [16 even columns | 16 odd columns], the order of a packed group's
-///         [low nibbles | high nibbles], so kernels never interleave nibbles.
-///   int8: xq [T, cols] in that even/odd order, round(x / xs) with xs [T, cols/32] = max|x| / 127
-///         per 32-column group (zero groups get xs = 0, q = 0).
+///   f32:  xf [T, cols] in the level's column order (mx_act_pos): natural for Scalar; for AVX2
+///         and AVX-512 each 32-column group as [16 even columns | 16 odd columns], the order of
+///         a packed group's [low nibbles | high nibbles], so kernels never interleave nibbles.
+///   int8: xq [T, cols] in the level's order (mx_act_pos), round(x / xs) with xs [T, cols/32] =
+///         max|x| / 127 per 32-column group (zero groups get xs = 0, q = 0); the values are the
+///         same at every level. Scalar and AVX2: even/odd per group; AVX-512: each whole block of
+///         4 groups as [even halves of its 4 groups | odd halves], the rest even/odd. AVX-512
+///         also gets, per token and whole block, xs4 [16] (lane d: xs of group 4b + d/4) and
+///         xc [16] int32 (lane d: −12 · Σ of the 8 activations lane d meets), see gemv_mxfp4.cpp.
 struct MxAct {
   int T = 0, cols = 0;
   bool int8 = false;
   const float* xf = nullptr;
   const int8_t* xq = nullptr;
   const float* xs = nullptr;
+  const float* xs4 = nullptr;    ///< AVX-512 int8: [T, cols/8]
+  const int32_t* xc = nullptr;   ///< AVX-512 int8: [T, cols/8]
 };
+
+/// Where column c (< cols, cols a multiple of 32) of a token sits in mx_prep's xf (int8 false)
+/// or xq (int8 true) at `isa`.
+int mx_act_pos(Isa isa, bool int8, int cols, int c);
 
 /// MXFP4 rows kernel: y[t·ldy + r] = Σ_c M[r, c] · x[t, c] for r in [r0, r1), t < a.T, with the
 /// same invariance as DenseRowsFn. Scalar f32 is cpu::mx_gemv's order (the reference).
@@ -57,8 +67,8 @@ struct Kernels {
 const Kernels& kernels_for(Isa isa);
 
 /// Prepares x [T, cols] (cols a multiple of 32) for the MXFP4 kernels of `isa`, f32 or int8.
-/// Buffers are the caller's: fbuf [T·cols] (f32; Scalar uses x itself), qbuf [T·cols] and
-/// sbuf [T·cols/32] (int8).
+/// Buffers are the caller's: fbuf [T·cols] (f32; Scalar uses x itself; int8 on AVX-512 keeps
+/// xs4 and xc there), qbuf [T·cols] and sbuf [T·cols/32] (int8).
 MxAct mx_prep(Isa isa, const float* x, int T, int cols, bool int8, float* fbuf, int8_t* qbuf,
               float* sbuf);
 
