@@ -425,9 +425,9 @@ void add_bench_cpu(CLI::App* bench) {
   auto ka = std::make_shared<KernelArgs>();
   CLI::App* kern = bench->add_subcommand("kernels", "GEMV/GEMM bandwidth of every weight format vs a STREAM-like copy");
   kern->add_option("--cols", ka->cols, "Columns of each matrix")->check(CLI::Range(64, 1 << 20));
-  kern->add_option("--mb", ka->mb, "Weight MB per matrix (rows follow)")->check(CLI::PositiveNumber);
+  kern->add_option("--mb", ka->mb, "Weight MB per matrix (rows follow)")->check(positive());
   kern->add_option("--chunk", ka->chunk, "Tokens of the GEMM column")->check(CLI::Range(1, 256));
-  kern->add_option("--reps", ka->reps, "Repetitions (best is kept)")->check(CLI::PositiveNumber);
+  kern->add_option("--reps", ka->reps, "Repetitions (best is kept)")->check(positive());
   kern->add_flag("--cpu-time", ka->cpu_time, "Time by the thread's CPU clock (with --threads 1): per-core rates on a loaded machine");
   ka->cpu.add_to(kern);
   kern->callback([ka] { bench_kernels(*ka); });
@@ -435,9 +435,9 @@ void add_bench_cpu(CLI::App* bench) {
   auto qa = std::make_shared<QualityArgs>();
   CLI::App* qual = bench->add_subcommand("quality", "Teacher-forced logits of every --quant mode vs exact f32");
   qual->add_option("--model", qa->model, "Kimi K3 snapshot folder")->required();
-  qual->add_option("--positions", qa->positions, "Teacher-forced positions")->check(CLI::PositiveNumber);
+  qual->add_option("--positions", qa->positions, "Teacher-forced positions")->check(positive());
   qual->add_option("--seed", qa->seed, "Seed of the random prompt ids");
-  qual->add_option("--chunk", qa->chunk, "Prefill chunk")->check(CLI::PositiveNumber);
+  qual->add_option("--chunk", qa->chunk, "Prefill chunk")->check(positive());
   qual->add_flag("--per-class", qa->per_class, "Also each class alone at q8 and q4 (the rest f32)");
   qa->cpu.add_to(qual);
   qual->callback([qa] { bench_quality(*qa); });
@@ -445,9 +445,9 @@ void add_bench_cpu(CLI::App* bench) {
   auto sa = std::make_shared<SpeedArgs>();
   CLI::App* mod = bench->add_subcommand("model", "Prefill and decode tok/s of every --quant mode, exact as reference");
   mod->add_option("--model", sa->model, "Kimi K3 snapshot folder")->required();
-  mod->add_option("--prompt", sa->prompt, "Prompt tokens")->check(CLI::PositiveNumber);
+  mod->add_option("--prompt", sa->prompt, "Prompt tokens")->check(positive());
   mod->add_option("--gen", sa->gen, "Generated tokens")->check(CLI::Range(2, 1 << 20));
-  mod->add_option("--chunk", sa->chunk, "Prefill chunk")->check(CLI::PositiveNumber);
+  mod->add_option("--chunk", sa->chunk, "Prefill chunk")->check(positive());
   mod->add_flag("--cpu-time", sa->cpu_time, "Time by the thread's CPU clock (with --threads 1): per-core rates on a loaded machine");
   mod->add_option("--modes", sa->modes, "Presets to run, first is the reference; NAME+int8 = int8 expert activations");
   sa->cpu.add_to(mod);

@@ -160,7 +160,7 @@ void add_bench_experts(CLI::App* bench) {
   auto a = std::make_shared<ExpertBenchArgs>();
   CLI::App* sub = bench->add_subcommand("experts", "Expert store vs a sequential read; decode at three cache budgets");
   sub->add_option("--model", a->model, "K3 snapshot folder with MXFP4 experts (e.g. from wren synth)")->required();
-  sub->add_option("-n,--tokens", a->tokens, "Tokens to decode per budget")->check(CLI::PositiveNumber);
+  sub->add_option("-n,--tokens", a->tokens, "Tokens to decode per budget")->check(positive());
   sub->add_option("--direct", a->direct, "O_DIRECT reads: auto, on or off");
   sub->callback([a] { bench_experts(*a); });
 }

@@ -327,15 +327,15 @@ void add_bench_layers(CLI::App* bench) {
   CLI::App* sub = bench->add_subcommand("layers", "Per-layer decode time vs the memory floor, TTFT and prefill tok/s on a random in-memory model");
   sub->add_option("--backend", a->backend, "cpu, cuda or auto (default)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub->add_option("--preset", a->preset, "k3 (true K3 layer sizes, default) or tiny");
-  sub->add_option("--kda", a->kda, "KDA layers (default 3)")->check(CLI::NonNegativeNumber);
-  sub->add_option("--mla", a->mla, "MLA layers after them (default 1)")->check(CLI::NonNegativeNumber);
-  sub->add_option("--experts", a->experts, "Routed experts per layer (default 896)")->check(CLI::PositiveNumber);
+  sub->add_option("--kda", a->kda, "KDA layers (default 3)")->check(non_negative());
+  sub->add_option("--mla", a->mla, "MLA layers after them (default 1)")->check(non_negative());
+  sub->add_option("--experts", a->experts, "Routed experts per layer (default 896)")->check(positive());
   sub->add_option("--distinct-experts", a->distinct, "Distinct random experts backing them (default 64)")
-      ->check(CLI::PositiveNumber);
-  sub->add_option("--vocab", a->vocab, "Vocabulary size (default 16384)")->check(CLI::PositiveNumber);
-  sub->add_option("--prompt", a->prompt, "Prefill prompt length (default 1024)")->check(CLI::PositiveNumber);
-  sub->add_option("--decode", a->decode, "Decode tokens timed per configuration (default 16)")->check(CLI::PositiveNumber);
-  sub->add_option("--chunk", a->chunk, "Prefill chunk (default 32)")->check(CLI::PositiveNumber);
+      ->check(positive());
+  sub->add_option("--vocab", a->vocab, "Vocabulary size (default 16384)")->check(positive());
+  sub->add_option("--prompt", a->prompt, "Prefill prompt length (default 1024)")->check(positive());
+  sub->add_option("--decode", a->decode, "Decode tokens timed per configuration (default 16)")->check(positive());
+  sub->add_option("--chunk", a->chunk, "Prefill chunk (default 32)")->check(positive());
   sub->add_option("--seed", a->seed, "Weight seed (default 1)");
   sub->add_flag("--json", a->json, "Also print the numbers as one JSON object");
   sub->callback([a] { bench_layers(*a); });

@@ -111,8 +111,8 @@ void add_inspect(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("inspect", "Print the architecture, sizes, byte counts and memory plan of a snapshot");
   sub->add_option("--model", a->dir, "Kimi K3 snapshot folder")->required();
   sub->add_option("--expert-cache", a->expert_cache, "Expert cache budget to plan for, e.g. 8G");
-  sub->add_option("--ctx", a->ctx, "Context capacity to plan for")->check(CLI::PositiveNumber);
-  sub->add_option("--chunk", a->chunk, "Prefill chunk to plan for")->check(CLI::PositiveNumber);
+  sub->add_option("--ctx", a->ctx, "Context capacity to plan for")->check(positive());
+  sub->add_option("--chunk", a->chunk, "Prefill chunk to plan for")->check(positive());
   sub->callback([a] { inspect(*a); });
 }
 

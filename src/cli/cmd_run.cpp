@@ -85,6 +85,7 @@ struct Printer {
     if (!parser && std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end()) return;
     if (ch == ReplyParser::Channel::Think) {
       const std::string s = reasoning->push(id);
+      if (!quiet && thought.empty() && !dim) std::fputs("[thinking] ", stderr);  // labelled when not dimmed
       thought += s;
       if (!quiet) std::fprintf(stderr, "%s%s%s", dim ? "\033[2m" : "", s.c_str(), dim ? "\033[0m" : "");
     } else if (ch == ReplyParser::Channel::Response) {
@@ -97,6 +98,7 @@ struct Printer {
     if (!tok) return;
     answer += text->finish();
     thought += reasoning->finish();
+    if (!quiet && !thought.empty()) std::fputs("\n", stderr);  // the statistics start on a line of their own
     if (!quiet) std::fputs("\n", stdout), std::fflush(stdout);  // before the stderr statistics
   }
   std::vector<int> stop_ids;
@@ -202,8 +204,8 @@ void add_run(CLI::App& app) {
   sub->add_option("--trace", a->trace, "Write f32 [T, L, D]: P after each layer, token-major");
   sub->add_option("--logits", a->logits, "Write f32 [T, V]: teacher-forced logits at every prompt position");
   sub->add_option("--x0", a->x0, "Read f32 [T, D] rows replacing the prompt embeddings");
-  sub->add_option("--layers", a->common.engine.layers, "Run only the first N layers")->check(CLI::PositiveNumber);
-  sub->add_option("--dump-layer", a->dump_layer, "Layer whose five vectors are dumped")->check(CLI::NonNegativeNumber);
+  sub->add_option("--layers", a->common.engine.layers, "Run only the first N layers")->check(positive());
+  sub->add_option("--dump-layer", a->dump_layer, "Layer whose five vectors are dumped")->check(non_negative());
   sub->add_option("--dump-token", a->dump_token, "Prompt position to dump (default 0)");
   sub->add_option("--dump-dir", a->dump_dir, "Folder for nrm_attn/att/nrm_mlp/mlp/hidden .f32 files");
   sub->callback([a] { run(*a); });

@@ -88,14 +88,14 @@ void add_serve(CLI::App& app) {
   sub->add_option("--direct", a->engine.direct, "O_DIRECT expert reads: auto, on or off");
   sub->add_option("--vram-experts", a->engine.vram_experts,
                   "CUDA: device memory for routed experts, e.g. 2G, 500M, all (default: all that fit)");
-  sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(CLI::PositiveNumber);
-  sub->add_option("--ctx", a->engine.ctx, "Context limit per request in tokens (prompt + max_tokens)")->check(CLI::PositiveNumber);
+  sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(positive());
+  sub->add_option("--ctx", a->engine.ctx, "Context limit per request in tokens (prompt + max_tokens)")->check(positive());
   sub->add_option("--max-queue", a->server.max_queue, "Requests allowed to wait behind the running one (503 beyond)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   sub->add_option("--max-body", a->server.max_body, "Largest request body in bytes (413 beyond; default 1 MiB)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   sub->add_option("-n,--max-tokens", a->server.default_max_tokens, "max_tokens when a request gives none (default 256)")
-      ->check(CLI::PositiveNumber);
+      ->check(positive());
   sub->callback([a] { serve(*a); });
 }
 

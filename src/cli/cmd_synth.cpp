@@ -24,7 +24,7 @@ void add_synth(CLI::App& app) {
   sub->add_option("--config", a->config, "config.json to build from")->required();
   sub->add_option("--out", a->out, "Output folder")->required();
   sub->add_option("--seed", a->seed, "Random seed");
-  sub->add_option("--shard-mb", a->shard_mb, "Approximate shard size in MB")->check(CLI::PositiveNumber);
+  sub->add_option("--shard-mb", a->shard_mb, "Approximate shard size in MB")->check(positive());
   sub->add_flag("--no-prefix", a->no_prefix, "Write names without the 'language_model.' prefix");
   sub->callback([a] {
     std::ifstream f(a->config);

@@ -10,6 +10,7 @@
 #include "cli/commands.h"
 #include "cli/cpu_flags.h"
 #include "core/error.h"
+#include "runtime/default_model.h"
 #include "runtime/engine.h"
 #include "runtime/validate.h"
 
@@ -70,6 +71,7 @@ std::vector<NamedPrompt> prompts_for(const ValidateArgs& a, Engine& e) {
 
 void validate(const ValidateArgs& a) {
   EngineOptions ref_o = a.engine, cand_o = a.engine;
+  if (ref_o.model_dir.empty()) ref_o.model_dir = cand_o.model_dir = ensure_default_model(default_vocab_file());
   ref_o.backend = "cpu";
   ref_o.cpu = CpuOptions{};  // the reference: scalar kernels, one thread, f32 activations
   ref_o.plan = QuantPlan{};  // exact f32
@@ -116,7 +118,7 @@ void validate(const ValidateArgs& a) {
                   s.ffn == Ffn::Dense ? "dense" : "MoE", r.layers[i].trace_rel_l2, r.layers[i].output_rel_l2,
                   r.layers[i].worst_row);
     }
-    std::printf("worst layer %d: %.3e; logits rel-L2 %.3e (free-running, teacher-forced); argmax equal %d/%d\n", worst_at,
+    std::printf("worst layer %d: %.3e; logits rel-L2 %.3e (teacher-forced, nothing injected); argmax equal %d/%d\n", worst_at,
                 worst_layer, r.logits_rel_l2, r.argmax_equal, r.tokens);
     if (a.greedy > 0) {
       std::printf("greedy: %d/%d steps equal", r.greedy_equal, a.greedy);
@@ -141,9 +143,9 @@ void add_validate(CLI::App& app) {
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub->add_option("--prompt", a->prompts, "Prompt text(s) (default: the model's golden cases, else built-in texts)");
   sub->add_option("--greedy", a->greedy, "Greedy continuation length to compare")->check(CLI::Range(0, 4096));
-  sub->add_option("--tolerance", a->tolerance, "Largest rel-L2 that passes (per layer, logits)")->check(CLI::PositiveNumber);
-  sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(CLI::PositiveNumber);
-  sub->add_option("--ctx", a->engine.ctx, "Context capacity in tokens")->check(CLI::PositiveNumber);
+  sub->add_option("--tolerance", a->tolerance, "Largest rel-L2 that passes (per layer, logits)")->check(positive());
+  sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(positive());
+  sub->add_option("--ctx", a->engine.ctx, "Context capacity in tokens")->check(positive());
   sub->add_flag("--json", a->json, "Print JSON");
   a->cpu.add_to(sub);
   sub->callback([a] { validate(*a); });

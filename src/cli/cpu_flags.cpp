@@ -1,5 +1,6 @@
 // The CPU engine flags (see cpu_flags.h).
 #include "cli/cpu_flags.h"
+#include "cli/commands.h"
 
 #include <algorithm>
 #include <thread>
@@ -9,7 +10,7 @@
 namespace wren::cli {
 
 void CpuFlags::add_to(CLI::App* sub) {
-  sub->add_option("--threads", threads, "Threads (default: every core)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--threads", threads, "Threads (default: every core)")->check(non_negative());
   sub->add_option("--isa", isa, "Kernel level: auto, scalar (the reference kernels), avx2, avx512");
   sub->add_option("--quant", quant,
                   "Dense-weight formats: exact (all f32, default), bf16, q8, default (q4 attn/latent/"

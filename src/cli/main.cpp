@@ -16,6 +16,10 @@ int main(int argc, char** argv) {
   wren::cli::add_serve(app);
   wren::cli::add_validate(app);
   try {
+    if (const std::string bad = wren::cli::unknown_command(app, argc, argv); !bad.empty()) {
+      std::fprintf(stderr, "wren: error: %s\n", bad.c_str());
+      return 2;
+    }
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e);

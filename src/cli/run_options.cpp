@@ -1,5 +1,6 @@
 // Flags shared by `wren run` and `wren chat`.
 #include "cli/run_options.h"
+#include "cli/commands.h"
 
 #include <cstdio>
 
@@ -8,10 +9,10 @@ namespace wren::cli {
 void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
   sampling.temperature = default_temperature;
   sub->add_option("--model", engine.model_dir, "Kimi K3 snapshot folder (default: the built-in random-weight model)");
-  sub->add_option("-n,--max-tokens", n, "Tokens to generate at most")->check(CLI::NonNegativeNumber);
-  sub->add_option("--temperature", sampling.temperature, "Sampling temperature (0 = greedy)")->check(CLI::NonNegativeNumber);
+  sub->add_option("-n,--max-tokens", n, "Tokens to generate at most")->check(non_negative());
+  sub->add_option("--temperature", sampling.temperature, "Sampling temperature (0 = greedy)")->check(non_negative());
   sub->add_option("--top-p", sampling.top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
-  sub->add_option("--top-k", sampling.top_k, "Sample from the k most likely tokens (0 = all)")->check(CLI::NonNegativeNumber);
+  sub->add_option("--top-k", sampling.top_k, "Sample from the k most likely tokens (0 = all)")->check(non_negative());
   sub->add_option("--seed", sampling.seed, "Random seed for sampling");
   sub->add_option("--system", system, "System message (chat format)");
   sub->add_flag("--think,!--no-think", think, "Thinking on (default) or off (chat format)");
@@ -19,13 +20,13 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
   sub->add_option("--direct", engine.direct, "O_DIRECT expert reads: auto, on or off");
   sub->add_option("--vram-experts", engine.vram_experts,
                   "CUDA: device memory for routed experts, e.g. 2G, 500M, all (default: all that fit)");
-  sub->add_option("--chunk", engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(CLI::PositiveNumber);
+  sub->add_option("--chunk", engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(positive());
   sub->add_option("--backend", engine.backend, "Op backend: cpu, cuda, or auto (cuda when built in and a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub->add_flag("--cpu-fallback,!--no-cpu-fallback", engine.cpu_fallback,
                 "On a GPU failure, say so and continue on the CPU (default) or stop with the error");
   cpu.add_to(sub);
-  sub->add_option("--ctx", engine.ctx, "Context capacity in tokens (MLA cache size)")->check(CLI::PositiveNumber);
+  sub->add_option("--ctx", engine.ctx, "Context capacity in tokens (MLA cache size)")->check(positive());
 }
 
 EngineOptions CommonArgs::engine_options() const {
