@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "backends/cuda/cuda_common.cuh"
+#include "model/quant.h"
 
 namespace wren {
 
@@ -30,6 +31,9 @@ bool cuda_device_available(std::string* why) {
 // ---- Impl ----
 
 const float* CudaBackend::Impl::dense(const DenseWeight& w, const char* op) const {
+  if (w.format != WFormat::F32)
+    throw Error(std::string("CUDA backend: ") + op + ": weight [" + std::to_string(w.rows) + ", " +
+                std::to_string(w.cols) + "] is " + wformat_name(w.format) + "; this op reads f32 only");
   const auto it = weights.find(w.data);
   if (it == weights.end())
     throw Error(std::string("CUDA backend: ") + op + ": weight [" + std::to_string(w.rows) + ", " +
@@ -127,11 +131,18 @@ struct Piece {
   size_t bytes;
 };
 
+/// A dense weight's bytes as stored (f32, bf16, int8, or Q4_G64 groups) and, for Q8_ROW / Q4_G64,
+/// its f32 scale array as a second tensor (both keyed by their host pointers).
 void add_dense(std::vector<Piece>& out, const DenseWeight& w) {
   if (!w.data) return;
-  check(w.dtype == DType::F32, "CUDA backend: upload: dense weight [" + std::to_string(w.rows) + ", " +
-                                   std::to_string(w.cols) + "] is not f32 (the exact mode keeps every dense weight f32)");
-  out.push_back({w.data, size_t(w.rows) * size_t(w.cols) * sizeof(float)});
+  const std::string what = "CUDA backend: upload: " + std::string(wformat_name(w.format)) + " dense weight [" +
+                           std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]";
+  check(w.format != WFormat::F32 || w.dtype == DType::F32, what + " has element type other than f32");
+  out.push_back({w.data, wformat_data_bytes(w.format, w.rows, w.cols)});
+  if (const size_t ns = wformat_scale_count(w.format, w.rows, w.cols); ns != 0) {
+    check(w.scale != nullptr, what + " has no scale array");
+    out.push_back({w.scale, ns * sizeof(float)});
+  }
 }
 
 void add_mx(std::vector<Piece>& out, const MxMatrix& m) {

@@ -3,7 +3,9 @@
 // the factory, the CLI and the tests include it from ordinary .cpp files.
 //
 // Memory: every buffer from alloc() is device memory (cudaMalloc, never managed memory). Weights
-// are mirrored once by upload(): each DenseWeight as f32 [rows, cols] and each expert's MXFP4
+// are mirrored once by upload(): each DenseWeight's bytes as stored in its WFormat (f32, bf16,
+// int8 or Q4_G64 groups; model/weights.h) plus, for Q8_ROW / Q4_G64, its f32 scale array as a
+// second tensor keyed by the scale's host pointer, and each expert's MXFP4
 // packed [rows, cols/2] and ue8m0 scale [rows, cols/32] bytes exactly as stored; ops find the
 // device copy through a host-pointer -> device-pointer map. The map is only as fresh as the last
 // upload: model weights are immutable while their Model lives, and every upload() re-copies a
@@ -18,7 +20,8 @@
 // MLA, the per-group MXFP4 sums, the KDA column recurrences, the mix sums), f64 for the RMS means
 // and AttnRes scores; built without fast math, flush-to-zero or FMA contraction; exp/tanh evaluated
 // in f64 and rounded to f32 (glibc's expf is within 0.502 ulp, so this agrees with the CPU far more
-// often than CUDA's 2-ulp expf). Kernels live by family: gemm.cu (embed, gemm), norm.cu (rms_norm,
+// often than CUDA's 2-ulp expf). Kernels live by family: gemm.cu (embed, gemm), gemm_quant.cu (gemm
+// and row decode on BF16 / Q8_ROW / Q4_G64 weights, f32 accumulation, not CPU order), norm.cu (rms_norm,
 // attnres_mix), elementwise.cu, kda.cu, mla.cu, moe.cu (router, expert_ffn, weighted_sum).
 #pragma once
 #include <cstdint>
@@ -61,8 +64,8 @@ class CudaBackend final : public Backend {
 
   /// Mirrors every dense weight of `w` to device memory, and every routed expert when they fit in
   /// the VRAM expert budget; otherwise the experts stay on the host and the VRAM tier's slots are
-  /// set up (see set_vram_expert_budget). Throws wren::Error when a dense weight is not f32, device
-  /// memory runs out, or the budget is below one expert.
+  /// set up (see set_vram_expert_budget). Throws wren::Error when a packed dense weight lacks its
+  /// scale, device memory runs out, or the budget is below one expert.
   void upload(const ModelWeights& w);
   /// Device bytes routed experts may use, applied by the next upload(ModelWeights): 0 = default
   /// (free device memory after the dense weights, less max(1 GiB, 5% of the card)), kAllExperts =
@@ -75,7 +78,8 @@ class CudaBackend final : public Backend {
   void set_host_tier(ExpertSource* source);
   /// True when routed experts stream from the host tier (the budget did not hold them all).
   bool experts_streamed() const;
-  /// Mirrors one dense f32 weight's current contents (a repeated call refreshes the device copy).
+  /// Mirrors one dense weight's current contents, any WFormat (data, and scale when it has one; a
+  /// repeated call refreshes the device copy).
   void upload(const DenseWeight& w);
   /// Mirrors one expert's packed/scale bytes (a repeated call refreshes the device copy).
   void upload(const ExpertRef& e);

@@ -1,4 +1,5 @@
-// CUDA backend: embedding lookup and the f32 GEMM/GEMV.
+// CUDA backend: embedding lookup and the f32 GEMM/GEMV; a weight in a packed format (BF16, Q8_ROW,
+// Q4_G64) goes to gemm_quant.cu.
 // Layout: W [rows, cols] row-major (PyTorch Linear [out, in]); x [T, cols]; y [T, rows]; all f32.
 //
 // The GEMM reproduces cpu::dot's order exactly: a group of 8 lanes owns one output row; lane j
@@ -10,6 +11,7 @@
 #include <string>
 
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/gemm_quant.cuh"
 
 namespace wren {
 
@@ -69,6 +71,22 @@ void CudaBackend::embed(const DenseWeight& table, const int* ids, int T, float* 
     if (ids[t] < 0 || ids[t] >= table.rows)
       throw Error("token id " + std::to_string(ids[t]) + " is outside the vocabulary [0, " +
                   std::to_string(table.rows) + ")");
+  if (table.format != WFormat::F32) {  // packed table: decode the rows (dequant_row's values)
+    const cuda::QuantView qv = cuda::quant_view(m, table, "embed");
+    if (T <= kArgIds) {  // ids by value: no host -> device copy (graph-capturable decode step)
+      for (int t = 0; t < T; ++t) {
+        cuda::launch_decode_row(qv, ids[t], x + size_t(t) * table.cols, m.stream);
+        if (t + 1 < T) m.launched("embed decode kernel");
+      }
+    } else {
+      int* dids = static_cast<int*>(m.scratch(m.ids, size_t(T) * sizeof(int)));
+      cuda::check_cuda(cudaMemcpyAsync(dids, ids, size_t(T) * sizeof(int), cudaMemcpyHostToDevice, m.stream),
+                       "cudaMemcpyAsync (embed ids)");
+      cuda::launch_decode_rows(qv, dids, T, x, m.stream);
+    }
+    m.launched("embed decode kernel");
+    return;
+  }
   const float* dt = m.dense(table, "embed");
   ArgIds small{};
   int* dids = nullptr;
@@ -87,6 +105,11 @@ void CudaBackend::embed(const DenseWeight& table, const int* ids, int T, float* 
 void CudaBackend::gemm(const DenseWeight& W, const float* x, int T, float* y) {
   Impl& m = *impl_;
   if (T <= 0 || W.rows == 0) return;
+  if (W.format != WFormat::F32) {
+    cuda::launch_gemm_quant(cuda::quant_view(m, W, "gemm"), x, T, y, m.stream);
+    m.launched("gemm (packed weight) kernel");
+    return;
+  }
   const float* dw = m.dense(W, "gemm");
   const int rows = int(W.rows), cols = int(W.cols);
   const unsigned gx = unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock);

@@ -14,6 +14,7 @@
 #include <string>
 
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/gemm_quant.cuh"
 
 namespace wren {
 
@@ -104,7 +105,21 @@ void CudaBackend::mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& 
   m.launched("mla cache-write kernel");
   MlaArgs a{};
   a.q = q;
-  a.kvb = m.dense(w.kv_b, "mla_attend (kv_b)");
+  // A packed kv_b (BF16 / Q8_ROW / Q4_G64 under --quant) is decoded to f32 into a stream-ordered
+  // temporary for this call (dequant_row's values, as the CPU's absorb reads them; the CPU's value
+  // GEMV multiplies by the scale after summing, so the two agree to rounding, not bit for bit).
+  // Correctness first: a kernel reading kv_b packed would save the decode pass (~rows·kv_lora·4 B).
+  float* kvb_tmp = nullptr;
+  if (w.kv_b.format != WFormat::F32) {
+    const cuda::QuantView qv = cuda::quant_view(m, w.kv_b, "mla_attend (kv_b)");
+    cuda::check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&kvb_tmp), size_t(qv.rows) * qv.cols * sizeof(float), m.stream),
+                     "cudaMallocAsync (mla kv_b decode)");
+    cuda::launch_decode_rows(qv, nullptr, qv.rows, kvb_tmp, m.stream);
+    m.launched("mla kv_b decode kernel");
+    a.kvb = kvb_tmp;
+  } else {
+    a.kvb = m.dense(w.kv_b, "mla_attend (kv_b)");
+  }
   a.cache = cache.kv;
   a.ctx = ctx;
   a.H = p.heads, a.nope = p.nope, a.extra = p.extra, a.v_head = p.v_head, a.kv_lora = p.kv_lora;
@@ -119,6 +134,7 @@ void CudaBackend::mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& 
     cuda::check_cuda(cudaFuncSetAttribute(mla_attend_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
                      "cudaFuncSetAttribute (mla_attend shared memory)");
   mla_attend_kernel<<<dim3(p.heads, T), kMlaThreads, smem, m.stream>>>(a);
+  if (kvb_tmp) cuda::check_cuda(cudaFreeAsync(kvb_tmp, m.stream), "cudaFreeAsync (mla kv_b decode)");
   m.launched("mla_attend kernel");
   cache.length += T;
 }
