@@ -84,7 +84,23 @@ TEST(CliValidate, Int4WeightsFailTheExactTolerance) {
   std::string out;
   EXPECT_EQ(1, test::run_wren("validate " + model_arg() + " --backend cpu --quant q4 --greedy 0 --json", &out)) << out;
   EXPECT_NE(out.find("\"pass\": false"), std::string::npos) << out;
-  EXPECT_NE(out.find("outside the tolerance"), std::string::npos) << out;
+  EXPECT_NE(out.find("the candidate failed on at least one prompt"), std::string::npos) << out;
+}
+
+// A golden.json with no cases, or an id that is not a token, is an error naming the file and case.
+TEST(CliValidate, BadGoldenCasesAreClearErrors) {
+  const std::string dir = test::temp_dir("validate");
+  for (const auto& f : std::filesystem::directory_iterator(test::golden_dir()))
+    if (f.path().filename() != "golden") std::filesystem::create_symlink(f.path(), dir + "/" + f.path().filename().string());
+  std::filesystem::create_directories(dir + "/golden");
+  std::string out;
+  std::ofstream(dir + "/golden/golden.json") << R"({"cases": []})";
+  EXPECT_EQ(1, test::run_wren("validate --model " + dir + " --backend cpu", &out)) << out;
+  EXPECT_NE(out.find("must be a non-empty list"), std::string::npos) << out;
+  std::ofstream(dir + "/golden/golden.json") << R"({"cases": [{"name": "p", "ids": [4096, 4294967296]}]})";
+  EXPECT_EQ(1, test::run_wren("validate --model " + dir + " --backend cpu", &out)) << out;
+  EXPECT_NE(out.find("case p: id 4294967296 is not a token id in [0, 4352)"), std::string::npos) << out;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(CliBench, TokenizerMatchesTiktokenIdsOnTheSameCorpus) {
@@ -93,6 +109,14 @@ TEST(CliBench, TokenizerMatchesTiktokenIdsOnTheSameCorpus) {
   for (const char* corpus : {"| english", "| code", "| mixed"}) EXPECT_NE(out.find(corpus), std::string::npos) << out;
   EXPECT_EQ(out.find("| NO"), std::string::npos) << out;
   EXPECT_NE(out.find("tiktoken MB/s"), std::string::npos) << out;
+  const std::string dir = test::temp_dir("tokbench");
+  std::ofstream(dir + "/empty.txt").flush();
+  EXPECT_EQ(1, test::run_wren("bench tokenizer " + model_arg() + " --corpus " + dir + "/empty.txt", &out)) << out;
+  EXPECT_NE(out.find("is empty"), std::string::npos) << out;
+  EXPECT_EQ(1, test::run_wren("bench tokenizer " + model_arg() + " --corpus " + dir, &out)) << out;
+  EXPECT_NE(out.find("is not a readable regular file"), std::string::npos) << out;
+  EXPECT_NE(0, test::run_wren("bench tokenizer " + model_arg() + " --mb nan", &out)) << out;
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Cli, InspectPrintsArchitecture) {

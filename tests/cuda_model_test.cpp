@@ -512,22 +512,6 @@ TEST_F(CudaModel, CliFallbackAndValidate) {
 
 // ---- generated models ----
 
-/// The second shape of tests/generated_test.cpp: every size differs from k3-tiny-a.
-nlohmann::json second_shape() {
-  nlohmann::json j = test::golden_config({
-      {"hidden_size", 96}, {"num_hidden_layers", 6}, {"vocab_size", 1000}, {"first_k_dense_replace", 2},
-      {"intermediate_size", 160}, {"num_attention_heads", 3}, {"num_key_value_heads", 3},
-      {"q_lora_rank", 48}, {"kv_lora_rank", 24}, {"qk_nope_head_dim", 16}, {"qk_rope_head_dim", 8},
-      {"v_head_dim", 20}, {"num_experts", 12}, {"num_experts_per_token", 3},
-      {"moe_intermediate_size", 32}, {"routed_expert_hidden_size", 64}, {"num_shared_experts", 1},
-      {"attn_res_block_size", 8},
-      {"linear_attn_config", {{"num_heads", 3}, {"head_dim", 16}, {"short_conv_kernel_size", 3},
-                              {"kda_layers", {1, 2, 3, 5}}, {"full_attn_layers", {4, 6}}}}});
-  j["bos_token_id"] = 1;
-  j["eos_token_id"] = 2;
-  return j;
-}
-
 /// K3's per-head sizes (KDA d = 128: the 64 KB shared-memory state path; MLA nope 128, extra 64,
 /// v 128, kv_lora 512) at a small width, 64 experts top-8, latent 256.
 nlohmann::json k3_heads_shape() {
@@ -561,7 +545,7 @@ TEST_P(CudaGenerated, GreedyAndLogitsMatchCpu) {
   SynthOptions o;
   o.seed = k3 ? 11 : 7;
   o.shard_bytes = 4'000'000;
-  write_synthetic_checkpoint(k3 ? k3_heads_shape() : second_shape(), dir, o);
+  write_synthetic_checkpoint(k3 ? k3_heads_shape() : test::second_shape_config(), dir, o);
   auto m = load_model(dir);
   CudaBackend be;
   be.upload(m->weights);

@@ -16,22 +16,6 @@
 namespace wren {
 namespace {
 
-/// A second shape: every size differs from k3-tiny-a; L = 6 with MLA every 4th plus the last.
-nlohmann::json second_shape() {
-  nlohmann::json j = test::golden_config({
-      {"hidden_size", 96}, {"num_hidden_layers", 6}, {"vocab_size", 1000}, {"first_k_dense_replace", 2},
-      {"intermediate_size", 160}, {"num_attention_heads", 3}, {"num_key_value_heads", 3},
-      {"q_lora_rank", 48}, {"kv_lora_rank", 24}, {"qk_nope_head_dim", 16}, {"qk_rope_head_dim", 8},
-      {"v_head_dim", 20}, {"num_experts", 12}, {"num_experts_per_token", 3},
-      {"moe_intermediate_size", 32}, {"routed_expert_hidden_size", 64}, {"num_shared_experts", 1},
-      {"attn_res_block_size", 8},
-      {"linear_attn_config", {{"num_heads", 3}, {"head_dim", 16}, {"short_conv_kernel_size", 3},
-                              {"kda_layers", {1, 2, 3, 5}}, {"full_attn_layers", {4, 6}}}}});
-  j["bos_token_id"] = 1;
-  j["eos_token_id"] = 2;
-  return j;
-}
-
 std::vector<int> some_ids(int n, int vocab, int seed) {
   std::vector<int> ids;
   for (int i = 0; i < n; ++i) ids.push_back(int((1103515245u * (i + 7u * seed) + 12345u) % vocab));
@@ -60,7 +44,7 @@ class Generated : public ::testing::Test {
     o.seed = 7;
     o.prefix = false;
     o.shard_bytes = 200'000;
-    write_synthetic_checkpoint(second_shape(), *dir_, o);
+    write_synthetic_checkpoint(test::second_shape_config(), *dir_, o);
     model_ = load_model(*dir_).release();
   }
   static void TearDownTestSuite() {
@@ -171,7 +155,7 @@ TEST_F(Generated, ShardingAndPrefixDoNotChangeTheModel) {
   o.seed = 7;
   o.prefix = true;
   o.shard_bytes = 1'000'000'000;  // one text shard
-  write_synthetic_checkpoint(second_shape(), dir, o);
+  write_synthetic_checkpoint(test::second_shape_config(), dir, o);
   auto m2 = load_model(dir);
   EXPECT_EQ(m2->ckpt->prefix(), "language_model.");
   const std::vector<int> ids = some_ids(6, model_->config.vocab, 6);

@@ -46,6 +46,21 @@ nlohmann::json golden_config(const nlohmann::json& patch) {
   return j;
 }
 
+nlohmann::json second_shape_config() {
+  nlohmann::json j = test::golden_config({
+      {"hidden_size", 96}, {"num_hidden_layers", 6}, {"vocab_size", 1000}, {"first_k_dense_replace", 2},
+      {"intermediate_size", 160}, {"num_attention_heads", 3}, {"num_key_value_heads", 3},
+      {"q_lora_rank", 48}, {"kv_lora_rank", 24}, {"qk_nope_head_dim", 16}, {"qk_rope_head_dim", 8},
+      {"v_head_dim", 20}, {"num_experts", 12}, {"num_experts_per_token", 3},
+      {"moe_intermediate_size", 32}, {"routed_expert_hidden_size", 64}, {"num_shared_experts", 1},
+      {"attn_res_block_size", 8},
+      {"linear_attn_config", {{"num_heads", 3}, {"head_dim", 16}, {"short_conv_kernel_size", 3},
+                              {"kda_layers", {1, 2, 3, 5}}, {"full_attn_layers", {4, 6}}}}});
+  j["bos_token_id"] = 1;
+  j["eos_token_id"] = 2;
+  return j;
+}
+
 int run_wren(const std::string& args, std::string* out, const std::string& env) {
   const std::string cmd = (env.empty() ? "" : env + " ") + std::string(WREN_BINARY) + " " + args + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");

@@ -18,6 +18,9 @@ double rel_l2(const float* a, const float* b, size_t n);
 std::vector<float> read_all_f32(const std::string& path);
 /// The tiny golden config with its text_config overridden by `patch` (merge_patch).
 nlohmann::json golden_config(const nlohmann::json& patch = nlohmann::json::object());
+/// A second K3 shape for generated checkpoints: every size differs from k3-tiny-a; L = 6 with
+/// MLA every 4th plus the last, two dense layers, an AttnRes block larger than L.
+nlohmann::json second_shape_config();
 /// Runs the wren binary with `args` (and shell environment assignments `env`, e.g. "A=1");
 /// returns its exit code, stdout+stderr in *out.
 int run_wren(const std::string& args, std::string* out, const std::string& env = "");

@@ -18,6 +18,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <cstdlib>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -62,7 +64,18 @@ std::string run_or_throw(const std::string& cmd, const std::string& what) {
   for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) out.append(buf, n);
   const int st = ::pclose(p);
   const int rc = WIFEXITED(st) ? WEXITSTATUS(st) : 128;
-  check(rc == 0, "bench tokenizer: " + what + " failed (exit " + std::to_string(rc) + "): " + cmd + "\n" + out);
+  if (rc != 0) {  // the child's first error line, not its stack trace
+    std::string first;
+    std::istringstream lines(out);
+    for (std::string l; std::getline(lines, l);)
+      if (l.find("Error") != std::string::npos || l.find("error") != std::string::npos) {
+        first = l;
+        break;
+      }
+    if (first.empty()) first = out.substr(0, out.find('\n'));
+    throw Error("bench tokenizer: " + what + (rc == 124 ? " timed out" : " failed (exit " + std::to_string(rc) + ")") +
+                ": " + first);
+  }
   return out;
 }
 
@@ -84,6 +97,7 @@ double thread_cpu_s() {
 }
 
 std::string read_file(const std::string& path) {
+  check(fs::is_regular_file(path), "bench tokenizer: corpus " + path + " is not a readable regular file");
   std::ifstream f(path, std::ios::binary);
   check(bool(f), "bench tokenizer: cannot read corpus file " + path);
   std::ostringstream s;
@@ -158,6 +172,7 @@ void bench_tokenizer(const TokBenchArgs& a) {
     r.name = fs::path(f).stem().string();
     const std::string text = read_file(f);
     r.bytes = text.size();
+    check(r.bytes > 0, "bench tokenizer: corpus " + f + " is empty");
     check(utf8::is_valid(text), "bench tokenizer: " + f + " is not well-formed UTF-8 (the compared core, "
                             "encode_ordinary, takes text)");
     std::vector<int> ids = tok.encode_ordinary(text);  // warm-up
@@ -172,7 +187,9 @@ void bench_tokenizer(const TokBenchArgs& a) {
     r.hash = fnv(ids);
     rows.push_back(r);
   }
-  std::string cmd = "node " + shq(oracle) + " bench " + shq(model) + " " + std::to_string(a.reps);
+  // tiktoken's core is quadratic in the length of one pre-tokenizer piece (MBs of one emoji, say):
+  // bounded so the benchmark ends with an error instead of hanging.
+  std::string cmd = "timeout 600 node " + shq(oracle) + " bench " + shq(model) + " " + std::to_string(a.reps);
   for (const std::string& f : files) cmd += " " + shq(f);
   std::istringstream lines(run_or_throw(cmd, "the tiktoken run"));
   size_t i = 0;
@@ -225,7 +242,9 @@ void add_bench_tokenizer(CLI::App* bench) {
   CLI::App* c = bench->add_subcommand("tokenizer", "Encode MB/s of Wren's tokenizer vs the tiktoken core, same corpus, same run");
   c->add_option("--model", a->model, "Tokenizer folder (tiktoken.model + tokenizer_config.json); default: full o200k_base");
   c->add_option("--corpus", a->corpus, "Text file(s) to encode (default: english, code and mixed corpora)");
-  c->add_option("--mb", a->mb, "Megabytes per built-in corpus")->check(CLI::Range(0.001, 512.0));
+  c->add_option("--mb", a->mb, "Megabytes per built-in corpus")->check(CLI::Range(0.001, 512.0))->check(
+      CLI::Validator([](std::string& s) { return std::isfinite(std::strtod(s.c_str(), nullptr)) ? "" : "must be a finite number"; },
+                     "FINITE"));
   c->add_option("--reps", a->reps, "Timed repetitions (best is kept)")->check(CLI::Range(1, 100));
   c->add_option("--oracle", a->oracle, "Path of tests/tokenizer/oracle.js (default: in the source tree)");
   c->add_flag("--json", a->json, "Print JSON");

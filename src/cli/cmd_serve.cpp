@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "cli/commands.h"
+#include "cli/cpu_flags.h"
 #include "cli/run_options.h"
 #include "core/error.h"
 #include "server/server.h"
@@ -19,6 +20,7 @@ namespace {
 
 struct ServeArgs {
   EngineOptions engine;
+  CpuFlags cpu;  ///< the same CPU engine flags as `wren run` (threads, --isa, --quant, --mx-act)
   server::ServerOptions server;
 };
 
@@ -63,6 +65,9 @@ class SignalStopper {
 
 void serve(ServeArgs& a) {
   signal(SIGPIPE, SIG_IGN);                   // a client that hangs up is a failed write, not a crash
+  a.engine.plan = a.cpu.plan();
+  a.engine.cpu = a.cpu.backend();
+  std::fprintf(stderr, "wren: %s\n", describe(a.engine.cpu, a.engine.plan).c_str());
   Engine e(a.engine);
   check(e.has_tokenizer(), "wren serve needs a model with a tokenizer (tiktoken.model in " + e.dir() + ")");
   a.server.model_id = model_id(a.engine.model_dir);
@@ -90,6 +95,11 @@ void add_serve(CLI::App& app) {
                   "CUDA: device memory for routed experts, e.g. 2G, 500M, all (default: all that fit)");
   sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(positive());
   sub->add_option("--ctx", a->engine.ctx, "Context limit per request in tokens (prompt + max_tokens)")->check(positive());
+  sub->add_option("--backend", a->engine.backend, "Op backend: cpu, cuda, or auto (cuda when built in and a GPU is present)")
+      ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub->add_flag("--cpu-fallback,!--no-cpu-fallback", a->engine.cpu_fallback,
+                "On a GPU failure, say so and continue on the CPU (default) or stop with the error");
+  a->cpu.add_to(sub);
   sub->add_option("--max-queue", a->server.max_queue, "Requests allowed to wait behind the running one (503 beyond)")
       ->check(positive());
   sub->add_option("--max-body", a->server.max_body, "Largest request body in bytes (413 beyond; default 1 MiB)")

@@ -43,7 +43,21 @@ std::vector<NamedPrompt> prompts_for(const ValidateArgs& a, Engine& e) {
     std::ifstream f(golden);
     const json g = json::parse(f, nullptr, false);
     check(!g.is_discarded() && g.contains("cases"), golden + ": not a golden.json with \"cases\"");
-    for (const json& c : g["cases"]) out.push_back({c.at("name").get<std::string>(), c.at("ids").get<std::vector<int>>()});
+    check(g["cases"].is_array() && !g["cases"].empty(), golden + ": \"cases\" must be a non-empty list");
+    const int V = e.config().vocab;
+    for (const json& c : g["cases"]) {
+      check(c.is_object() && c.contains("name") && c["name"].is_string() && c.contains("ids") && c["ids"].is_array() &&
+                !c["ids"].empty(),
+            golden + ": each case needs a \"name\" string and a non-empty \"ids\" list");
+      const std::string name = c["name"].get<std::string>();
+      std::vector<int> ids;
+      for (const json& id : c["ids"]) {
+        check(id.is_number_integer() && id.get<int64_t>() >= 0 && id.get<int64_t>() < V,
+              golden + ": case " + name + ": id " + id.dump() + " is not a token id in [0, " + std::to_string(V) + ")");
+        ids.push_back(int(id.get<int64_t>()));
+      }
+      out.push_back({name, ids});
+    }
     return out;
   }
   if (e.has_tokenizer()) {
@@ -91,7 +105,9 @@ void validate(const ValidateArgs& a) {
     std::printf("wren validate: %s\nreference: cpu, exact f32, scalar reference kernels; candidate: %s; tolerance rel-L2 %.1e\n", ref.dir().c_str(),
                 what.c_str(), a.tolerance);
   for (const NamedPrompt& p : prompts) {
-    check(int(p.ids.size()) + a.greedy <= a.engine.ctx, p.name + ": prompt + --greedy exceed --ctx");
+    check(int(p.ids.size()) + a.greedy <= a.engine.ctx, p.name + ": " + std::to_string(p.ids.size()) + " prompt tokens + " +
+                                                          std::to_string(a.greedy) + " (--greedy) exceed --ctx " +
+                                                          std::to_string(a.engine.ctx));
     const PromptCheck r = validate_prompt(ref.forward(), cand.forward(), p.ids, a.engine.ctx, a.greedy);
     double worst_layer = 0;
     int worst_at = 0;
@@ -130,7 +146,8 @@ void validate(const ValidateArgs& a) {
   report["pass"] = ok;
   if (a.json) std::printf("%s\n", report.dump(1).c_str());
   else std::printf("\n%s: %zu prompt(s)\n", ok ? "PASS" : "FAIL", prompts.size());
-  if (!ok) throw Error("validate: the candidate is outside the tolerance on at least one prompt (see above)");
+  if (!ok) throw Error("validate: the candidate failed on at least one prompt (a layer or the logits over --tolerance, or "
+                       "greedy steps differing before the first near-tie)");
 }
 
 }  // namespace

@@ -10,7 +10,7 @@
 namespace wren::cli {
 
 void CpuFlags::add_to(CLI::App* sub) {
-  sub->add_option("--threads", threads, "Threads (default: every core)")->check(non_negative());
+  sub->add_option("--threads", threads, "Threads (default: every core; at most 1024)")->check(CLI::Range(0, 1024));
   sub->add_option("--isa", isa, "Kernel level: auto, scalar (the reference kernels), avx2, avx512");
   sub->add_option("--quant", quant,
                   "Dense-weight formats: exact (all f32, default), bf16, q8, default (q4 attn/latent/"
