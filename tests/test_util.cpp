@@ -1,6 +1,8 @@
 // Shared helpers for the test suites.
 #include "test_util.h"
 
+#include "runtime/validate.h"
+
 #include <array>
 #include <cmath>
 #include <cstdio>
@@ -22,14 +24,7 @@ std::string temp_dir(const std::string& tag) {
   return p.string();
 }
 
-double rel_l2(const float* a, const float* b, size_t n) {
-  double num = 0, den = 0;
-  for (size_t i = 0; i < n; ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num / (den > 0 ? den : 1e-300));
-}
+double rel_l2(const float* a, const float* b, size_t n) { return wren::rel_l2(a, b, n); }
 
 std::vector<float> read_all_f32(const std::string& path) {
   std::ifstream f(path, std::ios::binary);
