@@ -153,31 +153,13 @@ int chunk_for_call(int T, int d, int max_smem) {
 
 }  // namespace
 
-void CudaBackend::kda_core(const KdaParams& p, const KdaWeights& w, KdaState& s, const float* q, const float* k,
-                           const float* v, const float* z, const float* beta, const float* gate, int T,
-                           float* out) {
-  Impl& m = *impl_;
-  if (T <= 0) return;
-  if (p.head_dim < 1 || p.head_dim > 1024)
-    throw Error("CUDA backend: kda_core: head_dim " + std::to_string(p.head_dim) + " (supported: 1..1024)");
-  if (p.conv_kernel < 1) throw Error("CUDA backend: kda_core: conv kernel must be >= 1");
-  if (const int C = chunk_for_call(T, p.head_dim, m.max_smem_optin); C > 0) {
-    cuda::KdaChunkArgs c{};
-    c.q = q, c.k = k, c.v = v, c.z = z, c.beta = beta, c.gate = gate;
-    c.q_conv = m.dense(w.q_conv, "kda_core (q_conv)");
-    c.k_conv = m.dense(w.k_conv, "kda_core (k_conv)");
-    c.v_conv = m.dense(w.v_conv, "kda_core (v_conv)");
-    c.a_log = m.dense(w.a_log, "kda_core (A_log)");
-    c.dt_bias = m.dense(w.dt_bias, "kda_core (dt_bias)");
-    c.o_norm = m.dense(w.o_norm, "kda_core (o_norm)");
-    c.S = s.S, c.conv = s.conv, c.out = out;
-    c.H = p.heads, c.d = p.head_dim, c.K = p.conv_kernel, c.T = T;
-    c.lower = p.gate_lower_bound, c.eps = p.eps;
-    c.softplus_gate = p.gate == KdaGate::Softplus;
-    cuda::kda_chunked(m, c, C);
-    return;
-  }
-  KdaArgs a{};
+namespace {
+
+/// The fields the token kernel's KdaArgs and the chunked path's KdaChunkArgs share (same names).
+template <class Args>
+void fill_kda_args(Args& a, const CudaBackend::Impl& m, const KdaParams& p, const KdaWeights& w, KdaState& s,
+                   const float* q, const float* k, const float* v, const float* z, const float* beta,
+                   const float* gate, int T, float* out) {
   a.q = q, a.k = k, a.v = v, a.z = z, a.beta = beta, a.gate = gate;
   a.q_conv = m.dense(w.q_conv, "kda_core (q_conv)");
   a.k_conv = m.dense(w.k_conv, "kda_core (k_conv)");
@@ -189,6 +171,26 @@ void CudaBackend::kda_core(const KdaParams& p, const KdaWeights& w, KdaState& s,
   a.H = p.heads, a.d = p.head_dim, a.K = p.conv_kernel, a.T = T;
   a.lower = p.gate_lower_bound, a.eps = p.eps;
   a.softplus_gate = p.gate == KdaGate::Softplus;
+}
+
+}  // namespace
+
+void CudaBackend::kda_core(const KdaParams& p, const KdaWeights& w, KdaState& s, const float* q, const float* k,
+                           const float* v, const float* z, const float* beta, const float* gate, int T,
+                           float* out) {
+  Impl& m = *impl_;
+  if (T <= 0) return;
+  if (p.head_dim < 1 || p.head_dim > 1024)
+    throw Error("CUDA backend: kda_core: head_dim " + std::to_string(p.head_dim) + " (supported: 1..1024)");
+  if (p.conv_kernel < 1) throw Error("CUDA backend: kda_core: conv kernel must be >= 1");
+  if (const int C = chunk_for_call(T, p.head_dim, m.max_smem_optin); C > 0) {
+    cuda::KdaChunkArgs c{};
+    fill_kda_args(c, m, p, w, s, q, k, v, z, beta, gate, T, out);
+    cuda::kda_chunked(m, c, C);
+    return;
+  }
+  KdaArgs a{};
+  fill_kda_args(a, m, p, w, s, q, k, v, z, beta, gate, T, out);
   const size_t vec_bytes = 5 * size_t(p.head_dim) * sizeof(float);
   const size_t state_bytes = size_t(p.head_dim) * p.head_dim * sizeof(float);
   a.smem_state = vec_bytes + state_bytes + 1024 <= size_t(m.max_smem_optin);
