@@ -26,5 +26,6 @@ void add_bench_tokenizer(CLI::App* bench);
 void add_tokenize(CLI::App& app);
 void add_serve(CLI::App& app);
 void add_validate(CLI::App& app);
+void add_perplexity(CLI::App& app);
 
 }  // namespace wren::cli

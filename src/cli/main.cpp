@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   wren::cli::add_tokenize(app);
   wren::cli::add_serve(app);
   wren::cli::add_validate(app);
+  wren::cli::add_perplexity(app);
   try {
     if (const std::string bad = wren::cli::unknown_command(app, argc, argv); !bad.empty()) {
       std::fprintf(stderr, "wren: error: %s\n", bad.c_str());
