@@ -576,7 +576,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaGenerated, ::testing::Values(0, 1),
 TEST(CudaKimiLinear, GoldenLogitsAndGreedyMatchTransformers) {
   std::string why;
   if (!cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  const std::string dir = std::string(WREN_SOURCE_DIR) + "/../shared/golden/kimi-linear-tiny";
+  const std::string dir = test::kimi_linear_dir();
   auto m = load_model(dir);
   CudaBackend be;
   be.upload(m->weights);
