@@ -380,7 +380,7 @@ class Model(nn.Module):
     exact_dtype = None
     deq = None
 
-    def forward(self, ids, stats=None, trace=None):
+    def forward(self, ids, stats=None, trace=None, hidden_only=False):
         c = self.c
         P = F.embedding(ids, self.p("model.embed_tokens.weight"))
         if self.exact_dtype is not None:
@@ -405,7 +405,8 @@ class Model(nn.Module):
             if trace is not None:
                 trace.append(P)
         out = self.mix(blocks + [P], self.p("model.output_attn_res_norm.weight"), self.p("model.output_attn_res_proj.weight"))
-        return lin(rms(out, self.p("model.norm.weight"), self.eps), self.p("lm_head.weight"))
+        h = rms(out, self.p("model.norm.weight"), self.eps)
+        return h if hidden_only else lin(h, self.p("lm_head.weight"))
 
 
 def fix_dt_bias(model):
@@ -562,9 +563,20 @@ def train(args):
         idx = starts[:, None] + torch.arange(T + 1, device=dev)
         batch = gpu_data[idx]
         stats = []
+        tgt = batch[:, 1:].reshape(-1)
         with torch.autocast("cuda", dtype=torch.bfloat16) if AMP else _null():
-            logits = model(batch[:, :-1], stats)
-        loss = F.cross_entropy(logits.float().reshape(-1, VOCAB), batch[:, 1:].reshape(-1))
+            if args.sampled_softmax:
+                # CPU speed-up: softmax over the batch's target ids plus N random ids (a sampled
+                # softmax; the full head is trained row by row as ids come up, evaluation is exact)
+                h = model(batch[:, :-1], stats, hidden_only=True).reshape(-1, model.c["hidden_size"])
+                cand = torch.unique(torch.cat([tgt, torch.randint(0, VOCAB, (args.sampled_softmax,), device=dev)]))
+                remap = torch.full((VOCAB,), -1, dtype=torch.long, device=dev)
+                remap[cand] = torch.arange(len(cand), device=dev)
+                logits = lin(h, model.p("lm_head.weight")[cand])
+                tgt = remap[tgt]
+            else:
+                logits = model(batch[:, :-1], stats).reshape(-1, VOCAB)
+        loss = F.cross_entropy(logits.float(), tgt)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -573,7 +585,7 @@ def train(args):
             for m, cnt in zip(moe_names, stats):
                 bvec = model.bias(m + "gate.e_score_correction_bias")
                 bvec -= args.bias_rate * torch.sign(cnt.float() - cnt.float().mean())
-        if step % 25 == 0:
+        if step % args.log_every == 0:
             ls = loss.item()
             log.append({"step": step, "s": round(el, 1), "loss": ls, "lr": lr, "qat": model.qat})
             print(f"step {step} t {el:.0f}s loss {ls:.3f} lr {lr:.2e} qat {model.qat}", flush=True)
@@ -618,6 +630,9 @@ def main():
     ap.add_argument("--batch", type=int, default=96)
     ap.add_argument("--seq", type=int, default=192)
     ap.add_argument("--warmup", type=int, default=100, help="warm-up steps")
+    ap.add_argument("--sampled-softmax", type=int, default=0,
+                    help="train the head on the batch's targets + N random ids (CPU speed-up; 0 = full softmax)")
+    ap.add_argument("--log-every", type=int, default=25)
     ap.add_argument("--lr", type=float, default=3e-3)
     ap.add_argument("--qat-fraction", type=float, default=0.25)
     ap.add_argument("--bias-rate", type=float, default=1e-3)

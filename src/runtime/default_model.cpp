@@ -101,7 +101,13 @@ std::string data_dir() {
 
 std::string default_vocab_file() { return data_dir() + "/default-vocab.tiktoken"; }
 
+std::string trained_model_dir() { return data_dir() + "/models/wren-tiny"; }
+
 std::string ensure_default_model(const std::string& vocab_file) {
+  if (const std::string trained = trained_model_dir(); fs::exists(trained + "/model.safetensors.index.json")) {
+    std::fprintf(stderr, "wren: no --model given: using the built-in model wren-tiny (%s)\n", trained.c_str());
+    return trained;  // committed weights (models/wren-tiny): read-only, nothing written on first use
+  }
   const std::string dir = cache_root() + "/" + kName;
   if (!fs::exists(dir + "/model.safetensors.index.json")) {
     check(fs::exists(vocab_file), vocab_file + ": the default model's vocabulary is missing (run "

@@ -1,13 +1,18 @@
-// The built-in default model: a small K3-architecture checkpoint with RANDOM weights and a real
-// BPE vocabulary (the first 16,384 ranks of o200k_base), created deterministically on first use
-// in the user's cache folder. It shows the machinery (tokenizer, chat format, streaming, expert
-// store), not language.
+// The built-in default model: models/wren-tiny once trained weights are committed there (scripts/train;
+// the build copies models/ into share/wren); until then a small K3-architecture checkpoint with
+// RANDOM weights and a real BPE vocabulary (the first 16,384 ranks of o200k_base), created
+// deterministically on first use in the user's cache folder: it shows the machinery, not language.
 #pragma once
 #include <string>
 
 namespace wren {
 
-/// Folder of the default model, creating it on first use (atomically: a temporary folder renamed
+/// <data_dir()>/models/wren-tiny: where a trained default model lives once models/wren-tiny is
+/// committed (scripts/train makes it; the build copies models/ into share/wren).
+std::string trained_model_dir();
+
+/// Folder of the default model: trained_model_dir() when it holds a checkpoint (read-only, no
+/// first-use writes); otherwise the random-weight model below, created on first use (atomically: a temporary folder renamed
 /// into place). The vocabulary comes from `vocab_file` (written by scripts/setup.sh from the npm
 /// tiktoken package); cache folder: $XDG_CACHE_HOME/wren or ~/.cache/wren. Prints one notice on
 /// stderr saying the weights are random. Throws wren::Error naming what is missing.
