@@ -14,13 +14,14 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
-#include "backends/factory.h"
-#include "runtime/expert_store.h"
-#include "runtime/generate.h"
-#include "synth/synth.h"
-#include "loader/safetensors.h"
+#include "io/safetensors.h"
 #include "model/load.h"
 #include "model/quant.h"
+#include "runtime/backend_factory.h"
+#include "runtime/expert_store.h"
+#include "runtime/generate.h"
+#include "runtime/runner.h"
+#include "synth/synth.h"
 #include "test_util.h"
 #ifdef WREN_HAVE_CUDA
 #include "backends/cuda/cuda_backend.h"
@@ -139,7 +140,7 @@ class CudaModel : public ::testing::Test {
     }
     golden_ = load_model(test::golden_dir()).release();
     be_ = new CudaBackend();
-    be_->upload(golden_->weights);
+    be_->upload(weight_list(golden_->weights));
   }
   static void TearDownTestSuite() {
     delete be_;
@@ -170,7 +171,7 @@ TEST(CudaModelQuant, GoldenPackedPresetsMatchCpu) {
   for (const char* preset : {"q8", "bf16", "default", "q4"}) {
     const auto m = load_model(test::golden_dir(), QuantPlan::preset(preset));
     CudaBackend be;
-    be.upload(m->weights);
+    be.upload(weight_list(m->weights));
     CpuBackend cpu;
     for (const GoldenCase& gc : golden_cases()) {
       const auto logits = logits_of(*m, be, gc.ids, 32);
@@ -253,7 +254,7 @@ TEST_F(CudaModel, DecodeAfterPrefillAndChunkSizeOnDevice) {
   const int T = int(gc.ids.size()), V = c.vocab, split = T / 2;
   {
     // Exact mode (token-by-token KDA for every chunk): chunking changes nothing beyond 1e-6.
-    test::ScopedEnv mode("WREN_CUDA_KDA", "recurrent");
+    test::ScopedOptions mode(*be_, CudaOptions{CudaKda::Recurrent, 32});
     const auto tf = logits_of(*golden_, *be_, gc.ids, 32);
     const auto one = logits_of(*golden_, *be_, gc.ids, 1);
     const auto seven = logits_of(*golden_, *be_, gc.ids, 7);
@@ -263,9 +264,9 @@ TEST_F(CudaModel, DecodeAfterPrefillAndChunkSizeOnDevice) {
                 std::memcmp(one.data(), tf.data(), tf.size() * 4) ? "differ" : "bit-identical",
                 std::memcmp(seven.data(), tf.data(), tf.size() * 4) ? "differ" : "bit-identical");
   }
-  // Chunked KDA (kda_chunked.cu, WREN_CUDA_KDA=chunked, fast mode): prefill chunks of 32 and 7 against
+  // Chunked KDA (kda_chunked.cu, --cuda-kda chunked, fast mode): prefill chunks of 32 and 7 against
   // token-at-a-time (chunk 1 runs the token kernel), within the op's 1e-5.
-  test::ScopedEnv mode("WREN_CUDA_KDA", "chunked");
+  test::ScopedOptions mode(*be_, CudaOptions{CudaKda::Chunked, 32});
   const auto tf = logits_of(*golden_, *be_, gc.ids, 32);
   const auto one = logits_of(*golden_, *be_, gc.ids, 1);
   const auto seven = logits_of(*golden_, *be_, gc.ids, 7);
@@ -418,7 +419,7 @@ TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
       store = std::make_unique<ExpertStore>(model->weights, c.expert_bytes(), so);
       be.set_host_tier(store.get());
     }
-    be.upload(model->weights);
+    be.upload(weight_list(model->weights));
     EXPECT_EQ(be.experts_streamed(), b.slots != 0) << b.name;
     EXPECT_EQ(be.stats().expert_slots, b.slots) << b.name;
     Forward fwd(*model, be, {32, -1});
@@ -450,7 +451,7 @@ TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
   // A budget below one expert is a clear error, not a crash.
   CudaBackend tiny;
   tiny.set_vram_expert_budget(slot / 2);
-  EXPECT_THROW(tiny.upload(model->weights), Error);
+  EXPECT_THROW(tiny.upload(weight_list(model->weights)), Error);
 }
 
 TEST_F(CudaModel, CliRunBackendCudaGivesGoldenContinuation) {
@@ -474,9 +475,9 @@ TEST_F(CudaModel, CliRunBackendCudaGivesGoldenContinuation) {
 TEST_F(CudaModel, FallbackAfterInjectedCudaFault) {
   const GoldenCase gc = golden_cases()[0];
   CudaBackend dev;
-  dev.upload(golden_->weights);
+  dev.upload(weight_list(golden_->weights));
   dev.inject_fault(600);  // a prefill of 8 tokens takes ~300 launches, a decode step ~330
-  Forward fwd(*golden_, dev);
+  Runner fwd(*golden_, dev);
   fwd.set_fallback([] { return std::unique_ptr<Backend>(std::make_unique<CpuBackend>()); });
   SequenceState st(dev, golden_->config, 256);
   const int V = golden_->config.vocab;
@@ -498,12 +499,12 @@ TEST_F(CudaModel, FallbackAfterInjectedCudaFault) {
 TEST_F(CudaModel, CliFallbackAndValidate) {
   std::string out;
   ASSERT_EQ(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
-                                  " -n 8 --json --backend cuda", &out, "WREN_CUDA_FAULT_AT=700")) << out;
+                                  " -n 8 --json --backend cuda --cuda-fault-at 700", &out)) << out;
   EXPECT_NE(out.find("{\"output_ids\":[2012,1133,1466,4188,4038,3107,1460,537]"), std::string::npos) << out;
   EXPECT_NE(out.find("continuing on the CPU"), std::string::npos) << out;
   EXPECT_NE(out.find("backend cpu (fallback after a GPU failure)"), std::string::npos) << out;
   ASSERT_NE(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
-                                  " -n 8 --backend cuda --no-cpu-fallback", &out, "WREN_CUDA_FAULT_AT=700")) << out;
+                                  " -n 8 --backend cuda --no-cpu-fallback --cuda-fault-at 700", &out)) << out;
   EXPECT_NE(out.find("injected fault"), std::string::npos) << out;
   ASSERT_EQ(0, test::run_wren("validate --model " + test::golden_dir() + " --backend cuda", &out)) << out;
   std::printf("%s\n", out.c_str());
@@ -548,7 +549,7 @@ TEST_P(CudaGenerated, GreedyAndLogitsMatchCpu) {
   write_synthetic_checkpoint(k3 ? k3_heads_shape() : test::second_shape_config(), dir, o);
   auto m = load_model(dir);
   CudaBackend be;
-  be.upload(m->weights);
+  be.upload(weight_list(m->weights));
   CpuBackend cpu;
   const int V = m->config.vocab;
   const std::vector<int> lengths = k3 ? std::vector<int>{1, 33} : std::vector<int>{1, 7, 19, 33, 40};
@@ -579,7 +580,7 @@ TEST(CudaKimiLinear, GoldenLogitsAndGreedyMatchTransformers) {
   const std::string dir = test::kimi_linear_dir();
   auto m = load_model(dir);
   CudaBackend be;
-  be.upload(m->weights);
+  be.upload(weight_list(m->weights));
   SafetensorsFile ref(dir + "/reference.safetensors");
   auto ids_of = [&](const char* name) {
     const TensorInfo* t = ref.find(name);

@@ -11,10 +11,10 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "loader/safetensors.h"
+#include "io/safetensors.h"
 #include "reference_model.h"
-#include "synth/synth.h"
 #include "runtime/generate.h"
+#include "synth/synth.h"
 #include "test_util.h"
 
 namespace wren {

@@ -1,10 +1,10 @@
-// The CUDA backend: every op of backends/backend.h on one NVIDIA GPU (built for sm_90), with
+// The CUDA backend: every op of ops/backend.h on one NVIDIA GPU (built for sm_90), with
 // device-resident weights, activations and sequence state. Plain C++ header (no CUDA types), so
 // the factory, the CLI and the tests include it from ordinary .cpp files.
 //
 // Memory: every buffer from alloc() is device memory (cudaMalloc, never managed memory). Weights
 // are mirrored once by upload(): each DenseWeight's bytes as stored in its WFormat (f32, bf16,
-// int8 or Q4_G64 groups; model/weights.h) plus, for Q8_ROW / Q4_G64, its f32 scale array as a
+// int8 or Q4_G64 groups; ops/weights.h) plus, for Q8_ROW / Q4_G64, its f32 scale array as a
 // second tensor keyed by the scale's host pointer, and each expert's MXFP4
 // packed [rows, cols/2] and ue8m0 scale [rows, cols/32] bytes exactly as stored; ops find the
 // device copy through a host-pointer -> device-pointer map. The map is only as fresh as the last
@@ -28,8 +28,9 @@
 #include <memory>
 #include <string>
 
-#include "backends/backend.h"
-#include "model/expert_source.h"
+#include "backends/cuda/cuda_options.h"
+#include "ops/backend.h"
+#include "ops/expert_source.h"
 
 namespace wren {
 
@@ -51,11 +52,12 @@ struct CudaStats {
   uint64_t expert_calls = 0;     ///< expert_ffn calls
 };
 
-/// The CUDA implementation of Backend. Construction selects the device and creates the compute
-/// stream; throws wren::Error("no CUDA device: ...") when there is none.
+/// The CUDA implementation of Backend. Construction selects the device, creates the compute
+/// stream and fixes the options (cuda_options.h); throws wren::Error("no CUDA device: ...") when
+/// there is none, or naming the option when one is invalid.
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device = 0);
+  explicit CudaBackend(int device = 0, const CudaOptions& options = {});
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -65,9 +67,10 @@ class CudaBackend final : public Backend {
   /// Mirrors every dense weight of `w` to device memory, and every routed expert when they fit in
   /// the VRAM expert budget; otherwise the experts stay on the host and the VRAM tier's slots are
   /// set up (see set_vram_expert_budget). Throws wren::Error when a packed dense weight lacks its
-  /// scale, device memory runs out, or the budget is below one expert.
-  void upload(const ModelWeights& w);
-  /// Device bytes routed experts may use, applied by the next upload(ModelWeights): 0 = default
+  /// scale, device memory runs out, or the budget is below one expert. (The model builds `w`:
+  /// weight_list in model/weights.h.)
+  void upload(const WeightList& w);
+  /// Device bytes routed experts may use, applied by the next upload(WeightList): 0 = default
   /// (free device memory after the dense weights, less max(1 GiB, 5% of the card)), kAllExperts =
   /// every expert resident whatever it costs. Beyond the budget, routed_moe streams the selected
   /// experts from the host tier into an LRU of device slots keyed by (layer, expert id).
@@ -89,8 +92,13 @@ class CudaBackend final : public Backend {
   void synchronize();
   /// Fault injection (tests of the CPU fallback): the kernel launch numbered `at_launch` (counting
   /// from 1 over the backend's life, as CudaStats::launches) throws DeviceError; 0 turns it off.
-  /// The environment variable WREN_CUDA_FAULT_AT=N sets it at construction.
+  /// CudaOptions::fault_at (--cuda-fault-at) sets it at construction.
   void inject_fault(uint64_t at_launch);
+  /// The options in force (fault_at as last set).
+  const CudaOptions& options() const;
+  /// Replaces the options from the next op on (tests and benchmarks switch KDA paths in one
+  /// process); throws wren::Error naming the option when one is invalid.
+  void set_options(const CudaOptions& o);
 
   float* alloc(size_t n) override;
   void release(float* p) override;
@@ -123,12 +131,18 @@ class CudaBackend final : public Backend {
   bool routed_moe(const RoutedMoeParams& p, const MoeWeights& m, const float* logits, const float* z, int T,
                   float* ys, float* out) override;
   bool routed_moe_on_device(const RoutedMoeParams& p, const MoeWeights& m) override;
+  /// Records a single-token step as one decode graph when nothing in it needs the host: T = 1, no
+  /// host work midway, recording allowed, and every MoE layer routed on the device
+  /// (routed_moe_on_device); otherwise false and the ops run one by one.
+  bool step_begin(const StepInfo& s) override;
+  void step_end() override { graph_launch(); }
+  void step_abort() noexcept override { graph_abort(); }
   /// Stream capture (relaxed mode) of the compute stream; the first launch instantiates the
   /// graph, later launches update it in place (cudaGraphExecUpdate) or re-instantiate when the
   /// update is refused, so arguments baked into kernels (cache length, token id) are always fresh.
-  bool graph_begin() override;
-  void graph_launch() override;
-  void graph_abort() noexcept override;
+  bool graph_begin();
+  void graph_launch();
+  void graph_abort() noexcept;
 
   struct Impl;  ///< device, stream, weight map, scratch, counters (cuda_common.cuh)
 

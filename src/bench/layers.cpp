@@ -13,32 +13,25 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "backends/factory.h"
-#include "cli/commands.h"
+#include "bench/bench.h"
+#include "bench/random_model.h"
 #include "core/error.h"
 #include "model/forward.h"
 #include "model/tensor_table.h"
+#include "runtime/backend_factory.h"
 #include "runtime/generate.h"
-#include "synth/random_model.h"
 #ifdef WREN_HAVE_CUDA
 #include "backends/cuda/cuda_backend.h"
 #endif
 
-namespace wren::cli {
+namespace wren::bench {
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-struct BenchArgs {
-  std::string backend = "auto", preset = "k3";
-  int kda = 3, mla = 1, experts = 896, distinct = 64, vocab = 16384, prompt = 1024, decode = 16, chunk = 32;
-  uint64_t seed = 1;
-  bool json = false;
-};
-
 /// The K3 text config (spec kimi-k3.md §1) with `kda` KDA layers then `mla` MLA layers, all MoE.
-nlohmann::json bench_config(const BenchArgs& a) {
+nlohmann::json bench_config(const LayersArgs& a) {
   const bool k3 = a.preset == "k3";
   const int L = a.kda + a.mla;
   std::vector<int> kda, full;
@@ -238,7 +231,7 @@ void op_table(const Model& m, Backend& be, double bw) {
   be.release(y);
 }
 
-void bench_layers(const BenchArgs& a) {
+void bench_layers(const LayersArgs& a) {
   check(a.preset == "k3" || a.preset == "tiny", "--preset: expected k3 or tiny");
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const auto start = clock_type::now();
@@ -249,9 +242,10 @@ void bench_layers(const BenchArgs& a) {
   const double gen_s = seconds_since(t0);
   progress(start, "random model built");
   t0 = clock_type::now();
-  auto be = make_backend(kind, model->weights);
+  auto be = make_backend(kind, model->weights, {}, "", a.cuda);
   const double upload_s = seconds_since(t0);
-  progress(start, std::string("backend ") + be->name() + " ready (weights uploaded)");
+  progress(start, std::string("backend ") + be->name() + " ready (weights uploaded)" +
+                      (kind == "cuda" ? "; " + describe(a.cuda) : std::string()));
   const Config& c = model->config;
   const double bw = copy_bandwidth(*be, a.preset == "k3" ? (size_t(1) << 28) : (size_t(1) << 22));
   progress(start, "copy bandwidth " + std::to_string(bw / 1e9) + " GB/s");
@@ -293,6 +287,7 @@ void bench_layers(const BenchArgs& a) {
                         {"host_syncs_per_token", counts.back().syncs}, {"no_graph_decode_ms", plain_s * 1e3},
                         {"no_graph_launches_per_token", plain.outside}, {"no_graph_host_syncs_per_token", plain.syncs},
                         {"prompt", a.prompt}, {"chunk", a.chunk}, {"ttft_s", ttft}, {"prefill_tok_s", a.prompt / ttft}};
+  if (kind == "cuda") out["options"] = describe(a.cuda);
   std::printf("wren bench: backend %s, preset %s (hidden %d, %d KDA + %d MLA layers, %d experts top-%d, "
               "%d distinct), copy bandwidth %.0f GB/s (read+write)\n",
               be->name(), a.preset.c_str(), c.hidden, a.kda, a.mla, c.n_experts, c.top_k,
@@ -322,23 +317,7 @@ void bench_layers(const BenchArgs& a) {
 
 }  // namespace
 
-void add_bench_layers(CLI::App* bench) {
-  auto a = std::make_shared<BenchArgs>();
-  CLI::App* sub = bench->add_subcommand("layers", "Per-layer decode time vs the memory floor, TTFT and prefill tok/s on a random in-memory model");
-  sub->add_option("--backend", a->backend, "cpu, cuda or auto (default)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  sub->add_option("--preset", a->preset, "k3 (true K3 layer sizes, default) or tiny");
-  sub->add_option("--kda", a->kda, "KDA layers (default 3)")->check(non_negative());
-  sub->add_option("--mla", a->mla, "MLA layers after them (default 1)")->check(non_negative());
-  sub->add_option("--experts", a->experts, "Routed experts per layer (default 896)")->check(positive());
-  sub->add_option("--distinct-experts", a->distinct, "Distinct random experts backing them (default 64)")
-      ->check(positive());
-  sub->add_option("--vocab", a->vocab, "Vocabulary size (default 16384)")->check(positive());
-  sub->add_option("--prompt", a->prompt, "Prefill prompt length (default 1024)")->check(positive());
-  sub->add_option("--decode", a->decode, "Decode tokens timed per configuration (default 16)")->check(positive());
-  sub->add_option("--chunk", a->chunk, "Prefill chunk (default 32)")->check(positive());
-  sub->add_option("--seed", a->seed, "Weight seed (default 1)");
-  sub->add_flag("--json", a->json, "Also print the numbers as one JSON object");
-  sub->callback([a] { bench_layers(*a); });
-}
 
-}  // namespace wren::cli
+void run_layers(const LayersArgs& a) { bench_layers(a); }
+
+}  // namespace wren::bench
