@@ -14,9 +14,11 @@
 #include <cctype>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <fstream>
 #include <sstream>
 #include <thread>
 
+#include "runtime/chat_format.h"
 #include "server/openai_json.h"
 #include "server/stop_matcher.h"
 #include "test_util.h"
@@ -225,7 +227,7 @@ TEST_F(Serve, TwentyConcurrentClientsAndOneKilledMidStream) {
   for (int i = 0; i < 20; ++i) reqs.push_back(completion_req(prompts[i % 4], i % 2 == 0, 16));
   // The hang-up client starts first with a long generation, so it is running when it goes.
   const json long_body = {{"messages", {{{"role", "user"}, {"content", "Tell me a long story."}}}},
-                          {"max_tokens", 400}, {"temperature", 0}, {"stream", true}};
+                          {"max_tokens", 300}, {"temperature", 0}, {"stream", true}};  // 134 prompt tokens (effort message included) + 300 < --ctx 512
   const long long cancelled_before = json::parse(client().Get("/health")->body)["cancelled"];
   bool hung_up = false;
   std::thread killer([&] { hung_up = hang_up_mid_stream(server_->port(), long_body.dump()); });
@@ -317,6 +319,156 @@ TEST_F(Serve, StopStringCutsTheTextAndIsNotIncluded) {
     EXPECT_EQ(g["content"], want) << g.dump();
     EXPECT_EQ(g["finish_reason"], "stop") << g.dump();
   }
+}
+
+// ---- tool calls, end to end: the test model cannot emit a tools channel by itself, so a server
+// started with the hidden --replay-ids flag "generates" given ids through the real reply parser
+// and streaming path; the official openai client reads them back (streaming and not).
+
+/// The ids a model would emit for `reply` after the generation prompt.
+std::vector<int> reply_ids(const ChatFormat& fmt, const ChatMessage& reply, bool thinking) {
+  const std::vector<int> all = fmt.render({reply}, thinking), gen = fmt.generation_prompt(thinking);
+  return std::vector<int>(all.begin() + long(gen.size()), all.end());
+}
+
+class ServeTools : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tok_ = new Tokenizer(Tokenizer::load(test::golden_dir()));
+    const ChatFormat fmt(*tok_);
+    auto ids = [&](std::initializer_list<std::pair<int, std::string>> parts) {  // -1 = the text, else the id
+      std::vector<int> out;
+      for (const auto& [id, text] : parts) {
+        if (id >= 0) {
+          out.push_back(id);
+        } else {
+          const auto v = tok_->encode(text);
+          out.insert(out.end(), v.begin(), v.end());
+        }
+      }
+      return out;
+    };
+    const int O = fmt.open_id(), C = fmt.close_id(), S = fmt.sep_id(), E = fmt.end_of_msg();
+    ChatMessage call("assistant", "Let me look.", "The user wants weather.");
+    call.tool_calls = {{"", "get_weather", R"({"city": "Paris", "days": 3})"}, {"", "get_time", R"({"tz": "CET"})"}};
+    json replay = json::array();
+    replay.push_back(reply_ids(fmt, call, true));  // 0: think, response, two calls
+    // 1: the think channel never closed before the tools channel; no response channel at all.
+    replay.push_back(ids({{-1, "Hmm."}, {O, ""}, {-1, "tools"}, {S, ""}, {O, ""}, {-1, "call tool=\"get_weather\" index=\"1\""},
+                          {S, ""}, {O, ""}, {-1, "argument key=\"city\" type=\"string\""}, {S, ""}, {-1, "Oslo"}, {C, ""},
+                          {-1, "argument"}, {S, ""}, {C, ""}, {-1, "call"}, {S, ""}, {C, ""}, {-1, "tools"}, {S, ""},
+                          {C, ""}, {-1, "message"}, {S, ""}, {E, ""}}));
+    ChatMessage plain("assistant", "Hello there.", "Greet.");
+    replay.push_back(reply_ids(fmt, plain, true));  // 2: a plain answer
+    replay_ = replay;
+    const std::string dir = test::temp_dir("serve-tools");
+    file_ = dir + "/replay.json";
+    std::ofstream(file_) << replay.dump();
+    server_ = new ServeProcess({"--ctx", "1024", "--replay-ids", file_});
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete tok_;
+  }
+  static ServeProcess* server_;
+  static Tokenizer* tok_;
+  static json replay_;
+  static std::string file_;
+};
+ServeProcess* ServeTools::server_ = nullptr;
+Tokenizer* ServeTools::tok_ = nullptr;
+json ServeTools::replay_;
+std::string ServeTools::file_;
+
+json tools_decl() {
+  return json::parse(R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}}])");
+}
+
+TEST_F(ServeTools, OpenAIClientGetsToolCallsStreamingAndNot) {
+  json reqs = json::array();
+  for (bool stream : {false, true})
+    for (int k = 0; k < 3; ++k) {
+      json r = {{"kind", "chat"}, {"stream", stream},
+                {"params", {{"messages", {{{"role", "user"}, {"content", "What is the weather in Paris?"}}}}, {"max_tokens", 200}}}};
+      if (k != 1) r["params"]["tools"] = tools_decl();  // replay 1 comes with no tools declared (a peer returns raw text)
+      reqs.push_back(r);
+    }
+  const json got = node_client(server_->port(), reqs, false);
+  ASSERT_EQ(got.size(), 6u) << got.dump();
+  for (size_t i = 0; i < 6; ++i) {
+    SCOPED_TRACE("request " + std::to_string(i) + ": " + got[i].dump());
+    ASSERT_FALSE(got[i].contains("error"));
+    const json& g = got[i];
+    const int k = int(i % 3);
+    const std::string content = g["content"].is_null() ? "" : g["content"].get<std::string>();
+    EXPECT_EQ(content.find("<|"), std::string::npos) << "markup leaked into content";
+    EXPECT_EQ(g["usage"]["completion_tokens"], replay_[size_t(k)].size());
+    if (k == 0) {
+      EXPECT_EQ(content, "Let me look.");
+      EXPECT_EQ(g["reasoning"], "The user wants weather.");
+      EXPECT_EQ(g["finish_reason"], "tool_calls");
+      ASSERT_EQ(g["tool_calls"].size(), 2u);
+      EXPECT_EQ(g["tool_calls"][0]["type"], "function");
+      EXPECT_EQ(g["tool_calls"][0]["function"]["name"], "get_weather");
+      EXPECT_EQ(g["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris","days":3})");
+      EXPECT_EQ(g["tool_calls"][1]["function"]["name"], "get_time");
+      EXPECT_EQ(g["tool_calls"][1]["function"]["arguments"], R"({"tz":"CET"})");
+      EXPECT_NE(g["tool_calls"][0]["id"], g["tool_calls"][1]["id"]);
+      EXPECT_FALSE(g["tool_calls"][0]["id"].get<std::string>().empty());
+    } else if (k == 1) {
+      EXPECT_EQ(content, "");
+      EXPECT_EQ(g["reasoning"], "Hmm.");
+      EXPECT_EQ(g["finish_reason"], "tool_calls");
+      ASSERT_EQ(g["tool_calls"].size(), 1u);
+      EXPECT_EQ(g["tool_calls"][0]["function"]["arguments"], R"({"city":"Oslo"})");
+    } else {
+      EXPECT_EQ(content, "Hello there.");
+      EXPECT_EQ(g["finish_reason"], "stop");
+      EXPECT_TRUE(g["tool_calls"].empty());
+    }
+    if (reqs[i]["stream"] && k == 0) {
+      EXPECT_GE(g["tool_call_chunks"].get<int>(), 2);  // at least one chunk per call (pieces coalesce when the reader lags)
+    }
+  }
+}
+
+TEST_F(ServeTools, HistoryWithToolCallsRendersBackAndBadToolRequestsAre400) {
+  // The assistant turn the client got back, plus tool results, is accepted and rendered; the
+  // prompt-token count equals the ids ChatFormat renders for the same conversation.
+  const json body = {
+      {"messages", json::parse(R"([{"role": "user", "content": "Weather?"},
+          {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+          {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])")},
+      {"tools", tools_decl()}, {"max_tokens", 4}, {"reasoning_effort", "low"}};
+  httplib::Client c("127.0.0.1", server_->port());
+  c.set_read_timeout(60, 0);
+  const auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const ChatFormat fmt(*tok_);
+  ChatMessage a("assistant", "", "");
+  a.tool_calls = {{"c1", "get_weather", "{\"city\":\"Paris\"}"}};
+  ChatMessage t("tool", "sunny", "");
+  t.tool_call_id = "c1";
+  ChatOptions o;
+  o.tools = tools_decl();
+  o.effort = "low";
+  EXPECT_EQ(json::parse(r->body)["usage"]["prompt_tokens"], fmt.prompt({{"user", "Weather?", ""}, a, t}, o).size());
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  expect_error(c, "/v1/chat/completions", "{" + msgs + R"(, "tools": {"a": 1}})", 400, "'tools' must be a list");
+  expect_error(c, "/v1/chat/completions", "{" + msgs + R"(, "tools": [{"type": "function", "function": {}}]})", 400,
+               "function.name");
+  expect_error(c, "/v1/chat/completions", "{" + msgs + R"(, "tool_choice": "required"})", 400, "tools");
+  expect_error(c, "/v1/chat/completions",
+               "{" + msgs + R"(, "tools": )" + tools_decl().dump() + R"(, "tool_choice": {"type": "function", "function": {"name": "nope"}}})",
+               400, "nope");
+  expect_error(c, "/v1/chat/completions", "{" + msgs + R"(, "reasoning_effort": "medium"})", 400, "low, high or max");
+  expect_error(c, "/v1/chat/completions",
+               R"({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "x", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]})",
+               400, "JSON object");
+  expect_error(c, "/v1/chat/completions", R"({"messages": [{"role": "tool", "content": "orphan"}]})", 400, "tool");
 }
 
 TEST(ServeStopMatcher, HoldsBackPrefixesAndCutsAtTheMatch) {

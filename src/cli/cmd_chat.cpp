@@ -89,10 +89,13 @@ void chat(ChatArgs& a) {
     }
     if (line.empty()) continue;
     std::vector<ChatMessage> msgs;
-    if (first && !a.common.system.empty()) msgs.push_back({"system", a.common.system, ""});
+    if (first && a.common.system) msgs.push_back({"system", *a.common.system, ""});
     msgs.push_back({"user", line, ""});
-    std::vector<int> prompt = fmt.render(msgs, a.common.think);
-    const std::vector<int> gen = fmt.generation_prompt(a.common.think);
+    // The first turn is the whole prompt as the encoder renders it (effort message included);
+    // later turns append the new message to the state.
+    std::vector<int> prompt = first ? fmt.preamble(chat_options(a.common)) : std::vector<int>{};
+    const std::vector<int> body = fmt.render(msgs, a.common.think), gen = fmt.generation_prompt(a.common.think);
+    prompt.insert(prompt.end(), body.begin(), body.end());
     prompt.insert(prompt.end(), gen.begin(), gen.end());
     if (st->position() + int(prompt.size()) + a.common.n + 16 > st->capacity()) {
       std::fprintf(stderr, "wren: the conversation would exceed the context of %d tokens; /reset or raise --ctx\n",

@@ -61,12 +61,9 @@ std::vector<int> prompt_ids(const RunArgs& a, Engine& e) {
   }
   const ChatFormat fmt(tok);
   std::vector<ChatMessage> msgs;
-  if (!a.common.system.empty()) msgs.push_back({"system", a.common.system, ""});
+  if (a.common.system) msgs.push_back({"system", *a.common.system, ""});
   msgs.push_back({"user", text, ""});
-  std::vector<int> ids = fmt.render(msgs, a.common.think);
-  const std::vector<int> gen = fmt.generation_prompt(a.common.think);
-  ids.insert(ids.end(), gen.begin(), gen.end());
-  return ids;
+  return fmt.prompt(msgs, chat_options(a.common));
 }
 
 /// Streams decoded text: the answer to stdout; in chat mode the think channel to stderr (dimmed

@@ -6,6 +6,8 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "cli/commands.h"
@@ -19,6 +21,7 @@ namespace wren::cli {
 namespace {
 
 struct ServeArgs {
+  std::string replay_file;  ///< hidden test flag --replay-ids
   EngineOptions engine;
   CpuFlags cpu;  ///< the same CPU engine flags as `wren run` (threads, --isa, --quant, --mx-act)
   server::ServerOptions server;
@@ -71,6 +74,19 @@ void serve(ServeArgs& a) {
   Engine e(a.engine);
   check(e.has_tokenizer(), "wren serve needs a model with a tokenizer (tiktoken.model in " + e.dir() + ")");
   a.server.model_id = model_id(a.engine.model_dir);
+  if (!a.replay_file.empty()) {
+    std::ifstream f(a.replay_file);
+    check(bool(f), "--replay-ids: cannot read " + a.replay_file);
+    try {
+      a.server.replay = nlohmann::json::parse(f).get<std::vector<std::vector<int>>>();
+    } catch (const nlohmann::json::exception& e) {
+      throw Error("--replay-ids " + a.replay_file + ": expected a JSON list of lists of token ids (" + e.what() + ")");
+    }
+    for (const auto& ids : a.server.replay)
+      for (int id : ids) check(id >= 0 && id < e.config().vocab, "--replay-ids: id " + std::to_string(id) + " outside the vocabulary");
+    std::fprintf(stderr, "wren serve: TEST MODE: replaying %zu id lists from %s instead of running the model\n",
+                 a.server.replay.size(), a.replay_file.c_str());
+  }
   a.server.ctx = a.engine.ctx;
   server::Server s(e, a.server);
   const int port = s.bind();
@@ -106,6 +122,8 @@ void add_serve(CLI::App& app) {
       ->check(positive());
   sub->add_option("-n,--max-tokens", a->server.default_max_tokens, "max_tokens when a request gives none (default 256)")
       ->check(positive());
+  // Test hook (tests/serve_test.cpp): hidden from --help (empty group).
+  sub->add_option("--replay-ids", a->replay_file, "JSON [[ids...], ...]: request k replays list k mod n")->group("");
   sub->callback([a] { serve(*a); });
 }
 

@@ -33,7 +33,10 @@ std::vector<int> generate(Forward& fwd, SequenceState& state, const std::vector<
   }
   const auto t1 = clock::now();
   for (int n = 0; n < opts.max_new_tokens; ++n) {
-    const int id = sampler.sample(logits.data(), V);
+    TokenLogprobs lp;
+    const bool want_lp = opts.top_logprobs >= 0 && opts.on_logprobs;
+    const int id = sampler.sample(logits.data(), V, want_lp ? &lp : nullptr, opts.top_logprobs);
+    if (want_lp) opts.on_logprobs(lp);
     if (n == 0) st.ttft_s = secs(clock::now() - t0);
     out.push_back(id);
     if (on_token) on_token(id);

@@ -53,6 +53,7 @@ httplib::Server::HandlerResponse default_error(const Request& req, Response& res
 
 Server::Server(Engine& engine, ServerOptions o)
     : engine_(engine), o_(std::move(o)), queue_(engine, o_.max_queue), started_(now_s()) {
+  if (!o_.replay.empty()) queue_.set_replay(o_.replay);
   const size_t threads = size_t(o_.max_queue) + 8;
   http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_.set_payload_max_length(o_.max_body);
@@ -105,10 +106,16 @@ std::vector<int> Server::prompt_ids(const GenRequest& g) const {
     return ids;
   }
   const ChatFormat fmt(tok);
-  std::vector<int> ids = fmt.render(g.messages, g.thinking);
-  const std::vector<int> gen = fmt.generation_prompt(g.thinking);
-  ids.insert(ids.end(), gen.begin(), gen.end());
-  return ids;
+  ChatOptions o;
+  o.thinking = g.thinking;
+  o.effort = g.effort;
+  o.tools = g.tools;
+  o.tool_choice = g.tool_choice;
+  try {
+    return fmt.prompt(g.messages, o);
+  } catch (const Error& e) {  // a message the format cannot render (e.g. arguments that are not an object)
+    throw RequestError(400, e.what(), "messages", "invalid_value");
+  }
 }
 
 int Server::max_tokens_for(const GenRequest& g, int prompt_len) const {
@@ -130,10 +137,10 @@ void Server::generate(const Request& req, Response& res, bool chat) {
   if (!g.seeded) g.sampling.seed = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
   std::vector<int> prompt = prompt_ids(g);
   const int max_tokens = max_tokens_for(g, int(prompt.size()));
-  auto job = std::make_shared<Job>(std::move(g), std::move(prompt), max_tokens);
+  const std::string serial = std::to_string(started_) + "-" + std::to_string(next_id_++);
+  const ResponseMeta meta{(chat ? "chatcmpl-" : "cmpl-") + serial, o_.model_id, now_s()};
+  auto job = std::make_shared<Job>(std::move(g), std::move(prompt), max_tokens, serial);
   queue_.submit(job);
-  const ResponseMeta meta{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(started_) + "-" + std::to_string(next_id_++),
-                          o_.model_id, now_s()};
   if (job->req.stream) {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
@@ -145,7 +152,8 @@ void Server::generate(const Request& req, Response& res, bool chat) {
   }
   job->wait();
   if (!job->error().empty()) throw std::runtime_error("generation failed: " + job->error());
-  res.set_content(dump(chat ? chat_response(meta, job->result()) : completion_response(meta, job->result())),
+  const bool lp = job->req.logprobs;
+  res.set_content(dump(chat ? chat_response(meta, job->result(), lp) : completion_response(meta, job->result(), lp)),
                   "application/json");
 }
 

@@ -19,6 +19,9 @@ struct ServerOptions {
   int default_max_tokens = 256;     ///< when a request gives no max_tokens (capped by the context)
   int max_queue = 64;               ///< requests waiting beyond the running one
   size_t max_body = 1 << 20;        ///< request body limit in bytes (413 above)
+  /// Test only (hidden `--replay-ids FILE`): request k generates replay[k % n] instead of running
+  /// the model, through the real reply parser and streaming path (GenQueue::set_replay).
+  std::vector<std::vector<int>> replay;
 };
 
 /// The OpenAI-compatible server around one Engine.
