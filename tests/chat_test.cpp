@@ -6,7 +6,10 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <cmath>
 #include <map>
+#include <numeric>
+#include <random>
 
 #include "core/error.h"
 #include "runtime/chat_format.h"
@@ -389,6 +392,60 @@ TEST(ChatCli, RunChatPromptKeepsEmptySystemAndRendersEffort) {
   EXPECT_EQ(prompt_ids("--effort low"), fmt.prompt({{"user", "hi", ""}}, o));
   o.thinking = false;
   EXPECT_EQ(prompt_ids("--no-think --effort low"), fmt.prompt({{"user", "hi", ""}}, o));
+}
+
+// Logprobs come from the very distribution the sampler draws from (sampler.h): checked against a
+// plain independent computation on random logits, for greedy and for temperature + top-k + top-p,
+// and the draws equal those of sample() without logprobs.
+TEST(Sampling, LogprobsAreThoseOfTheSampledDistribution) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.f, 3.f);
+  for (int trial = 0; trial < 40; ++trial) {
+    const int n = 20 + trial * 7;
+    std::vector<float> logits(static_cast<size_t>(n));
+    for (float& x : logits) x = nd(rng);
+    const float temps[] = {0.f, 0.7f, 1.3f};
+    const SamplerOptions o{temps[trial % 3], trial % 2 ? 0.8f : 1.f, trial % 4 == 1 ? 7 : 0, uint64_t(trial)};
+    // Reference: sort by logit (ties to the lower id), cut top-k, softmax at T, cut top-p, renormalise.
+    std::vector<int> order(static_cast<size_t>(n));
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return logits[size_t(a)] > logits[size_t(b)]; });
+    std::map<int, double> want;
+    if (o.temperature == 0.f) {
+      double z = 0;
+      for (float x : logits) z += std::exp(double(x));
+      for (int i = 0; i < n; ++i) want[i] = double(logits[size_t(i)]) - std::log(z);
+    } else {
+      const size_t k = o.top_k ? size_t(o.top_k) : size_t(n);
+      std::vector<double> p(k);
+      double z = 0;
+      for (size_t i = 0; i < k; ++i) z += (p[i] = std::exp(double(logits[size_t(order[i])]) / o.temperature));
+      size_t keep = k;
+      double acc = 0;
+      for (size_t i = 0; i < k && o.top_p < 1.f; ++i)
+        if ((acc += p[i] / z) >= o.top_p) {
+          keep = i + 1;
+          break;
+        }
+      double zk = 0;
+      for (size_t i = 0; i < keep; ++i) zk += p[i];
+      for (size_t i = 0; i < keep; ++i) want[order[i]] = std::log(p[i] / zk);
+    }
+    Sampler with(o), without(o);
+    for (int step = 0; step < 5; ++step) {
+      TokenLogprobs lp;
+      const int id = with.sample(logits.data(), n, &lp, 5);
+      ASSERT_EQ(id, without.sample(logits.data(), n)) << "trial " << trial;
+      ASSERT_EQ(lp.id, id);
+      ASSERT_TRUE(want.count(id)) << "drew a token outside the kept set";
+      EXPECT_NEAR(lp.logprob, want[id], 1e-9) << "trial " << trial;
+      ASSERT_EQ(lp.top.size(), std::min<size_t>(5, want.size()));
+      for (size_t i = 0; i < lp.top.size(); ++i) {
+        EXPECT_EQ(lp.top[i].first, order[i]) << "trial " << trial << " rank " << i;
+        EXPECT_NEAR(lp.top[i].second, want[order[i]], 1e-9);
+      }
+    }
+  }
 }
 
 TEST(RunText, GoldenPromptsGiveGoldenIdsAndContinuation) {

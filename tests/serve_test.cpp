@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cmath>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <fstream>
@@ -469,6 +470,75 @@ TEST_F(ServeTools, HistoryWithToolCallsRendersBackAndBadToolRequestsAre400) {
                R"({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "x", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]})",
                400, "JSON object");
   expect_error(c, "/v1/chat/completions", R"({"messages": [{"role": "tool", "content": "orphan"}]})", 400, "tool");
+}
+
+// logprobs through the openai client: one entry per answer token, top-1 = the greedy pick with the
+// same logprob, sorted alternatives, the same numbers streaming and not; chat content entries'
+// bytes spell the content.
+TEST_F(Serve, LogprobsChatAndCompletionsStreamingAndNot) {
+  json c1 = completion_req("The capital of France is", false, 12), c2 = completion_req("The capital of France is", true, 12);
+  c1["params"]["logprobs"] = 3;
+  c2["params"]["logprobs"] = 3;
+  json h1 = chat_req("What is 2+2?", false, 12, false), h2 = chat_req("What is 2+2?", true, 12, false);
+  for (json* r : {&h1, &h2}) {
+    (*r)["params"]["logprobs"] = true;
+    (*r)["params"]["top_logprobs"] = 2;
+  }
+  json s1 = completion_req("Once upon a time", false, 12);  // sampled: logprob of the pick within its top-k set
+  s1["params"]["logprobs"] = 4;
+  s1["params"]["temperature"] = 0.8;
+  s1["params"]["top_k"] = 4;
+  s1["params"]["seed"] = 5;
+  const json got = node_client(server_->port(), {c1, c2, h1, h2, s1}, false);
+  ASSERT_EQ(got.size(), 5u);
+  for (int i = 0; i < 2; ++i) {
+    SCOPED_TRACE(got[i].dump());
+    const json& lp = got[i]["logprobs"];
+    ASSERT_TRUE(lp.is_object());
+    const size_t n = lp["tokens"].size();
+    EXPECT_EQ(n, got[i]["usage"]["completion_tokens"].get<size_t>() - (got[i]["finish_reason"] == "stop" ? 1 : 0));
+    ASSERT_EQ(lp["token_logprobs"].size(), n);
+    ASSERT_EQ(lp["top_logprobs"].size(), n);
+    size_t off = 0;
+    for (size_t t = 0; t < n; ++t) {
+      const json& top = lp["top_logprobs"][t];
+      ASSERT_GE(top.size(), 1u);  // 3, fewer only when two tokens' texts coincide (object keys)
+      ASSERT_LE(top.size(), 3u);
+      double best = -1e300;
+      for (auto it = top.begin(); it != top.end(); ++it) best = std::max(best, it.value().get<double>());
+      EXPECT_DOUBLE_EQ(best, lp["token_logprobs"][t].get<double>()) << "token " << t;
+      EXPECT_LE(best, 0.0);
+      EXPECT_GE(lp["text_offset"][t].get<size_t>(), off);  // byte offsets of the raw token bytes
+      off = lp["text_offset"][t].get<size_t>();
+    }
+  }
+  EXPECT_EQ(got[0]["logprobs"], got[1]["logprobs"]) << "streamed logprobs differ";
+  for (int i = 2; i < 4; ++i) {
+    SCOPED_TRACE(got[i].dump());
+    const json& content = got[i]["logprobs"]["content"];
+    std::string bytes;
+    for (const json& e : content) {
+      ASSERT_EQ(e["top_logprobs"].size(), 2u);
+      EXPECT_DOUBLE_EQ(e["top_logprobs"][0]["logprob"].get<double>(), e["logprob"].get<double>());
+      EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(), e["top_logprobs"][1]["logprob"].get<double>());
+      for (const json& b : e["bytes"]) bytes += char(b.get<int>());
+    }
+    if (got[i]["content"].get<std::string>().find("\xEF\xBF\xBD") == std::string::npos) {
+      EXPECT_EQ(bytes, got[i]["content"].get<std::string>());
+    }
+  }
+  EXPECT_EQ(got[2]["logprobs"], got[3]["logprobs"]) << "streamed chat logprobs differ";
+  const json& s = got[4]["logprobs"];
+  for (size_t t = 0; t < s["tokens"].size(); ++t) {
+    const json& top = s["top_logprobs"][t];
+    EXPECT_LE(top.size(), 4u);
+    double mass = 0;
+    for (auto it = top.begin(); it != top.end(); ++it) mass += std::exp(it.value().get<double>());
+    if (top.size() == 4) {
+      EXPECT_NEAR(mass, 1.0, 1e-6) << "top-4 of a top-k 4 distribution carry all its mass";
+    }
+    EXPECT_TRUE(top.contains(s["tokens"][t].get<std::string>())) << "the pick is in its top-k set";
+  }
 }
 
 TEST(ServeStopMatcher, HoldsBackPrefixesAndCutsAtTheMatch) {

@@ -68,7 +68,8 @@ struct GenResult {
 /// The `logprobs` object of a chat choice: `{"content": [{token, logprob, bytes, top_logprobs}]}`.
 nlohmann::json chat_logprobs_json(const std::vector<LogprobEntry>& e);
 /// The `logprobs` object of a completions choice: tokens, token_logprobs, top_logprobs, text_offset
-/// (offsets from `offset0`).
+/// (byte offsets of each token's own bytes from `offset0`; the text may differ where a token ends
+/// inside a UTF-8 character and the decoder repaired it).
 nlohmann::json completion_logprobs_json(const std::vector<LogprobEntry>& e, size_t offset0 = 0);
 
 /// `{"error": {"message", "type", "param", "code"}}`; empty param/code become null.

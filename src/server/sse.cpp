@@ -10,7 +10,7 @@ nlohmann::json delta_chunk(const ResponseMeta& m, const GenRequest& req, const P
   using nlohmann::json;
   if (!req.chat) {
     const json lp = req.logprobs ? completion_logprobs_json(p.logprobs, offset) : json(nullptr);
-    offset += p.text.size();
+    for (const LogprobEntry& e : p.logprobs) offset += e.token.size();  // as the non-streamed offsets
     return completion_chunk(m, p.text, "", lp);
   }
   if (p.kind == Piece::Kind::Reasoning) return chat_chunk(m, {{"reasoning_content", p.text}}, "");
