@@ -15,12 +15,15 @@
 #include <cmath>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
 #include "runtime/chat_format.h"
 #include "server/openai_json.h"
+#include "server/server.h"
 #include "server/stop_matcher.h"
 #include "test_util.h"
 
@@ -56,7 +59,10 @@ class ServeProcess {
     drain_ = std::thread([this] {
       char buf[4096];
       ssize_t n;
-      while ((n = read(err_fd_, buf, sizeof buf)) > 0) log_.append(buf, size_t(n));
+      while ((n = read(err_fd_, buf, sizeof buf)) > 0) {
+        std::lock_guard<std::mutex> lk(mu_);
+        log_.append(buf, size_t(n));
+      }
     });
   }
   ~ServeProcess() {
@@ -77,6 +83,11 @@ class ServeProcess {
     if (err_fd_ >= 0) close(err_fd_);
   }
   int port() const { return port_; }
+  /// Everything the server wrote on stderr so far.
+  std::string log() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return log_;
+  }
 
  private:
   /// Reads stderr until "listening on http://127.0.0.1:PORT" (60 s at most).
@@ -102,6 +113,7 @@ class ServeProcess {
   pid_t pid_ = -1;
   int err_fd_ = -1, port_ = 0;
   std::string log_;
+  std::mutex mu_;
   std::thread drain_;
 };
 
@@ -124,9 +136,9 @@ std::string q(const std::string& s) {
 }
 
 /// Runs tests/serve/client.js with `requests`; FAILs (not skips) without node or the package.
-json node_client(int port, const json& requests, bool parallel) {
+json node_client(int port, const json& requests, bool parallel, const std::string& api_key = "") {
   const std::string dir = std::string(WREN_SOURCE_DIR) + "/tests/serve";
-  const std::string cmd = "timeout 300 node " + q(dir + "/client.js") + " " + std::to_string(port) + " " +
+  const std::string cmd = (api_key.empty() ? "" : "WREN_TEST_API_KEY=" + q(api_key) + " ") + "timeout 300 node " + q(dir + "/client.js") + " " + std::to_string(port) + " " +
                           q(requests.dump()) + (parallel ? " --parallel" : "") + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) throw std::runtime_error("popen failed");
@@ -277,6 +289,8 @@ TEST_F(Serve, BadRequestsGet4xxAndTheServerKeepsServing) {
   expect_error(c, chat, std::string(100000, ' ') + "{}", 413, "too large", "payload_too_large");
   expect_error(c, chat, "{\"messages\": [", 400, "not valid JSON", "invalid_json");
   expect_error(c, chat, "[1, 2]", 400, "JSON object");
+  expect_error(c, chat, "{" + msgs + R"(, "x": 1e400})", 400, "not valid JSON", "invalid_json");  // was a 500
+  expect_error(c, chat, "{" + msgs + R"(, "temperature": -1e400})", 400, "not valid JSON", "invalid_json");
   expect_error(c, chat, "{" + msgs + ", \"max_tokens\": \"ten\"}", 400, "'max_tokens' must be an integer");
   expect_error(c, chat, R"({"messages": "hi"})", 400, "'messages' must be a list");
   expect_error(c, chat, "{" + msgs + ", \"temperature\": -1}", 400, "'temperature' must be in");
@@ -539,6 +553,88 @@ TEST_F(Serve, LogprobsChatAndCompletionsStreamingAndNot) {
     }
     EXPECT_TRUE(top.contains(s["tokens"][t].get<std::string>())) << "the pick is in its top-k set";
   }
+}
+
+/// The value of the first sample line `name` (with labels, exact) in a Prometheus text.
+double metric(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  return 0;  // absent counters are zero
+}
+
+// /metrics counts exactly one more request, its tokens, one TTFT and completion-1 gaps per
+// generation; a 400 is counted by status; each request gets a log line with its id and tokens.
+TEST_F(Serve, MetricsCountRequestsTokensAndLatenciesAndEachRequestIsLogged) {
+  httplib::Client c = client();
+  auto scrape = [&] {
+    const auto r = c.Get("/metrics");
+    EXPECT_TRUE(r && r->status == 200);
+    EXPECT_EQ(r->get_header_value("Content-Type").rfind("text/plain", 0), 0u);
+    return r ? r->body : std::string();
+  };
+  const std::string before = scrape();
+  const auto ok = c.Post("/v1/completions", R"({"prompt": "Hello", "max_tokens": 6, "temperature": 0})", "application/json");
+  ASSERT_TRUE(ok);
+  ASSERT_EQ(ok->status, 200) << ok->body;
+  const json u = json::parse(ok->body)["usage"];
+  const auto bad = c.Post("/v1/completions", R"({"prompt": 1})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  const std::string after = scrape();
+  auto delta = [&](const std::string& name) { return metric(after, name) - metric(before, name); };
+  EXPECT_EQ(delta(R"(wren_requests_total{route="/v1/completions",status="200"})"), 1) << after;
+  EXPECT_EQ(delta(R"(wren_requests_total{route="/v1/completions",status="400"})"), 1) << after;
+  EXPECT_EQ(delta("wren_prompt_tokens_total"), u["prompt_tokens"].get<double>());
+  EXPECT_EQ(delta("wren_generation_tokens_total"), u["completion_tokens"].get<double>());
+  EXPECT_EQ(delta("wren_time_to_first_token_seconds_count"), 1);
+  EXPECT_EQ(delta("wren_inter_token_latency_seconds_count"), u["completion_tokens"].get<double>() - 1);
+  EXPECT_GT(delta("wren_time_to_first_token_seconds_sum"), 0);
+  EXPECT_EQ(metric(after, R"(wren_time_to_first_token_seconds_bucket{le="+Inf"})"),
+            metric(after, "wren_time_to_first_token_seconds_count"));
+  EXPECT_NE(after.find("# TYPE wren_queue_depth gauge"), std::string::npos);
+  EXPECT_NE(after.find("wren_running_sequences "), std::string::npos);
+  const std::string id = ok->get_header_value("X-Request-Id");
+  EXPECT_EQ(id, json::parse(ok->body)["id"]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the stderr drain
+  const std::string log = server_->log();
+  EXPECT_NE(log.find("POST /v1/completions 200 id=" + id.substr(5) + " prompt=" + std::to_string(u["prompt_tokens"].get<int>()) +
+                     " completion=" + std::to_string(u["completion_tokens"].get<int>())),
+            std::string::npos) << log.substr(log.size() > 3000 ? log.size() - 3000 : 0);
+  EXPECT_NE(log.find("POST /v1/completions 400 duration="), std::string::npos);
+}
+
+// --api-key-file: the openai client with the right key works, a wrong or missing key is a 401
+// (OpenAI-shaped), /health stays open.
+TEST(ServeAuth, ApiKeyRequiredExceptOnHealth) {
+  const std::string dir = test::temp_dir("serve-auth");
+  std::ofstream(dir + "/key") << "s3cret-key\n";
+  ServeProcess s({"--api-key-file", dir + "/key", "--ctx", "256"});
+  const json req = completion_req("Hello", false, 3);
+  const json good = node_client(s.port(), json::array({req}), false, "s3cret-key");
+  EXPECT_FALSE(good[0].contains("error")) << good.dump();
+  const json wrong = node_client(s.port(), json::array({req}), false, "s3cret-kez");
+  EXPECT_EQ(wrong[0]["status"], 401) << wrong.dump();
+  httplib::Client c("127.0.0.1", s.port());
+  const auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  for (const httplib::Headers& hd : {httplib::Headers{}, httplib::Headers{{"Authorization", "Bearer s3cret"}},
+                                     httplib::Headers{{"Authorization", "s3cret-key"}}}) {
+    const auto m = c.Get("/v1/models", hd);
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->status, 401);
+    EXPECT_EQ(json::parse(m->body)["error"]["code"], "invalid_api_key");
+    EXPECT_EQ(c.Get("/metrics", hd)->status, 401);
+  }
+  const auto m = c.Get("/v1/models", {{"Authorization", "Bearer s3cret-key"}});
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  EXPECT_TRUE(server::constant_time_equal("abc", "abc"));
+  EXPECT_FALSE(server::constant_time_equal("abcd", "abc"));
+  EXPECT_FALSE(server::constant_time_equal("ab", "abc"));
+  EXPECT_FALSE(server::constant_time_equal("", "abc"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ServeStopMatcher, HoldsBackPrefixesAndCutsAtTheMatch) {

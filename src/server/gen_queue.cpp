@@ -99,13 +99,19 @@ void GenQueue::loop() {
       }
     }
     std::lock_guard<std::mutex> lk(mu_);
+    if (const ExpertStore* store = engine_.store()) {  // read here, on the thread that uses the store
+      stats_.has_store = true;
+      stats_.expert_hits = store->stats().hits;
+      stats_.expert_misses = store->stats().misses;
+      stats_.expert_bytes_read = store->stats().bytes_read;
+    }
     stats_.busy = false;
     ++(failed ? stats_.failed : job->was_cancelled() ? stats_.cancelled : stats_.completed);
   }
 }
 
-ReplyStream::ReplyStream(const Tokenizer& tok, Job& job, std::vector<int> stop_ids)
-    : tok_(tok), job_(job), stop_ids_(std::move(stop_ids)), text_(tok), thought_(tok), stop_(job.req.stop) {
+ReplyStream::ReplyStream(const Tokenizer& tok, Job& job, std::vector<int> stop_ids, Metrics* metrics)
+    : tok_(tok), job_(job), stop_ids_(std::move(stop_ids)), metrics_(metrics), text_(tok), thought_(tok), stop_(job.req.stop) {
   if (job.req.chat) {
     fmt_ = std::make_unique<ChatFormat>(tok);
     parser_ = std::make_unique<ReplyParser>(*fmt_, job.req.thinking);
@@ -149,6 +155,10 @@ void ReplyStream::tool_deltas() {
 }
 
 void ReplyStream::token(int id) {
+  const auto now = std::chrono::steady_clock::now();
+  if (tokens_++ == 0) r_.ttft_s = std::chrono::duration<double>(now - job_.submitted).count();
+  else r_.gaps_s.push_back(std::chrono::duration<double>(now - last_).count());
+  last_ = now;
   std::vector<LogprobEntry> lps;
   const bool want = has_lp_ && job_.req.logprobs;
   has_lp_ = false;
@@ -182,11 +192,12 @@ void ReplyStream::finish(int generated_tokens, bool stopped) {
   r_.prompt_tokens = int(job_.prompt.size());
   r_.completion_tokens = generated_tokens;
   r_.finish_reason = stop_.matched() ? "stop" : !stopped ? "length" : !r_.tool_calls.empty() ? "tool_calls" : "stop";
+  if (metrics_) metrics_->generation(r_.prompt_tokens, r_.completion_tokens, r_.ttft_s, r_.gaps_s);
   job_.finish(std::move(r_));
 }
 
 void GenQueue::run(Job& job) {
-  ReplyStream out(engine_.tokenizer(), job, engine_.config().eos_ids);
+  ReplyStream out(engine_.tokenizer(), job, engine_.config().eos_ids, metrics_);
   if (!replay_.empty()) {  // test hook: replay ids instead of the model
     const std::vector<int>& ids = replay_[replayed_++ % replay_.size()];
     int n = 0;

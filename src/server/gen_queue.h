@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "runtime/engine.h"
+#include "server/metrics.h"
 #include "server/openai_json.h"
 #include "server/stop_matcher.h"
 #include "tokenizer/stream_decoder.h"
@@ -57,6 +58,11 @@ class Job {
   void stop() { halt_ = true; }
   const std::atomic<bool>& halt_flag() const { return halt_; }
   bool client_gone() const { return client_gone_; }
+  /// Whether the job has finished.
+  bool done() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return done_;
+  }
   /// Whether the client had gone when the job finished.
   bool was_cancelled() const { return was_cancelled_; }
 
@@ -76,7 +82,8 @@ class Job {
 /// sequence at a time now, a batch later) feeds one ReplyStream per request.
 class ReplyStream {
  public:
-  ReplyStream(const Tokenizer& tok, Job& job, std::vector<int> stop_ids);
+  /// `metrics` (may be null) counts the generation when it finishes, before the client sees it.
+  ReplyStream(const Tokenizer& tok, Job& job, std::vector<int> stop_ids, Metrics* metrics = nullptr);
   /// The logprobs of the id pushed next (call before token()).
   void logprobs(const TokenLogprobs& lp) { lp_ = lp, has_lp_ = true; }
   /// One generated id.
@@ -94,6 +101,7 @@ class ReplyStream {
   const Tokenizer& tok_;
   Job& job_;
   std::vector<int> stop_ids_;
+  Metrics* metrics_;
   std::unique_ptr<ChatFormat> fmt_;
   std::unique_ptr<ReplyParser> parser_;
   StreamDecoder text_, thought_;
@@ -101,12 +109,16 @@ class ReplyStream {
   GenResult r_;
   TokenLogprobs lp_;
   bool has_lp_ = false;
+  std::chrono::steady_clock::time_point last_;
+  int tokens_ = 0;
 };
 
-/// Counters shown by GET /health.
+/// Counters shown by GET /health (and /metrics).
 struct QueueStats {
   long long queued = 0, completed = 0, cancelled = 0, failed = 0;
   bool busy = false;
+  bool has_store = false;  ///< the engine streams experts from disk; the counters below are its own
+  uint64_t expert_hits = 0, expert_misses = 0, expert_bytes_read = 0;  ///< as of the last finished job
 };
 
 /// The FIFO of jobs and the one worker thread that runs them on the Engine.
@@ -118,6 +130,8 @@ class GenQueue {
   /// (cut at a stop id or max_tokens) through the same ReplyStream (parsing, streaming, stop
   /// strings). Set before the first submit().
   void set_replay(std::vector<std::vector<int>> replay) { replay_ = std::move(replay); }
+  /// Where finished generations are counted (tokens, TTFT, inter-token gaps); may be null.
+  void set_metrics(Metrics* m) { metrics_ = m; }
   ~GenQueue();
   GenQueue(const GenQueue&) = delete;
   GenQueue& operator=(const GenQueue&) = delete;
@@ -135,6 +149,7 @@ class GenQueue {
   std::deque<std::shared_ptr<Job>> jobs_;
   QueueStats stats_;
   std::vector<std::vector<int>> replay_;
+  Metrics* metrics_ = nullptr;
   size_t replayed_ = 0;
   bool quit_ = false;
   std::thread worker_;

@@ -63,6 +63,8 @@ struct GenResult {
   std::vector<LogprobEntry> logprobs;      ///< the content tokens' logprobs (when asked)
   int prompt_tokens = 0, completion_tokens = 0;
   std::string finish_reason = "length";  ///< "stop", "length" or "tool_calls"
+  double ttft_s = 0;                     ///< arrival to first generated token (seconds; 0 if none)
+  std::vector<double> gaps_s;            ///< seconds between consecutive generated tokens
 };
 
 /// The `logprobs` object of a chat choice: `{"content": [{token, logprob, bytes, top_logprobs}]}`.

@@ -65,7 +65,7 @@ async function one(client, r) {
 
 async function main() {
   const [port, spec, mode] = process.argv.slice(2);
-  const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: 'none', timeout: 120000, maxRetries: 0 });
+  const client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: process.env.WREN_TEST_API_KEY || 'none', timeout: 120000, maxRetries: 0 });
   const reqs = JSON.parse(spec);
   const run = (r) => one(client, r).catch((e) => ({ error: String(e && e.message ? e.message : e), status: e.status }));
   let results;
