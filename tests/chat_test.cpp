@@ -465,6 +465,17 @@ TEST(RunText, GoldenPromptsGiveGoldenIdsAndContinuation) {
   }
 }
 
+TEST(ChatCli, HelpListsTheCommandsWithStdinNotATerminal) {
+  const std::string dir = test::temp_dir("chat-help");
+  std::ofstream(dir + "/in.txt") << "/help\n/exit\n";
+  std::string out;
+  ASSERT_EQ(0, test::run_wren("chat --model " + test::golden_dir() + " -n 2 < " + dir + "/in.txt", &out)) << out;
+  std::filesystem::remove_all(dir);
+  EXPECT_NE(out.find("/reset  start a new conversation"), std::string::npos) << out;
+  EXPECT_NE(out.find("Ctrl-C at the prompt"), std::string::npos) << out;
+  EXPECT_EQ(out.find("prompt tokens"), std::string::npos) << "no turn was generated: " << out;
+}
+
 TEST(ChatCli, SecondTurnPrefillsOnlyTheNewMessage) {
   const std::string dir = test::temp_dir("chat");
   std::ofstream(dir + "/in.txt") << "Hello\nAnd again\n/exit\n";
