@@ -19,8 +19,10 @@ struct CommonArgs {
   std::string effort = "max";         ///< thinking effort (low, high, max), rendered when thinking
   std::optional<std::string> system;  ///< given (even empty: the encoder renders an empty system message)
   CpuFlags cpu;
+  CudaFlags cuda;
   void add_to(CLI::App* sub, float default_temperature);
-  /// The engine options with the CPU flags resolved (throws wren::Error on bad names).
+  /// The engine options with the CPU and CUDA flags resolved (throws wren::Error on bad names);
+  /// prints the run header.
   EngineOptions engine_options() const;
 };
 
