@@ -242,6 +242,7 @@ TEST(Cli, HelpShowsDefaultsWithoutBraces) {
   ASSERT_EQ(0, test::run_wren("serve --help", &out)) << out;
   EXPECT_NE(out.find("=8000"), std::string::npos) << out;
   EXPECT_EQ(out.find("replay"), std::string::npos) << out;
+}
 
 // The CUDA options are typed flags, checked in every build (with or without the CUDA backend).
 TEST(Cli, CudaOptionsAreCheckedFlags) {
