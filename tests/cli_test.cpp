@@ -4,6 +4,9 @@
 #include <filesystem>
 #include <cstring>
 #include <fstream>
+#include <iterator>
+#include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/hash.h"
 #include "test_util.h"
@@ -164,6 +167,81 @@ TEST(Cli, SynthWritesALoadableCheckpoint) {
   ASSERT_EQ(0, test::run_wren("run --model " + dir + "/m --ids 5,6,7 -n 3 --json", &out)) << out;
   EXPECT_NE(out.find("\"output_ids\""), std::string::npos) << out;
   std::filesystem::remove_all(dir);
+}
+
+TEST(Cli, VersionTokensDetokenizeAndInspectSaysAllExpertsFit) {
+  std::string out;
+  ASSERT_EQ(0, test::run_wren("--version", &out)) << out;
+  EXPECT_EQ(out.rfind("wren 0.1.0", 0), 0u) << out;
+  ASSERT_EQ(0, test::run_wren("tokenize " + model_arg() + " 'Hello, world'", &out)) << out;
+  const std::string ids = out.substr(0, out.find('\n'));
+  ASSERT_EQ(0, test::run_wren("tokenize --tokens " + model_arg() + " 'Hello, world'", &out)) << out;
+  std::istringstream lines(out);
+  std::string line, joined, from_tokens;
+  while (std::getline(lines, line)) {
+    const size_t tab = line.find('\t');
+    ASSERT_NE(tab, std::string::npos) << out;
+    from_tokens += (from_tokens.empty() ? "" : " ") + line.substr(0, tab);
+    ASSERT_EQ(line[tab + 1], '"');
+    joined += nlohmann::json::parse(line.substr(tab + 1)).get<std::string>();
+  }
+  EXPECT_EQ(from_tokens, ids);
+  EXPECT_EQ(joined, "Hello, world");
+  ASSERT_EQ(0, test::run_wren("detokenize " + model_arg() + " " + ids, &out)) << out;
+  EXPECT_EQ(out, "Hello, world\n");
+  std::string comma = ids;
+  for (char& c : comma) c = c == ' ' ? ',' : c;
+  const std::string dir = test::temp_dir("detok");
+  std::ofstream(dir + "/ids.json") << "[" << comma << "]\n";
+  ASSERT_EQ(0, test::run_wren("detokenize " + model_arg() + " - < " + dir + "/ids.json", &out)) << out;
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(out, "Hello, world\n");
+  EXPECT_NE(0, test::run_wren("detokenize " + model_arg() + " 12 x", &out));
+  EXPECT_NE(out.find("'x' is not a token id"), std::string::npos) << out;
+  ASSERT_EQ(0, test::run_wren("inspect " + model_arg() + " --expert-cache 1G", &out)) << out;
+  EXPECT_NE(out.find("all 144 experts fit"), std::string::npos) << out;
+  ASSERT_EQ(0, test::run_wren("inspect " + model_arg() + " --expert-cache 20K", &out)) << out;
+  EXPECT_NE(out.find("of 144 experts; the rest streams"), std::string::npos) << out;
+}
+
+// Ctrl-C during `wren run` stops generation after the current token and still prints the
+// statistics line (exit 0); a server-less check with the golden model and a long generation.
+TEST(Cli, CtrlCDuringRunPrintsTheStatistics) {
+  std::string out;
+  const std::string cmd = "bash -c '" + std::string(WREN_BINARY) + " run " + model_arg() +
+                          " --ctx 8192 -n 8000 Hello > /dev/null 2> " + test::temp_dir("ctrlc") +
+                          "/err & p=$!; sleep 2; kill -INT $p; wait $p; echo rc=$?'";
+  const std::string dir = cmd.substr(cmd.find("2> ") + 3, cmd.find("/err") - cmd.find("2> ") - 3);
+  FILE* p = popen(cmd.c_str(), "r");
+  ASSERT_TRUE(p);
+  char buf[256];
+  while (size_t n = fread(buf, 1, sizeof buf, p)) out.append(buf, n);
+  pclose(p);
+  std::ifstream f(dir + "/err");
+  const std::string err((std::istreambuf_iterator<char>(f)), {});
+  EXPECT_NE(out.find("rc=0"), std::string::npos) << out << err;
+  EXPECT_NE(err.find("stopped by Ctrl-C"), std::string::npos) << err;
+  EXPECT_NE(err.find("prompt tokens"), std::string::npos) << err;
+  std::filesystem::remove_all(dir);
+}
+
+// Every --help shows option defaults (`TYPE=DEFAULT`) and no CLI11 `{false}` after negated flags;
+// the test-only serve flag stays hidden.
+TEST(Cli, HelpShowsDefaultsWithoutBraces) {
+  for (const char* sub : {"run", "chat", "serve", "inspect", "tokenize", "detokenize", "validate", "synth"}) {
+    std::string out;
+    ASSERT_EQ(0, test::run_wren(std::string(sub) + " --help", &out)) << out;
+    EXPECT_EQ(out.find("{false}"), std::string::npos) << sub << "\n" << out;
+    EXPECT_EQ(out.find("{true}"), std::string::npos) << sub << "\n" << out;
+  }
+  std::string out;
+  ASSERT_EQ(0, test::run_wren("run --help", &out)) << out;
+  EXPECT_NE(out.find("=256"), std::string::npos) << out;      // -n
+  EXPECT_NE(out.find("=4096"), std::string::npos) << out;     // --ctx
+  EXPECT_NE(out.find("--no-think"), std::string::npos) << out;
+  ASSERT_EQ(0, test::run_wren("serve --help", &out)) << out;
+  EXPECT_NE(out.find("=8000"), std::string::npos) << out;
+  EXPECT_EQ(out.find("replay"), std::string::npos) << out;
 }
 
 // The CUDA options are typed flags, checked in every build (with or without the CUDA backend).

@@ -12,12 +12,18 @@
 #include <unistd.h>
 
 #include <cctype>
+#include <cmath>
 #include <chrono>
 #include <nlohmann/json.hpp>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
 #include <sstream>
 #include <thread>
 
+#include "runtime/chat_format.h"
 #include "server/openai_json.h"
+#include "server/server.h"
 #include "server/stop_matcher.h"
 #include "test_util.h"
 
@@ -53,7 +59,10 @@ class ServeProcess {
     drain_ = std::thread([this] {
       char buf[4096];
       ssize_t n;
-      while ((n = read(err_fd_, buf, sizeof buf)) > 0) log_.append(buf, size_t(n));
+      while ((n = read(err_fd_, buf, sizeof buf)) > 0) {
+        std::lock_guard<std::mutex> lk(mu_);
+        log_.append(buf, size_t(n));
+      }
     });
   }
   ~ServeProcess() {
@@ -74,6 +83,11 @@ class ServeProcess {
     if (err_fd_ >= 0) close(err_fd_);
   }
   int port() const { return port_; }
+  /// Everything the server wrote on stderr so far.
+  std::string log() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return log_;
+  }
 
  private:
   /// Reads stderr until "listening on http://127.0.0.1:PORT" (60 s at most).
@@ -99,6 +113,7 @@ class ServeProcess {
   pid_t pid_ = -1;
   int err_fd_ = -1, port_ = 0;
   std::string log_;
+  std::mutex mu_;
   std::thread drain_;
 };
 
@@ -121,9 +136,9 @@ std::string q(const std::string& s) {
 }
 
 /// Runs tests/serve/client.js with `requests`; FAILs (not skips) without node or the package.
-json node_client(int port, const json& requests, bool parallel) {
+json node_client(int port, const json& requests, bool parallel, const std::string& api_key = "") {
   const std::string dir = std::string(WREN_SOURCE_DIR) + "/tests/serve";
-  const std::string cmd = "timeout 300 node " + q(dir + "/client.js") + " " + std::to_string(port) + " " +
+  const std::string cmd = (api_key.empty() ? "" : "WREN_TEST_API_KEY=" + q(api_key) + " ") + "timeout 300 node " + q(dir + "/client.js") + " " + std::to_string(port) + " " +
                           q(requests.dump()) + (parallel ? " --parallel" : "") + " 2>&1";
   FILE* p = popen(cmd.c_str(), "r");
   if (!p) throw std::runtime_error("popen failed");
@@ -225,7 +240,7 @@ TEST_F(Serve, TwentyConcurrentClientsAndOneKilledMidStream) {
   for (int i = 0; i < 20; ++i) reqs.push_back(completion_req(prompts[i % 4], i % 2 == 0, 16));
   // The hang-up client starts first with a long generation, so it is running when it goes.
   const json long_body = {{"messages", {{{"role", "user"}, {"content", "Tell me a long story."}}}},
-                          {"max_tokens", 400}, {"temperature", 0}, {"stream", true}};
+                          {"max_tokens", 300}, {"temperature", 0}, {"stream", true}};  // 134 prompt tokens (effort message included) + 300 < --ctx 512
   const long long cancelled_before = json::parse(client().Get("/health")->body)["cancelled"];
   bool hung_up = false;
   std::thread killer([&] { hung_up = hang_up_mid_stream(server_->port(), long_body.dump()); });
@@ -274,6 +289,8 @@ TEST_F(Serve, BadRequestsGet4xxAndTheServerKeepsServing) {
   expect_error(c, chat, std::string(100000, ' ') + "{}", 413, "too large", "payload_too_large");
   expect_error(c, chat, "{\"messages\": [", 400, "not valid JSON", "invalid_json");
   expect_error(c, chat, "[1, 2]", 400, "JSON object");
+  expect_error(c, chat, "{" + msgs + R"(, "x": 1e400})", 400, "not valid JSON", "invalid_json");  // was a 500
+  expect_error(c, chat, "{" + msgs + R"(, "temperature": -1e400})", 400, "not valid JSON", "invalid_json");
   expect_error(c, chat, "{" + msgs + ", \"max_tokens\": \"ten\"}", 400, "'max_tokens' must be an integer");
   expect_error(c, chat, R"({"messages": "hi"})", 400, "'messages' must be a list");
   expect_error(c, chat, "{" + msgs + ", \"temperature\": -1}", 400, "'temperature' must be in");
@@ -317,6 +334,307 @@ TEST_F(Serve, StopStringCutsTheTextAndIsNotIncluded) {
     EXPECT_EQ(g["content"], want) << g.dump();
     EXPECT_EQ(g["finish_reason"], "stop") << g.dump();
   }
+}
+
+// ---- tool calls, end to end: the test model cannot emit a tools channel by itself, so a server
+// started with the hidden --replay-ids flag "generates" given ids through the real reply parser
+// and streaming path; the official openai client reads them back (streaming and not).
+
+/// The ids a model would emit for `reply` after the generation prompt.
+std::vector<int> reply_ids(const ChatFormat& fmt, const ChatMessage& reply, bool thinking) {
+  const std::vector<int> all = fmt.render({reply}, thinking), gen = fmt.generation_prompt(thinking);
+  return std::vector<int>(all.begin() + long(gen.size()), all.end());
+}
+
+class ServeTools : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    tok_ = new Tokenizer(Tokenizer::load(test::golden_dir()));
+    const ChatFormat fmt(*tok_);
+    auto ids = [&](std::initializer_list<std::pair<int, std::string>> parts) {  // -1 = the text, else the id
+      std::vector<int> out;
+      for (const auto& [id, text] : parts) {
+        if (id >= 0) {
+          out.push_back(id);
+        } else {
+          const auto v = tok_->encode(text);
+          out.insert(out.end(), v.begin(), v.end());
+        }
+      }
+      return out;
+    };
+    const int O = fmt.open_id(), C = fmt.close_id(), S = fmt.sep_id(), E = fmt.end_of_msg();
+    ChatMessage call("assistant", "Let me look.", "The user wants weather.");
+    call.tool_calls = {{"", "get_weather", R"({"city": "Paris", "days": 3})"}, {"", "get_time", R"({"tz": "CET"})"}};
+    json replay = json::array();
+    replay.push_back(reply_ids(fmt, call, true));  // 0: think, response, two calls
+    // 1: the think channel never closed before the tools channel; no response channel at all.
+    replay.push_back(ids({{-1, "Hmm."}, {O, ""}, {-1, "tools"}, {S, ""}, {O, ""}, {-1, "call tool=\"get_weather\" index=\"1\""},
+                          {S, ""}, {O, ""}, {-1, "argument key=\"city\" type=\"string\""}, {S, ""}, {-1, "Oslo"}, {C, ""},
+                          {-1, "argument"}, {S, ""}, {C, ""}, {-1, "call"}, {S, ""}, {C, ""}, {-1, "tools"}, {S, ""},
+                          {C, ""}, {-1, "message"}, {S, ""}, {E, ""}}));
+    ChatMessage plain("assistant", "Hello there.", "Greet.");
+    replay.push_back(reply_ids(fmt, plain, true));  // 2: a plain answer
+    replay_ = replay;
+    const std::string dir = test::temp_dir("serve-tools");
+    file_ = dir + "/replay.json";
+    std::ofstream(file_) << replay.dump();
+    server_ = new ServeProcess({"--ctx", "1024", "--replay-ids", file_});
+  }
+  static void TearDownTestSuite() {
+    delete server_;
+    delete tok_;
+  }
+  static ServeProcess* server_;
+  static Tokenizer* tok_;
+  static json replay_;
+  static std::string file_;
+};
+ServeProcess* ServeTools::server_ = nullptr;
+Tokenizer* ServeTools::tok_ = nullptr;
+json ServeTools::replay_;
+std::string ServeTools::file_;
+
+json tools_decl() {
+  return json::parse(R"([{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {"tz": {"type": "string"}}}}}])");
+}
+
+TEST_F(ServeTools, OpenAIClientGetsToolCallsStreamingAndNot) {
+  json reqs = json::array();
+  for (bool stream : {false, true})
+    for (int k = 0; k < 3; ++k) {
+      json r = {{"kind", "chat"}, {"stream", stream},
+                {"params", {{"messages", {{{"role", "user"}, {"content", "What is the weather in Paris?"}}}}, {"max_tokens", 200}}}};
+      if (k != 1) r["params"]["tools"] = tools_decl();  // replay 1 comes with no tools declared (a peer returns raw text)
+      reqs.push_back(r);
+    }
+  const json got = node_client(server_->port(), reqs, false);
+  ASSERT_EQ(got.size(), 6u) << got.dump();
+  for (size_t i = 0; i < 6; ++i) {
+    SCOPED_TRACE("request " + std::to_string(i) + ": " + got[i].dump());
+    ASSERT_FALSE(got[i].contains("error"));
+    const json& g = got[i];
+    const int k = int(i % 3);
+    const std::string content = g["content"].is_null() ? "" : g["content"].get<std::string>();
+    EXPECT_EQ(content.find("<|"), std::string::npos) << "markup leaked into content";
+    EXPECT_EQ(g["usage"]["completion_tokens"], replay_[size_t(k)].size());
+    if (k == 0) {
+      EXPECT_EQ(content, "Let me look.");
+      EXPECT_EQ(g["reasoning"], "The user wants weather.");
+      EXPECT_EQ(g["finish_reason"], "tool_calls");
+      ASSERT_EQ(g["tool_calls"].size(), 2u);
+      EXPECT_EQ(g["tool_calls"][0]["type"], "function");
+      EXPECT_EQ(g["tool_calls"][0]["function"]["name"], "get_weather");
+      EXPECT_EQ(g["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris","days":3})");
+      EXPECT_EQ(g["tool_calls"][1]["function"]["name"], "get_time");
+      EXPECT_EQ(g["tool_calls"][1]["function"]["arguments"], R"({"tz":"CET"})");
+      EXPECT_NE(g["tool_calls"][0]["id"], g["tool_calls"][1]["id"]);
+      EXPECT_FALSE(g["tool_calls"][0]["id"].get<std::string>().empty());
+    } else if (k == 1) {
+      EXPECT_EQ(content, "");
+      EXPECT_EQ(g["reasoning"], "Hmm.");
+      EXPECT_EQ(g["finish_reason"], "tool_calls");
+      ASSERT_EQ(g["tool_calls"].size(), 1u);
+      EXPECT_EQ(g["tool_calls"][0]["function"]["arguments"], R"({"city":"Oslo"})");
+    } else {
+      EXPECT_EQ(content, "Hello there.");
+      EXPECT_EQ(g["finish_reason"], "stop");
+      EXPECT_TRUE(g["tool_calls"].empty());
+    }
+    if (reqs[i]["stream"] && k == 0) {
+      EXPECT_GE(g["tool_call_chunks"].get<int>(), 2);  // at least one chunk per call (pieces coalesce when the reader lags)
+    }
+  }
+}
+
+TEST_F(ServeTools, HistoryWithToolCallsRendersBackAndBadToolRequestsAre400) {
+  // The assistant turn the client got back, plus tool results, is accepted and rendered; the
+  // prompt-token count equals the ids ChatFormat renders for the same conversation.
+  const json body = {
+      {"messages", json::parse(R"([{"role": "user", "content": "Weather?"},
+          {"role": "assistant", "content": null, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Paris\"}"}}]},
+          {"role": "tool", "tool_call_id": "c1", "content": "sunny"}])")},
+      {"tools", tools_decl()}, {"max_tokens", 4}, {"reasoning_effort", "low"}};
+  httplib::Client c("127.0.0.1", server_->port());
+  c.set_read_timeout(60, 0);
+  const auto r = c.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  const ChatFormat fmt(*tok_);
+  ChatMessage a("assistant", "", "");
+  a.tool_calls = {{"c1", "get_weather", "{\"city\":\"Paris\"}"}};
+  ChatMessage t("tool", "sunny", "");
+  t.tool_call_id = "c1";
+  ChatOptions o;
+  o.tools = tools_decl();
+  o.effort = "low";
+  EXPECT_EQ(json::parse(r->body)["usage"]["prompt_tokens"], fmt.prompt({{"user", "Weather?", ""}, a, t}, o).size());
+  const std::string msgs = R"("messages": [{"role": "user", "content": "hi"}])";
+  expect_error(c, "/v1/chat/completions", "{" + msgs + R"(, "tools": {"a": 1}})", 400, "'tools' must be a list");
+  expect_error(c, "/v1/chat/completions", "{" + msgs + R"(, "tools": [{"type": "function", "function": {}}]})", 400,
+               "function.name");
+  expect_error(c, "/v1/chat/completions", "{" + msgs + R"(, "tool_choice": "required"})", 400, "tools");
+  expect_error(c, "/v1/chat/completions",
+               "{" + msgs + R"(, "tools": )" + tools_decl().dump() + R"(, "tool_choice": {"type": "function", "function": {"name": "nope"}}})",
+               400, "nope");
+  expect_error(c, "/v1/chat/completions", "{" + msgs + R"(, "reasoning_effort": "medium"})", 400, "low, high or max");
+  expect_error(c, "/v1/chat/completions",
+               R"({"messages": [{"role": "assistant", "content": "", "tool_calls": [{"id": "x", "type": "function", "function": {"name": "f", "arguments": "[1]"}}]}]})",
+               400, "JSON object");
+  expect_error(c, "/v1/chat/completions", R"({"messages": [{"role": "tool", "content": "orphan"}]})", 400, "tool");
+}
+
+// logprobs through the openai client: one entry per answer token, top-1 = the greedy pick with the
+// same logprob, sorted alternatives, the same numbers streaming and not; chat content entries'
+// bytes spell the content.
+TEST_F(Serve, LogprobsChatAndCompletionsStreamingAndNot) {
+  json c1 = completion_req("The capital of France is", false, 12), c2 = completion_req("The capital of France is", true, 12);
+  c1["params"]["logprobs"] = 3;
+  c2["params"]["logprobs"] = 3;
+  json h1 = chat_req("What is 2+2?", false, 12, false), h2 = chat_req("What is 2+2?", true, 12, false);
+  for (json* r : {&h1, &h2}) {
+    (*r)["params"]["logprobs"] = true;
+    (*r)["params"]["top_logprobs"] = 2;
+  }
+  json s1 = completion_req("Once upon a time", false, 12);  // sampled: logprob of the pick within its top-k set
+  s1["params"]["logprobs"] = 4;
+  s1["params"]["temperature"] = 0.8;
+  s1["params"]["top_k"] = 4;
+  s1["params"]["seed"] = 5;
+  const json got = node_client(server_->port(), {c1, c2, h1, h2, s1}, false);
+  ASSERT_EQ(got.size(), 5u);
+  for (int i = 0; i < 2; ++i) {
+    SCOPED_TRACE(got[i].dump());
+    const json& lp = got[i]["logprobs"];
+    ASSERT_TRUE(lp.is_object());
+    const size_t n = lp["tokens"].size();
+    EXPECT_EQ(n, got[i]["usage"]["completion_tokens"].get<size_t>() - (got[i]["finish_reason"] == "stop" ? 1 : 0));
+    ASSERT_EQ(lp["token_logprobs"].size(), n);
+    ASSERT_EQ(lp["top_logprobs"].size(), n);
+    size_t off = 0;
+    for (size_t t = 0; t < n; ++t) {
+      const json& top = lp["top_logprobs"][t];
+      ASSERT_GE(top.size(), 1u);  // 3, fewer only when two tokens' texts coincide (object keys)
+      ASSERT_LE(top.size(), 3u);
+      double best = -1e300;
+      for (auto it = top.begin(); it != top.end(); ++it) best = std::max(best, it.value().get<double>());
+      EXPECT_DOUBLE_EQ(best, lp["token_logprobs"][t].get<double>()) << "token " << t;
+      EXPECT_LE(best, 0.0);
+      EXPECT_GE(lp["text_offset"][t].get<size_t>(), off);  // byte offsets of the raw token bytes
+      off = lp["text_offset"][t].get<size_t>();
+    }
+  }
+  EXPECT_EQ(got[0]["logprobs"], got[1]["logprobs"]) << "streamed logprobs differ";
+  for (int i = 2; i < 4; ++i) {
+    SCOPED_TRACE(got[i].dump());
+    const json& content = got[i]["logprobs"]["content"];
+    std::string bytes;
+    for (const json& e : content) {
+      ASSERT_EQ(e["top_logprobs"].size(), 2u);
+      EXPECT_DOUBLE_EQ(e["top_logprobs"][0]["logprob"].get<double>(), e["logprob"].get<double>());
+      EXPECT_GE(e["top_logprobs"][0]["logprob"].get<double>(), e["top_logprobs"][1]["logprob"].get<double>());
+      for (const json& b : e["bytes"]) bytes += char(b.get<int>());
+    }
+    if (got[i]["content"].get<std::string>().find("\xEF\xBF\xBD") == std::string::npos) {
+      EXPECT_EQ(bytes, got[i]["content"].get<std::string>());
+    }
+  }
+  EXPECT_EQ(got[2]["logprobs"], got[3]["logprobs"]) << "streamed chat logprobs differ";
+  const json& s = got[4]["logprobs"];
+  for (size_t t = 0; t < s["tokens"].size(); ++t) {
+    const json& top = s["top_logprobs"][t];
+    EXPECT_LE(top.size(), 4u);
+    double mass = 0;
+    for (auto it = top.begin(); it != top.end(); ++it) mass += std::exp(it.value().get<double>());
+    if (top.size() == 4) {
+      EXPECT_NEAR(mass, 1.0, 1e-6) << "top-4 of a top-k 4 distribution carry all its mass";
+    }
+    EXPECT_TRUE(top.contains(s["tokens"][t].get<std::string>())) << "the pick is in its top-k set";
+  }
+}
+
+/// The value of the first sample line `name` (with labels, exact) in a Prometheus text.
+double metric(const std::string& text, const std::string& name) {
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  return 0;  // absent counters are zero
+}
+
+// /metrics counts exactly one more request, its tokens, one TTFT and completion-1 gaps per
+// generation; a 400 is counted by status; each request gets a log line with its id and tokens.
+TEST_F(Serve, MetricsCountRequestsTokensAndLatenciesAndEachRequestIsLogged) {
+  httplib::Client c = client();
+  auto scrape = [&] {
+    const auto r = c.Get("/metrics");
+    EXPECT_TRUE(r && r->status == 200);
+    EXPECT_EQ(r->get_header_value("Content-Type").rfind("text/plain", 0), 0u);
+    return r ? r->body : std::string();
+  };
+  const std::string before = scrape();
+  const auto ok = c.Post("/v1/completions", R"({"prompt": "Hello", "max_tokens": 6, "temperature": 0})", "application/json");
+  ASSERT_TRUE(ok);
+  ASSERT_EQ(ok->status, 200) << ok->body;
+  const json u = json::parse(ok->body)["usage"];
+  const auto bad = c.Post("/v1/completions", R"({"prompt": 1})", "application/json");
+  ASSERT_TRUE(bad);
+  EXPECT_EQ(bad->status, 400);
+  const std::string after = scrape();
+  auto delta = [&](const std::string& name) { return metric(after, name) - metric(before, name); };
+  EXPECT_EQ(delta(R"(wren_requests_total{route="/v1/completions",status="200"})"), 1) << after;
+  EXPECT_EQ(delta(R"(wren_requests_total{route="/v1/completions",status="400"})"), 1) << after;
+  EXPECT_EQ(delta("wren_prompt_tokens_total"), u["prompt_tokens"].get<double>());
+  EXPECT_EQ(delta("wren_generation_tokens_total"), u["completion_tokens"].get<double>());
+  EXPECT_EQ(delta("wren_time_to_first_token_seconds_count"), 1);
+  EXPECT_EQ(delta("wren_inter_token_latency_seconds_count"), u["completion_tokens"].get<double>() - 1);
+  EXPECT_GT(delta("wren_time_to_first_token_seconds_sum"), 0);
+  EXPECT_EQ(metric(after, R"(wren_time_to_first_token_seconds_bucket{le="+Inf"})"),
+            metric(after, "wren_time_to_first_token_seconds_count"));
+  EXPECT_NE(after.find("# TYPE wren_queue_depth gauge"), std::string::npos);
+  EXPECT_NE(after.find("wren_running_sequences "), std::string::npos);
+  const std::string id = ok->get_header_value("X-Request-Id");
+  EXPECT_EQ(id, json::parse(ok->body)["id"]);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // the stderr drain
+  const std::string log = server_->log();
+  EXPECT_NE(log.find("POST /v1/completions 200 id=" + id.substr(5) + " prompt=" + std::to_string(u["prompt_tokens"].get<int>()) +
+                     " completion=" + std::to_string(u["completion_tokens"].get<int>())),
+            std::string::npos) << log.substr(log.size() > 3000 ? log.size() - 3000 : 0);
+  EXPECT_NE(log.find("POST /v1/completions 400 duration="), std::string::npos);
+}
+
+// --api-key-file: the openai client with the right key works, a wrong or missing key is a 401
+// (OpenAI-shaped), /health stays open.
+TEST(ServeAuth, ApiKeyRequiredExceptOnHealth) {
+  const std::string dir = test::temp_dir("serve-auth");
+  std::ofstream(dir + "/key") << "s3cret-key\n";
+  ServeProcess s({"--api-key-file", dir + "/key", "--ctx", "256"});
+  const json req = completion_req("Hello", false, 3);
+  const json good = node_client(s.port(), json::array({req}), false, "s3cret-key");
+  EXPECT_FALSE(good[0].contains("error")) << good.dump();
+  const json wrong = node_client(s.port(), json::array({req}), false, "s3cret-kez");
+  EXPECT_EQ(wrong[0]["status"], 401) << wrong.dump();
+  httplib::Client c("127.0.0.1", s.port());
+  const auto h = c.Get("/health");
+  ASSERT_TRUE(h);
+  EXPECT_EQ(h->status, 200);
+  for (const httplib::Headers& hd : {httplib::Headers{}, httplib::Headers{{"Authorization", "Bearer s3cret"}},
+                                     httplib::Headers{{"Authorization", "s3cret-key"}}}) {
+    const auto m = c.Get("/v1/models", hd);
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->status, 401);
+    EXPECT_EQ(json::parse(m->body)["error"]["code"], "invalid_api_key");
+    EXPECT_EQ(c.Get("/metrics", hd)->status, 401);
+  }
+  const auto m = c.Get("/v1/models", {{"Authorization", "Bearer s3cret-key"}});
+  ASSERT_TRUE(m);
+  EXPECT_EQ(m->status, 200);
+  EXPECT_TRUE(server::constant_time_equal("abc", "abc"));
+  EXPECT_FALSE(server::constant_time_equal("abcd", "abc"));
+  EXPECT_FALSE(server::constant_time_equal("ab", "abc"));
+  EXPECT_FALSE(server::constant_time_equal("", "abc"));
+  std::filesystem::remove_all(dir);
 }
 
 TEST(ServeStopMatcher, HoldsBackPrefixesAndCutsAtTheMatch) {

@@ -1,6 +1,8 @@
 // `wren chat`: an interactive multi-turn conversation. The sequence state carries the whole
 // conversation, so each turn prefills only its new message; /reset starts over, /exit quits, and
-// Ctrl-C stops the current answer (not the program).
+// Ctrl-C stops the current answer; at an idle prompt it ends the program. On a terminal the
+// prompt has line editing and history (libedit; history kept in <cache>/chat_history); with
+// stdin not a terminal (pipes, tests) lines are read plainly.
 #include <signal.h>
 #include <unistd.h>
 
@@ -9,7 +11,14 @@
 #include <iostream>
 #include <memory>
 
+#include <editline/readline.h>
+
+#include <cstdlib>
+
+#include <string>
+
 #include "cli/commands.h"
+#include "runtime/default_model.h"
 #include "cli/run_options.h"
 #include "core/error.h"
 #include "runtime/chat_format.h"
@@ -73,14 +82,42 @@ void chat(ChatArgs& a) {
   sa.sa_flags = SA_RESTART;
   sigaction(SIGINT, &sa, nullptr);
   const bool tty = isatty(STDIN_FILENO) && isatty(STDOUT_FILENO);
-  std::fprintf(stderr, "wren chat: thinking %s. /reset starts over, /exit quits, Ctrl-C stops an answer.\n",
+  std::fprintf(stderr, "wren chat: thinking %s. /help lists commands; Ctrl-C stops an answer, at the prompt it quits.\n",
                a.common.think ? "on" : "off");
+  const std::string history = cache_root() + "/chat_history";
+  if (tty) {
+    using_history();
+    read_history(history.c_str());
+  }
+  // Reads one line: libedit on a terminal (editing, history), else plain getline. Ctrl-C at the
+  // prompt is the default action (the program ends); during an answer it only stops the answer.
+  auto read_line = [&](std::string& out) {
+    signal(SIGINT, SIG_DFL);
+    bool ok = false;
+    if (tty) {
+      if (char* l = readline("> ")) {
+        out = l;
+        std::free(l);
+        if (!out.empty()) add_history(out.c_str()), write_history(history.c_str());
+        ok = true;
+      }
+    } else {
+      ok = bool(std::getline(std::cin, out));
+    }
+    sigaction(SIGINT, &sa, nullptr);
+    return ok;
+  };
   bool first = true;
   std::string line;
   for (;;) {
-    if (tty) std::fputs("> ", stdout), std::fflush(stdout);
-    if (!std::getline(std::cin, line)) break;
+    if (!read_line(line)) break;
     if (line == "/exit" || line == "/quit") break;
+    if (line == "/help") {
+      std::fputs("/reset  start a new conversation\n/exit   quit (also /quit, Ctrl-D, or Ctrl-C at the prompt)\n"
+                 "/help   this list\nCtrl-C during an answer stops it; the conversation continues.\n",
+                 stdout);
+      continue;
+    }
     if (line == "/reset") {
       st->reset();
       first = true;
@@ -89,10 +126,13 @@ void chat(ChatArgs& a) {
     }
     if (line.empty()) continue;
     std::vector<ChatMessage> msgs;
-    if (first && !a.common.system.empty()) msgs.push_back({"system", a.common.system, ""});
+    if (first && a.common.system) msgs.push_back({"system", *a.common.system, ""});
     msgs.push_back({"user", line, ""});
-    std::vector<int> prompt = fmt.render(msgs, a.common.think);
-    const std::vector<int> gen = fmt.generation_prompt(a.common.think);
+    // The first turn is the whole prompt as the encoder renders it (effort message included);
+    // later turns append the new message to the state.
+    std::vector<int> prompt = first ? fmt.preamble(chat_options(a.common)) : std::vector<int>{};
+    const std::vector<int> body = fmt.render(msgs, a.common.think), gen = fmt.generation_prompt(a.common.think);
+    prompt.insert(prompt.end(), body.begin(), body.end());
     prompt.insert(prompt.end(), gen.begin(), gen.end());
     if (st->position() + int(prompt.size()) + a.common.n + 16 > st->capacity()) {
       std::fprintf(stderr, "wren: the conversation would exceed the context of %d tokens; /reset or raise --ctx\n",

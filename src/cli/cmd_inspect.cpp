@@ -10,6 +10,7 @@
 #include "model/forward.h"
 #include "model/tensor_table.h"
 #include "ops/state.h"
+#include "runtime/default_model.h"
 #include "runtime/expert_store.h"
 
 namespace wren::cli {
@@ -31,7 +32,7 @@ struct InspectArgs {
 };
 
 void inspect(const InspectArgs& a) {
-  const std::string& dir = a.dir;
+  const std::string dir = a.dir.empty() ? ensure_default_model(default_vocab_file()) : a.dir;
   Checkpoint ck(dir);
   const Config& c = ck.config();
   std::printf("model: %s\n", dir.c_str());
@@ -96,7 +97,11 @@ void inspect(const InspectArgs& a) {
   const uint64_t state = SequenceState::bytes_for(c, a.ctx), work = Forward::workspace_bytes(c, a.chunk);
   std::printf("memory plan (ctx %d, chunk %d):\n", a.ctx, a.chunk);
   std::printf("  dense weights resident (f32): %s\n", human_bytes(double(resident_f32)).c_str());
-  if (streamed)
+  if (streamed && (long long)(cache / c.expert_bytes()) >= n_exp)
+    std::printf("  expert cache: %s%s (all %lld experts fit; nothing streams from disk after first use)\n",
+                human_bytes(double(cache)).c_str(), a.expert_cache.empty() ? " (default: half of available RAM)" : "",
+                n_exp);
+  else if (streamed)
     std::printf("  expert cache: %s%s (%llu of %lld experts; the rest streams from disk)\n",
                 human_bytes(double(cache)).c_str(), a.expert_cache.empty() ? " (default: half of available RAM)" : "",
                 (unsigned long long)(cache / c.expert_bytes()), n_exp);
@@ -110,7 +115,7 @@ void inspect(const InspectArgs& a) {
 void add_inspect(CLI::App& app) {
   auto a = std::make_shared<InspectArgs>();
   CLI::App* sub = app.add_subcommand("inspect", "Print the architecture, sizes, byte counts and memory plan of a snapshot");
-  sub->add_option("--model", a->dir, "Kimi K3 snapshot folder")->required();
+  sub->add_option("--model", a->dir, "Kimi K3 snapshot folder (default: the built-in random-weight model)");
   sub->add_option("--expert-cache", a->expert_cache, "Expert cache budget to plan for, e.g. 8G");
   sub->add_option("--ctx", a->ctx, "Context capacity to plan for")->check(positive());
   sub->add_option("--chunk", a->chunk, "Prefill chunk to plan for")->check(positive());

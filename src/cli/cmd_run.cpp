@@ -3,6 +3,9 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <signal.h>
+
+#include <atomic>
 #include <filesystem>
 #include <iostream>
 #include <iterator>
@@ -63,12 +66,9 @@ std::vector<int> prompt_ids(const RunArgs& a, Engine& e) {
   }
   const ChatFormat fmt(tok);
   std::vector<ChatMessage> msgs;
-  if (!a.common.system.empty()) msgs.push_back({"system", a.common.system, ""});
+  if (a.common.system) msgs.push_back({"system", *a.common.system, ""});
   msgs.push_back({"user", text, ""});
-  std::vector<int> ids = fmt.render(msgs, a.common.think);
-  const std::vector<int> gen = fmt.generation_prompt(a.common.think);
-  ids.insert(ids.end(), gen.begin(), gen.end());
-  return ids;
+  return fmt.prompt(msgs, chat_options(a.common));
 }
 
 /// Streams decoded text: the answer to stdout; in chat mode the think channel to stderr (dimmed
@@ -105,6 +105,14 @@ struct Printer {
   }
   std::vector<int> stop_ids;
 };
+
+std::atomic<bool> g_run_cancel{false};
+/// First Ctrl-C: stop after the current token (the reply so far and the statistics line are
+/// printed); the handler then resets itself, so a second Ctrl-C ends the process at once.
+void on_run_sigint(int) {
+  g_run_cancel = true;
+  signal(SIGINT, SIG_DFL);
+}
 
 void run(RunArgs& a) {
   Engine e(a.common.engine_options());
@@ -159,8 +167,15 @@ void run(RunArgs& a) {
     }
   }
   GenerateStats stats;
+  opts.cancel = &g_run_cancel;
+  struct sigaction sa {};
+  sa.sa_handler = on_run_sigint;
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
   const std::vector<int> out = generate(e.forward(), *st, prompt, opts, &stats, [&](int id) { pr.push(id); });
+  signal(SIGINT, SIG_DFL);
   pr.finish();
+  if (stats.cancelled) std::fputs("wren: stopped by Ctrl-C\n", stderr);
 
   if (!trace.empty()) write_f32(a.trace, trace);
   if (!logits.empty()) write_f32(a.logits, logits);

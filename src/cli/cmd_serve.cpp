@@ -3,9 +3,12 @@
 #include <signal.h>
 
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "cli/commands.h"
@@ -19,6 +22,8 @@ namespace wren::cli {
 namespace {
 
 struct ServeArgs {
+  std::string replay_file;  ///< hidden test flag --replay-ids
+  std::string api_key_file;
   EngineOptions engine;
   CpuFlags cpu;  ///< the same CPU engine flags as `wren run` (threads, --isa, --quant, --mx-act)
   CudaFlags cuda;  ///< and the same CUDA ones (--cuda-kda ...)
@@ -73,6 +78,26 @@ void serve(ServeArgs& a) {
   Engine e(a.engine);
   check(e.has_tokenizer(), "wren serve needs a model with a tokenizer (tiktoken.model in " + e.dir() + ")");
   a.server.model_id = model_id(a.engine.model_dir);
+  if (!a.api_key_file.empty()) {
+    std::ifstream f(a.api_key_file);
+    check(bool(f), "--api-key-file: cannot read " + a.api_key_file);
+    std::getline(f, a.server.api_key);
+    while (!a.server.api_key.empty() && std::isspace((unsigned char)a.server.api_key.back())) a.server.api_key.pop_back();
+    check(!a.server.api_key.empty(), "--api-key-file " + a.api_key_file + ": the first line (the key) is empty");
+  }
+  if (!a.replay_file.empty()) {
+    std::ifstream f(a.replay_file);
+    check(bool(f), "--replay-ids: cannot read " + a.replay_file);
+    try {
+      a.server.replay = nlohmann::json::parse(f).get<std::vector<std::vector<int>>>();
+    } catch (const nlohmann::json::exception& e) {
+      throw Error("--replay-ids " + a.replay_file + ": expected a JSON list of lists of token ids (" + e.what() + ")");
+    }
+    for (const auto& ids : a.server.replay)
+      for (int id : ids) check(id >= 0 && id < e.config().vocab, "--replay-ids: id " + std::to_string(id) + " outside the vocabulary");
+    std::fprintf(stderr, "wren serve: TEST MODE: replaying %zu id lists from %s instead of running the model\n",
+                 a.server.replay.size(), a.replay_file.c_str());
+  }
   a.server.ctx = a.engine.ctx;
   server::Server s(e, a.server);
   const int port = s.bind();
@@ -109,6 +134,13 @@ void add_serve(CLI::App& app) {
       ->check(positive());
   sub->add_option("-n,--max-tokens", a->server.default_max_tokens, "max_tokens when a request gives none (default 256)")
       ->check(positive());
+  auto* key = sub->add_option("--api-key", a->server.api_key,
+                              "Require 'Authorization: Bearer KEY' on every route but /health (401 otherwise)");
+  sub->add_option("--api-key-file", a->api_key_file, "Read the API key from the first line of this file")->excludes(key);
+  sub->add_flag("--log-requests,!--no-log-requests", a->server.log_requests,
+                "One line per request on stderr: route, status, tokens, TTFT, duration (default on)");
+  // Test hook (tests/serve_test.cpp): hidden from --help (empty group).
+  sub->add_option("--replay-ids", a->replay_file, "JSON [[ids...], ...]: request k replays list k mod n")->group("");
   sub->callback([a] { serve(*a); });
 }
 

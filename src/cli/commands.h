@@ -24,6 +24,7 @@ void add_bench_layers(CLI::App* bench);
 void add_bench_cpu(CLI::App* bench);
 void add_bench_tokenizer(CLI::App* bench);
 void add_tokenize(CLI::App& app);
+void add_detokenize(CLI::App& app);
 void add_serve(CLI::App& app);
 void add_validate(CLI::App& app);
 void add_perplexity(CLI::App& app);

@@ -1,18 +1,49 @@
 // `wren`: the one executable; subcommands are registered from cmd_*.cpp.
 #include <cstdio>
+#include <memory>
+#include <string>
 
 #include "cli/commands.h"
 #include "core/error.h"
 
+namespace {
+
+/// CLI11's help with the `{false}` it prints after negated flag names (`--no-think{false}`)
+/// removed; option defaults are shown as `TYPE=DEFAULT` (always_capture_default below).
+class Formatter : public CLI::Formatter {
+ public:
+  std::string make_option_name(const CLI::Option* opt, bool positional) const override {
+    const std::string s = CLI::Formatter::make_option_name(opt, positional);
+    std::string out;
+    int depth = 0;
+    for (char c : s) {
+      if (c == '{') ++depth;
+      else if (c == '}') depth = depth > 0 ? depth - 1 : 0;
+      else if (depth == 0) out += c;
+    }
+    return out;
+  }
+};
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"Wren: an inference engine for Kimi K3 hybrid MoE models"};
+  app.formatter(std::make_shared<Formatter>());  // subcommands inherit both settings
+  app.option_defaults()->always_capture_default();
   app.require_subcommand(1);
+#ifdef WREN_HAVE_CUDA
+  app.set_version_flag("--version", "wren 0.1.0 (CPU and CUDA backends)");
+#else
+  app.set_version_flag("--version", "wren 0.1.0 (CPU backend; built without CUDA)");
+#endif
   wren::cli::add_run(app);
   wren::cli::add_chat(app);
   wren::cli::add_inspect(app);
   wren::cli::add_synth(app);
   wren::cli::add_bench(app);
   wren::cli::add_tokenize(app);
+  wren::cli::add_detokenize(app);
   wren::cli::add_serve(app);
   wren::cli::add_validate(app);
   wren::cli::add_perplexity(app);

@@ -15,8 +15,11 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
   sub->add_option("--top-p", sampling.top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
   sub->add_option("--top-k", sampling.top_k, "Sample from the k most likely tokens (0 = all)")->check(non_negative());
   sub->add_option("--seed", sampling.seed, "Random seed for sampling");
-  sub->add_option("--system", system, "System message (chat format)");
+  sub->add_option("--system", system, "System message (chat format; --system \"\" renders an empty one)");
   sub->add_flag("--think,!--no-think", think, "Thinking on (default) or off (chat format)");
+  sub->add_option("--effort", effort, "Thinking effort, rendered as the encoder's thinking-effort system message")
+      ->check(CLI::IsMember({"low", "high", "max"}))
+      ->capture_default_str();
   sub->add_option("--expert-cache", engine.expert_cache, "Expert cache budget, e.g. 8G, 512M (default: from available RAM)");
   sub->add_option("--direct", engine.direct, "O_DIRECT expert reads: auto, on or off");
   sub->add_option("--vram-experts", engine.vram_experts,
@@ -29,6 +32,13 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
   cpu.add_to(sub);
   cuda.add_to(sub);
   sub->add_option("--ctx", engine.ctx, "Context capacity in tokens (MLA cache size)")->check(positive());
+}
+
+ChatOptions chat_options(const CommonArgs& a) {
+  ChatOptions o;
+  o.thinking = a.think;
+  o.effort = a.effort;
+  return o;
 }
 
 EngineOptions CommonArgs::engine_options() const {

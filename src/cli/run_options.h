@@ -1,8 +1,10 @@
 // Flags shared by `wren run` and `wren chat`: model, memory, sampling.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <optional>
 
 #include "cli/cpu_flags.h"
+#include "runtime/chat_format.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 
@@ -14,7 +16,8 @@ struct CommonArgs {
   SamplerOptions sampling;
   int n = 256;  ///< -n default
   bool think = true;
-  std::string system;
+  std::string effort = "max";         ///< thinking effort (low, high, max), rendered when thinking
+  std::optional<std::string> system;  ///< given (even empty: the encoder renders an empty system message)
   CpuFlags cpu;
   CudaFlags cuda;
   void add_to(CLI::App* sub, float default_temperature);
@@ -22,6 +25,9 @@ struct CommonArgs {
   /// prints the run header.
   EngineOptions engine_options() const;
 };
+
+/// The chat options these flags give (thinking, effort).
+ChatOptions chat_options(const CommonArgs& a);
 
 /// Prints the statistics line on stderr (prompt tokens, prefill tok/s, TTFT, decode tok/s, peak
 /// RSS) and the expert-store line when there is a store.

@@ -36,7 +36,10 @@ std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vecto
   uint64_t hash = kFnv1a64Offset;
   for (int n = 0; n < opts.max_new_tokens; ++n) {
     if (opts.hash_logits) hash = fnv1a64(logits.data(), logits.size() * sizeof(float), hash);
-    const int id = sampler.sample(logits.data(), V);
+    TokenLogprobs lp;
+    const bool want_lp = opts.top_logprobs >= 0 && opts.on_logprobs;
+    const int id = sampler.sample(logits.data(), V, want_lp ? &lp : nullptr, opts.top_logprobs);
+    if (want_lp) opts.on_logprobs(lp);
     if (n == 0) st.ttft_s = secs(clock::now() - t0);
     out.push_back(id);
     if (on_token) on_token(id);

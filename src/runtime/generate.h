@@ -22,6 +22,10 @@ struct GenerateOptions {
   const float* x0 = nullptr;  ///< host [prompt, D]: rows replacing the prompt's embeddings
   float* prompt_logits = nullptr;  ///< host [prompt, V]: teacher-forced logits, when non-null
   const ForwardHooks* hooks = nullptr;  ///< validation hooks for the prompt pass
+  /// >= 0: compute each drawn token's logprob and this many top alternatives (TokenLogprobs,
+  /// from the sampled distribution) and pass them to `on_logprobs` just before `on_token`.
+  int top_logprobs = -1;
+  std::function<void(const TokenLogprobs&)> on_logprobs;
   bool hash_logits = false;  ///< fill GenerateStats::logits_fnv1a64
 };
 

@@ -21,13 +21,19 @@ void Job::wait() {
   cv_.wait(lk, [&] { return done_; });
 }
 
-void Job::emit(bool reasoning, const std::string& text) {
-  if (text.empty()) return;
+void Job::emit(Piece p) {
+  if (p.kind != Piece::Kind::Tool && p.text.empty() && p.logprobs.empty()) return;
   std::lock_guard<std::mutex> lk(mu_);
-  if (!pieces_.empty() && pieces_.back().reasoning == reasoning)
-    pieces_.back().text += text;  // the reader is behind: coalesce
-  else
-    pieces_.push_back({reasoning, text});
+  Piece* last = pieces_.empty() ? nullptr : &pieces_.back();
+  if (last && last->kind == p.kind && p.kind != Piece::Kind::Tool) {  // the reader is behind: coalesce
+    last->text += p.text;
+    last->logprobs.insert(last->logprobs.end(), p.logprobs.begin(), p.logprobs.end());
+  } else if (last && p.kind == Piece::Kind::Tool && last->kind == p.kind && last->tool.index == p.tool.index &&
+             p.tool.name.empty()) {
+    last->tool.arguments += p.tool.arguments;
+  } else {
+    pieces_.push_back(std::move(p));
+  }
   cv_.notify_all();
 }
 
@@ -93,60 +99,131 @@ void GenQueue::loop() {
       }
     }
     std::lock_guard<std::mutex> lk(mu_);
+    if (const ExpertStore* store = engine_.store()) {  // read here, on the thread that uses the store
+      stats_.has_store = true;
+      stats_.expert_hits = store->stats().hits;
+      stats_.expert_misses = store->stats().misses;
+      stats_.expert_bytes_read = store->stats().bytes_read;
+    }
     stats_.busy = false;
     ++(failed ? stats_.failed : job->was_cancelled() ? stats_.cancelled : stats_.completed);
   }
 }
 
+ReplyStream::ReplyStream(const Tokenizer& tok, Job& job, std::vector<int> stop_ids, Metrics* metrics)
+    : tok_(tok), job_(job), stop_ids_(std::move(stop_ids)), metrics_(metrics), text_(tok), thought_(tok), stop_(job.req.stop) {
+  if (job.req.chat) {
+    fmt_ = std::make_unique<ChatFormat>(tok);
+    parser_ = std::make_unique<ReplyParser>(*fmt_, job.req.thinking);
+    if (std::find(stop_ids_.begin(), stop_ids_.end(), fmt_->end_of_msg()) == stop_ids_.end())
+      stop_ids_.push_back(fmt_->end_of_msg());
+  }
+}
+
+LogprobEntry ReplyStream::entry(const TokenLogprobs& lp) const {
+  LogprobEntry e{std::string(tok_.token_bytes(lp.id)), lp.logprob, {}};
+  for (const auto& [id, v] : lp.top) e.top.push_back({std::string(tok_.token_bytes(id)), v});
+  return e;
+}
+
+void ReplyStream::content(const std::string& s, std::vector<LogprobEntry> lps) {
+  Piece p;
+  p.text = stop_.push(s);
+  r_.content += p.text;
+  r_.logprobs.insert(r_.logprobs.end(), lps.begin(), lps.end());
+  p.logprobs = std::move(lps);
+  job_.emit(std::move(p));
+  if (stop_.matched()) job_.stop();
+}
+
+void ReplyStream::reasoning(const std::string& s) {
+  r_.reasoning += s;
+  Piece p;
+  p.kind = Piece::Kind::Reasoning;
+  p.text = s;
+  job_.emit(std::move(p));
+}
+
+void ReplyStream::tool_deltas() {
+  for (ToolCallDelta& d : parser_->take_deltas()) {
+    Piece p;
+    p.kind = Piece::Kind::Tool;
+    if (!d.name.empty()) p.tool_id = "call_" + job_.id + "_" + std::to_string(d.index);
+    p.tool = std::move(d);
+    job_.emit(std::move(p));
+  }
+}
+
+void ReplyStream::token(int id) {
+  const auto now = std::chrono::steady_clock::now();
+  if (tokens_++ == 0) r_.ttft_s = std::chrono::duration<double>(now - job_.submitted).count();
+  else r_.gaps_s.push_back(std::chrono::duration<double>(now - last_).count());
+  last_ = now;
+  std::vector<LogprobEntry> lps;
+  const bool want = has_lp_ && job_.req.logprobs;
+  has_lp_ = false;
+  if (parser_) {
+    const ReplyParser::Channel ch = parser_->push(id);
+    if (ch == ReplyParser::Channel::Think) reasoning(thought_.push(id));
+    if (ch == ReplyParser::Channel::Response) {
+      if (want) lps.push_back(entry(lp_));
+      content(text_.push(id), std::move(lps));
+    }
+    if (ch == ReplyParser::Channel::Tag || ch == ReplyParser::Channel::Tools) tool_deltas();
+  } else if (std::find(stop_ids_.begin(), stop_ids_.end(), id) == stop_ids_.end()) {
+    if (want) lps.push_back(entry(lp_));
+    content(text_.push(id), std::move(lps));
+  }
+}
+
+void ReplyStream::finish(int generated_tokens, bool stopped) {
+  reasoning(thought_.finish());
+  content(text_.finish(), {});
+  Piece tail;
+  tail.text = stop_.flush();
+  r_.content += tail.text;
+  job_.emit(std::move(tail));
+  if (parser_) {
+    const std::vector<ParsedToolCall>& calls = parser_->calls();
+    for (size_t k = 0; k < calls.size(); ++k)
+      if (calls[k].complete)
+        r_.tool_calls.push_back({"call_" + job_.id + "_" + std::to_string(k), calls[k].name, calls[k].arguments});
+  }
+  r_.prompt_tokens = int(job_.prompt.size());
+  r_.completion_tokens = generated_tokens;
+  r_.finish_reason = stop_.matched() ? "stop" : !stopped ? "length" : !r_.tool_calls.empty() ? "tool_calls" : "stop";
+  if (metrics_) metrics_->generation(r_.prompt_tokens, r_.completion_tokens, r_.ttft_s, r_.gaps_s);
+  job_.finish(std::move(r_));
+}
+
 void GenQueue::run(Job& job) {
-  const Tokenizer& tok = engine_.tokenizer();
+  ReplyStream out(engine_.tokenizer(), job, engine_.config().eos_ids, metrics_);
+  if (!replay_.empty()) {  // test hook: replay ids instead of the model
+    const std::vector<int>& ids = replay_[replayed_++ % replay_.size()];
+    int n = 0;
+    bool stopped = false;
+    for (; n < int(ids.size()) && n < job.max_tokens && !job.halt_flag();) {
+      const int id = ids[size_t(n++)];
+      out.token(id);
+      stopped = std::find(out.stop_ids().begin(), out.stop_ids().end(), id) != out.stop_ids().end();
+      if (stopped) break;
+    }
+    out.finish(n, stopped);
+    return;
+  }
   GenerateOptions o;
   o.max_new_tokens = job.max_tokens;
-  o.stop_ids = engine_.config().eos_ids;
+  o.stop_ids = out.stop_ids();
   o.sampling = job.req.sampling;
   o.cancel = &job.halt_flag();
-  std::unique_ptr<ChatFormat> fmt;
-  std::unique_ptr<ReplyParser> parser;
-  if (job.req.chat) {
-    fmt = std::make_unique<ChatFormat>(tok);
-    parser = std::make_unique<ReplyParser>(*fmt, job.req.thinking);
-    if (std::find(o.stop_ids.begin(), o.stop_ids.end(), fmt->end_of_msg()) == o.stop_ids.end())
-      o.stop_ids.push_back(fmt->end_of_msg());
+  if (job.req.logprobs) {
+    o.top_logprobs = job.req.top_logprobs;
+    o.on_logprobs = [&](const TokenLogprobs& lp) { out.logprobs(lp); };
   }
-  StreamDecoder text(tok), thought(tok);
-  StopMatcher stop(job.req.stop);
-  GenResult r;
-  auto content = [&](const std::string& s) {
-    const std::string out = stop.push(s);
-    r.content += out;
-    job.emit(false, out);
-    if (stop.matched()) job.stop();
-  };
-  auto reasoning = [&](const std::string& s) {
-    r.reasoning += s;
-    job.emit(true, s);
-  };
-  auto on_token = [&](int id) {
-    if (parser) {
-      const ReplyParser::Channel ch = parser->push(id);
-      if (ch == ReplyParser::Channel::Think) reasoning(thought.push(id));
-      if (ch == ReplyParser::Channel::Response) content(text.push(id));
-    } else if (std::find(o.stop_ids.begin(), o.stop_ids.end(), id) == o.stop_ids.end()) {
-      content(text.push(id));
-    }
-  };
   auto st = engine_.new_sequence();
   GenerateStats stats;
-  generate(engine_.forward(), *st, job.prompt, o, &stats, on_token);
-  reasoning(thought.finish());
-  content(text.finish());
-  const std::string tail = stop.flush();
-  r.content += tail;
-  job.emit(false, tail);
-  r.prompt_tokens = int(job.prompt.size());
-  r.completion_tokens = stats.generated_tokens;
-  r.finish_reason = stats.stopped || stop.matched() ? "stop" : "length";
-  job.finish(std::move(r));
+  generate(engine_.forward(), *st, job.prompt, o, &stats, [&](int id) { out.token(id); });
+  out.finish(stats.generated_tokens, stats.stopped);
 }
 
 }  // namespace wren::server

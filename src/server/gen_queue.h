@@ -11,24 +11,34 @@
 #include <thread>
 
 #include "runtime/engine.h"
+#include "server/metrics.h"
 #include "server/openai_json.h"
+#include "server/stop_matcher.h"
+#include "tokenizer/stream_decoder.h"
 
 namespace wren::server {
 
-/// A piece of streamed output: reasoning (think channel) or content (answer).
+/// A piece of streamed output: reasoning (think channel), content (answer) or part of a tool call.
 struct Piece {
-  bool reasoning = false;
-  std::string text;
+  enum class Kind { Content, Reasoning, Tool };
+  Kind kind = Kind::Content;
+  std::string text;                    ///< Content / Reasoning
+  ToolCallDelta tool;                  ///< Tool: index, name (first piece of a call), arguments text
+  std::string tool_id;                 ///< Tool: the call's id (first piece of a call)
+  std::vector<LogprobEntry> logprobs;  ///< Content: the logprobs of the tokens this piece covers
 };
 
 /// One generation: the prepared prompt and options in, pieces and a GenResult out.
 class Job {
  public:
-  Job(GenRequest req, std::vector<int> prompt, int max_tokens)
-      : req(std::move(req)), prompt(std::move(prompt)), max_tokens(max_tokens) {}
+  Job(GenRequest req, std::vector<int> prompt, int max_tokens, std::string id = "")
+      : req(std::move(req)), prompt(std::move(prompt)), max_tokens(max_tokens), id(std::move(id)),
+        submitted(std::chrono::steady_clock::now()) {}
   const GenRequest req;
   const std::vector<int> prompt;
   const int max_tokens;
+  const std::string id;  ///< the response id (tool call ids derive from it)
+  const std::chrono::steady_clock::time_point submitted;
 
   /// Client side: waits up to `timeout` for pieces; moves them into `out`. Returns true once the
   /// job is finished and every piece has been taken.
@@ -43,11 +53,16 @@ class Job {
   const std::string& error() const { return error_; }
 
   // Worker side.
-  void emit(bool reasoning, const std::string& text);
+  void emit(Piece p);
   void finish(GenResult r, std::string error = "");
   void stop() { halt_ = true; }
   const std::atomic<bool>& halt_flag() const { return halt_; }
   bool client_gone() const { return client_gone_; }
+  /// Whether the job has finished.
+  bool done() {
+    std::lock_guard<std::mutex> lk(mu_);
+    return done_;
+  }
   /// Whether the client had gone when the job finished.
   bool was_cancelled() const { return was_cancelled_; }
 
@@ -61,10 +76,49 @@ class Job {
   std::atomic<bool> halt_{false}, client_gone_{false};
 };
 
-/// Counters shown by GET /health.
+/// The per-request end of generation: receives each generated id (and, when asked, its logprobs)
+/// and turns them into pieces and the GenResult: the chat channels (think, response, tools with
+/// tool-call parsing), stop strings, logprobs of content tokens. Whatever drives the model (one
+/// sequence at a time now, a batch later) feeds one ReplyStream per request.
+class ReplyStream {
+ public:
+  /// `metrics` (may be null) counts the generation when it finishes, before the client sees it.
+  ReplyStream(const Tokenizer& tok, Job& job, std::vector<int> stop_ids, Metrics* metrics = nullptr);
+  /// The logprobs of the id pushed next (call before token()).
+  void logprobs(const TokenLogprobs& lp) { lp_ = lp, has_lp_ = true; }
+  /// One generated id.
+  void token(int id);
+  /// Generation ended (`stopped`: on a stop id); flushes and finishes the job.
+  void finish(int generated_tokens, bool stopped);
+  /// The ids generation stops on (the config's eos list, plus <|end_of_msg|> for chat).
+  const std::vector<int>& stop_ids() const { return stop_ids_; }
+
+ private:
+  void content(const std::string& s, std::vector<LogprobEntry> lps);
+  void reasoning(const std::string& s);
+  void tool_deltas();
+  LogprobEntry entry(const TokenLogprobs& lp) const;
+  const Tokenizer& tok_;
+  Job& job_;
+  std::vector<int> stop_ids_;
+  Metrics* metrics_;
+  std::unique_ptr<ChatFormat> fmt_;
+  std::unique_ptr<ReplyParser> parser_;
+  StreamDecoder text_, thought_;
+  StopMatcher stop_;
+  GenResult r_;
+  TokenLogprobs lp_;
+  bool has_lp_ = false;
+  std::chrono::steady_clock::time_point last_;
+  int tokens_ = 0;
+};
+
+/// Counters shown by GET /health (and /metrics).
 struct QueueStats {
   long long queued = 0, completed = 0, cancelled = 0, failed = 0;
   bool busy = false;
+  bool has_store = false;  ///< the engine streams experts from disk; the counters below are its own
+  uint64_t expert_hits = 0, expert_misses = 0, expert_bytes_read = 0;  ///< as of the last finished job
 };
 
 /// The FIFO of jobs and the one worker thread that runs them on the Engine.
@@ -72,6 +126,12 @@ class GenQueue {
  public:
   /// `max_queue`: jobs waiting (not counting the running one) beyond which submit() refuses.
   GenQueue(Engine& engine, int max_queue);
+  /// Test hook: instead of running the model, job k (in run order) "generates" replay[k % n]
+  /// (cut at a stop id or max_tokens) through the same ReplyStream (parsing, streaming, stop
+  /// strings). Set before the first submit().
+  void set_replay(std::vector<std::vector<int>> replay) { replay_ = std::move(replay); }
+  /// Where finished generations are counted (tokens, TTFT, inter-token gaps); may be null.
+  void set_metrics(Metrics* m) { metrics_ = m; }
   ~GenQueue();
   GenQueue(const GenQueue&) = delete;
   GenQueue& operator=(const GenQueue&) = delete;
@@ -88,6 +148,9 @@ class GenQueue {
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> jobs_;
   QueueStats stats_;
+  std::vector<std::vector<int>> replay_;
+  Metrics* metrics_ = nullptr;
+  size_t replayed_ = 0;
   bool quit_ = false;
   std::thread worker_;
 };

@@ -19,7 +19,7 @@ json parse_body(const std::string& body) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for numbers like 1e400
     throw RequestError(400, std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json");
   }
   if (!j.is_object()) throw RequestError(400, "the request body must be a JSON object", "", "invalid_json");
@@ -121,6 +121,36 @@ std::string content_text(const json& m, size_t i) {
   return out;
 }
 
+std::string opt_string(const json& m, const char* key, const std::string& p) {
+  if (!m.contains(key) || m[key].is_null()) return "";
+  if (!m[key].is_string()) bad(p + "." + key, "'" + p + "." + key + "' must be a string");
+  return m[key].get<std::string>();
+}
+
+/// An assistant message's `tool_calls`: [{id, type: "function", function: {name, arguments}}].
+std::vector<ToolCall> tool_calls(const json& m, const std::string& p) {
+  std::vector<ToolCall> out;
+  if (!m.contains("tool_calls") || m["tool_calls"].is_null()) return out;
+  const json& tc = m["tool_calls"];
+  if (!tc.is_array()) bad(p + ".tool_calls", "'" + p + ".tool_calls' must be a list");
+  for (size_t k = 0; k < tc.size(); ++k) {
+    const std::string q = p + ".tool_calls[" + std::to_string(k) + "]";
+    const json& c = tc[k];
+    if (!c.is_object()) bad(q, "'" + q + "' must be an object");
+    const json& fn = c.contains("function") ? c["function"] : c;
+    if (!fn.is_object() || !fn.contains("name") || !fn["name"].is_string())
+      bad(q + ".function.name", "'" + q + ".function.name' must be a string");
+    ToolCall call{opt_string(c, "id", q), fn["name"].get<std::string>(), ""};
+    if (fn.contains("arguments") && !fn["arguments"].is_null()) {
+      if (fn["arguments"].is_string()) call.arguments = fn["arguments"].get<std::string>();
+      else if (fn["arguments"].is_object()) call.arguments = fn["arguments"].dump();  // keys come sorted
+      else bad(q + ".function.arguments", "'" + q + ".function.arguments' must be a JSON object or its text");
+    }
+    out.push_back(std::move(call));
+  }
+  return out;
+}
+
 std::vector<ChatMessage> messages(const json& j) {
   if (!j.contains("messages")) bad("messages", "'messages' is required");
   const json& ms = j["messages"];
@@ -134,14 +164,96 @@ std::vector<ChatMessage> messages(const json& j) {
     if (!m.contains("role") || !m["role"].is_string()) bad(p + ".role", "'" + p + ".role' must be a string");
     std::string role = m["role"].get<std::string>();
     if (role == "developer") role = "system";
-    if (role != "system" && role != "user" && role != "assistant")
-      bad(p + ".role", "'" + p + ".role' must be system, developer, user or assistant, got '" + role + "'");
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      bad(p + ".role", "'" + p + ".role' must be system, developer, user, assistant or tool, got '" + role + "'");
     ChatMessage cm{role, content_text(m, i), ""};
     if (m.contains("reasoning_content") && m["reasoning_content"].is_string())
       cm.reasoning = m["reasoning_content"].get<std::string>();
+    else if (m.contains("reasoning") && m["reasoning"].is_string())
+      cm.reasoning = m["reasoning"].get<std::string>();
+    cm.name = opt_string(m, "name", p);
+    if (role == "assistant") cm.tool_calls = tool_calls(m, p);
+    if (role == "tool") {
+      cm.tool_call_id = opt_string(m, "tool_call_id", p);
+      if (cm.name.empty()) cm.name = opt_string(m, "tool", p);
+    }
+    if (role == "system" && m.contains("tools") && !m["tools"].is_null()) {
+      if (!m["tools"].is_array()) bad(p + ".tools", "'" + p + ".tools' must be a list");
+      cm.tools = m["tools"];
+    }
     out.push_back(std::move(cm));
   }
   return out;
+}
+
+/// `tools`: a list of {"type": "function", "function": {"name": ..., ...}}.
+json tools_list(const json& j) {
+  if (!j.contains("tools") || j["tools"].is_null()) return nullptr;
+  const json& t = j["tools"];
+  if (!t.is_array()) bad("tools", "'tools' must be a list of {\"type\": \"function\", \"function\": {...}}");
+  for (size_t k = 0; k < t.size(); ++k) {
+    const std::string p = "tools[" + std::to_string(k) + "]";
+    if (!t[k].is_object() || t[k].value("type", "") != "function")
+      bad(p, "'" + p + "' must be an object with \"type\": \"function\"");
+    if (!t[k].contains("function") || !t[k]["function"].is_object() || !t[k]["function"].contains("name") ||
+        !t[k]["function"]["name"].is_string())
+      bad(p + ".function.name", "'" + p + ".function.name' must be a string");
+  }
+  return t;
+}
+
+bool declares(const json& tools, const std::string& name) {
+  if (!tools.is_array()) return false;
+  for (const json& t : tools)
+    if (t["function"]["name"] == name) return true;
+  return false;
+}
+
+void tool_choice(const json& j, GenRequest& r) {
+  if (!j.contains("tool_choice") || j["tool_choice"].is_null()) return;
+  const json& c = j["tool_choice"];
+  const bool any_tools = r.tools.is_array() && !r.tools.empty();
+  if (c.is_string()) {
+    const std::string s = c.get<std::string>();
+    if (s == "auto") r.tool_choice = ToolChoice::Auto;
+    else if (s == "none") r.tool_choice = ToolChoice::None;
+    else if (s == "required") r.tool_choice = ToolChoice::Required;
+    else bad("tool_choice", "'tool_choice' must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}, got '" + s + "'");
+    if (r.tool_choice == ToolChoice::Required && !any_tools)
+      bad("tool_choice", "'tool_choice' required needs a non-empty 'tools' list");
+    return;
+  }
+  if (!c.is_object() || !c.contains("function") || !c["function"].is_object() || !c["function"].contains("name") ||
+      !c["function"]["name"].is_string())
+    bad("tool_choice", "'tool_choice' must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}");
+  r.tool_choice = ToolChoice::Named;
+  r.tool_choice_name = c["function"]["name"].get<std::string>();
+  if (!declares(r.tools, r.tool_choice_name))
+    bad("tool_choice", "'tool_choice' names the function '" + r.tool_choice_name + "', which 'tools' does not declare");
+}
+
+/// reasoning_effort / thinking_effort (body or chat_template_kwargs), the encoder's rules:
+/// "none" turns thinking off; otherwise low, high or max (default max).
+void effort(const json& j, GenRequest& r) {
+  auto get = [&](const json& o, const char* key, std::string& out) {
+    if (!o.contains(key) || o[key].is_null()) return;
+    if (!o[key].is_string()) bad(key, std::string("'") + key + "' must be a string");
+    out = o[key].get<std::string>();
+  };
+  std::string reasoning, thinking;
+  get(j, "reasoning_effort", reasoning);
+  get(j, "thinking_effort", thinking);
+  if (j.contains("chat_template_kwargs") && j["chat_template_kwargs"].is_object()) {
+    get(j["chat_template_kwargs"], "reasoning_effort", reasoning);
+    get(j["chat_template_kwargs"], "thinking_effort", thinking);
+  }
+  if (reasoning == "none") r.thinking = false;
+  else if (thinking.empty()) thinking = reasoning;
+  if (thinking.empty()) thinking = "max";
+  if (!ChatFormat::valid_effort(thinking))
+    bad(j.contains("reasoning_effort") ? "reasoning_effort" : "thinking_effort",
+        "the thinking effort must be low, high or max (or reasoning_effort none: thinking off), got '" + thinking + "'");
+  r.effort = thinking;
 }
 
 }  // namespace
@@ -156,7 +268,15 @@ GenRequest parse_chat_request(const std::string& body, const std::string& model_
   if (j.contains("chat_template_kwargs") && !j["chat_template_kwargs"].is_null()) {
     if (!j["chat_template_kwargs"].is_object()) bad("chat_template_kwargs", "'chat_template_kwargs' must be an object");
     r.thinking = boolean(j["chat_template_kwargs"], "thinking", r.thinking);
+    r.thinking = boolean(j["chat_template_kwargs"], "enable_thinking", r.thinking);
   }
+  effort(j, r);
+  r.tools = tools_list(j);
+  tool_choice(j, r);
+  boolean(j, "parallel_tool_calls", true);  // accepted; the model decides how many calls it makes
+  r.logprobs = boolean(j, "logprobs", false);
+  r.top_logprobs = int(integer(j, "top_logprobs", 0, 0, 20));
+  if (r.top_logprobs > 0 && !r.logprobs) bad("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   return r;
 }
 
@@ -167,6 +287,10 @@ GenRequest parse_completion_request(const std::string& body, const std::string& 
   if (!j["prompt"].is_string()) bad("prompt", "'prompt' must be a string (token lists and batches are not supported)");
   r.prompt = j["prompt"].get<std::string>();
   common_fields(j, model_id, r);
+  if (j.contains("logprobs") && !j["logprobs"].is_null()) {
+    r.logprobs = true;
+    r.top_logprobs = int(integer(j, "logprobs", 0, 0, 20));
+  }
   return r;
 }
 
@@ -184,31 +308,71 @@ json usage_json(const GenResult& r) {
 
 static json reason_or_null(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }
 
-json chat_response(const ResponseMeta& m, const GenResult& r) {
+static json bytes_of(const std::string& s) {
+  json b = json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
+json chat_logprobs_json(const std::vector<LogprobEntry>& e) {
+  json content = json::array();
+  for (const LogprobEntry& t : e) {
+    json top = json::array();
+    for (const auto& [tok, lp] : t.top) top.push_back({{"token", tok}, {"logprob", lp}, {"bytes", bytes_of(tok)}});
+    content.push_back({{"token", t.token}, {"logprob", t.logprob}, {"bytes", bytes_of(t.token)}, {"top_logprobs", top}});
+  }
+  return {{"content", content}};
+}
+
+json completion_logprobs_json(const std::vector<LogprobEntry>& e, size_t offset0) {
+  json tokens = json::array(), lps = json::array(), tops = json::array(), offs = json::array();
+  size_t off = offset0;
+  for (const LogprobEntry& t : e) {
+    tokens.push_back(t.token);
+    lps.push_back(t.logprob);
+    json top = json::object();
+    for (const auto& [tok, lp] : t.top) top[tok] = lp;
+    tops.push_back(top);
+    offs.push_back(off);
+    off += t.token.size();
+  }
+  return {{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+}
+
+json chat_response(const ResponseMeta& m, const GenResult& r, bool with_logprobs) {
   json msg = {{"role", "assistant"}, {"content", r.content}};
   if (!r.reasoning.empty()) msg["reasoning_content"] = r.reasoning;
+  if (!r.tool_calls.empty()) {
+    json calls = json::array();
+    for (const ResultToolCall& c : r.tool_calls)
+      calls.push_back({{"id", c.id}, {"type", "function"}, {"function", {{"name", c.name}, {"arguments", c.arguments}}}});
+    msg["tool_calls"] = calls;
+    if (r.content.empty()) msg["content"] = nullptr;
+  }
   return {{"id", m.id}, {"object", "chat.completion"}, {"created", m.created}, {"model", m.model},
-          {"choices", json::array({{{"index", 0}, {"message", msg}, {"logprobs", nullptr},
+          {"choices", json::array({{{"index", 0}, {"message", msg},
+                                    {"logprobs", with_logprobs ? chat_logprobs_json(r.logprobs) : json(nullptr)},
                                     {"finish_reason", r.finish_reason}}})},
           {"usage", usage_json(r)}};
 }
 
-json chat_chunk(const ResponseMeta& m, const json& delta, const std::string& finish_reason) {
+json chat_chunk(const ResponseMeta& m, const json& delta, const std::string& finish_reason, const json& logprobs) {
   return {{"id", m.id}, {"object", "chat.completion.chunk"}, {"created", m.created}, {"model", m.model},
-          {"choices", json::array({{{"index", 0}, {"delta", delta}, {"logprobs", nullptr},
+          {"choices", json::array({{{"index", 0}, {"delta", delta}, {"logprobs", logprobs},
                                     {"finish_reason", reason_or_null(finish_reason)}}})}};
 }
 
-json completion_response(const ResponseMeta& m, const GenResult& r) {
+json completion_response(const ResponseMeta& m, const GenResult& r, bool with_logprobs) {
   return {{"id", m.id}, {"object", "text_completion"}, {"created", m.created}, {"model", m.model},
-          {"choices", json::array({{{"index", 0}, {"text", r.content}, {"logprobs", nullptr},
+          {"choices", json::array({{{"index", 0}, {"text", r.content},
+                                    {"logprobs", with_logprobs ? completion_logprobs_json(r.logprobs) : json(nullptr)},
                                     {"finish_reason", r.finish_reason}}})},
           {"usage", usage_json(r)}};
 }
 
-json completion_chunk(const ResponseMeta& m, const std::string& text, const std::string& finish_reason) {
+json completion_chunk(const ResponseMeta& m, const std::string& text, const std::string& finish_reason, const json& logprobs) {
   return {{"id", m.id}, {"object", "text_completion"}, {"created", m.created}, {"model", m.model},
-          {"choices", json::array({{{"index", 0}, {"text", text}, {"logprobs", nullptr},
+          {"choices", json::array({{{"index", 0}, {"text", text}, {"logprobs", logprobs},
                                     {"finish_reason", reason_or_null(finish_reason)}}})}};
 }
 

@@ -24,6 +24,12 @@ void send_error(Response& res, int status, const std::string& msg, const std::st
   res.set_content(dump(error_json(msg, type, param, code)), "application/json");
 }
 
+using SteadyClock = std::chrono::steady_clock;
+/// Per request, on the httplib thread that serves it from routing to the logger: its start time
+/// and its generation job (for the log line).
+thread_local SteadyClock::time_point t_start;
+thread_local std::shared_ptr<Job> t_job;
+
 /// Runs a handler, turning RequestError into its 4xx and any other exception into a 500.
 httplib::Server::Handler guarded(std::function<void(const Request&, Response&)> fn) {
   return [fn = std::move(fn)](const Request& req, Response& res) {
@@ -31,6 +37,8 @@ httplib::Server::Handler guarded(std::function<void(const Request&, Response&)> 
       fn(req, res);
     } catch (const RequestError& e) {
       send_error(res, e.status, e.what(), e.param, e.code);
+    } catch (const nlohmann::json::exception& e) {  // a request value of an unexpected JSON type
+      send_error(res, 400, std::string("the request could not be read: ") + e.what(), "", "invalid_value");
     } catch (const std::exception& e) {
       send_error(res, 500, std::string("internal error: ") + e.what(), "", "internal_error");
     }
@@ -51,16 +59,78 @@ httplib::Server::HandlerResponse default_error(const Request& req, Response& res
 
 }  // namespace
 
+bool constant_time_equal(const std::string& a, const std::string& b) {
+  if (b.empty()) return a.empty();
+  unsigned d = a.size() == b.size() ? 0u : 1u;
+  for (size_t i = 0; i < a.size(); ++i) d |= unsigned((unsigned char)a[i] ^ (unsigned char)b[i % b.size()]);
+  return d == 0;
+}
+
 Server::Server(Engine& engine, ServerOptions o)
     : engine_(engine), o_(std::move(o)), queue_(engine, o_.max_queue), started_(now_s()) {
+  if (!o_.replay.empty()) queue_.set_replay(o_.replay);
+  queue_.set_metrics(&metrics_);
   const size_t threads = size_t(o_.max_queue) + 8;
   http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_.set_payload_max_length(o_.max_body);
   routes();
 }
 
+bool Server::authorized(const Request& req) const {
+  if (o_.api_key.empty() || req.path == "/health") return true;
+  const std::string h = req.get_header_value("Authorization");
+  const std::string prefix = "Bearer ";
+  const std::string given = h.compare(0, prefix.size(), prefix) == 0 ? h.substr(prefix.size()) : std::string();
+  return constant_time_equal(given, o_.api_key);
+}
+
+void Server::log_request(const Request& req, const Response& res) {
+  static const char* known[] = {"/health", "/metrics", "/v1/models", "/v1/chat/completions", "/v1/completions"};
+  std::string route = "other";
+  for (const char* k : known)
+    if (req.path == k) route = k;
+  if (req.path.rfind("/v1/models/", 0) == 0) route = "/v1/models/{id}";
+  metrics_.request(route, res.status);
+  if (!o_.log_requests) return;
+  const double dur = std::chrono::duration<double>(SteadyClock::now() - t_start).count();
+  char line[512];
+  if (t_job && t_job->done()) {
+    const GenResult& r = t_job->result();
+    std::snprintf(line, sizeof line, "wren serve: %s %s %d id=%s prompt=%d completion=%d ttft=%.3fs duration=%.3fs finish=%s%s\n",
+                  req.method.c_str(), req.path.c_str(), res.status, t_job->id.c_str(), r.prompt_tokens,
+                  r.completion_tokens, r.ttft_s, dur, r.finish_reason.c_str(),
+                  t_job->was_cancelled() ? " cancelled" : !t_job->error().empty() ? " failed" : "");
+  } else {
+    std::snprintf(line, sizeof line, "wren serve: %s %s %d duration=%.3fs\n", req.method.c_str(),
+                  req.path.substr(0, 200).c_str(), res.status, dur);
+  }
+  std::fputs(line, stderr);
+  t_job.reset();
+}
+
 void Server::routes() {
+  http_.set_pre_routing_handler([this](const Request& req, Response& res) {
+    t_start = SteadyClock::now();
+    t_job.reset();
+    if (authorized(req)) return httplib::Server::HandlerResponse::Unhandled;
+    res.set_header("WWW-Authenticate", "Bearer");
+    send_error(res, 401, "Incorrect or missing API key: send the header 'Authorization: Bearer KEY' (--api-key)", "",
+               "invalid_api_key");
+    return httplib::Server::HandlerResponse::Handled;
+  });
+  http_.set_logger([this](const Request& req, const Response& res) { log_request(req, res); });
   http_.Get("/health", guarded([this](const Request&, Response& res) { health(res); }));
+  http_.Get("/metrics", guarded([this](const Request&, Response& res) {
+    const QueueStats q = queue_.stats();
+    MetricsGauges g;
+    g.queued = q.queued;
+    g.running = q.busy ? 1 : 0;
+    g.has_store = q.has_store;
+    g.expert_hits = q.expert_hits;
+    g.expert_misses = q.expert_misses;
+    g.expert_bytes_read = q.expert_bytes_read;
+    res.set_content(metrics_.text(g), "text/plain; version=0.0.4");
+  }));
   http_.Get("/v1/models", guarded([this](const Request&, Response& res) { models(res); }));
   http_.Get(R"(/v1/models/(.+))", guarded([this](const Request& req, Response& res) {
     if (req.matches[1] != o_.model_id)
@@ -105,10 +175,16 @@ std::vector<int> Server::prompt_ids(const GenRequest& g) const {
     return ids;
   }
   const ChatFormat fmt(tok);
-  std::vector<int> ids = fmt.render(g.messages, g.thinking);
-  const std::vector<int> gen = fmt.generation_prompt(g.thinking);
-  ids.insert(ids.end(), gen.begin(), gen.end());
-  return ids;
+  ChatOptions o;
+  o.thinking = g.thinking;
+  o.effort = g.effort;
+  o.tools = g.tools;
+  o.tool_choice = g.tool_choice;
+  try {
+    return fmt.prompt(g.messages, o);
+  } catch (const Error& e) {  // a message the format cannot render (e.g. arguments that are not an object)
+    throw RequestError(400, e.what(), "messages", "invalid_value");
+  }
 }
 
 int Server::max_tokens_for(const GenRequest& g, int prompt_len) const {
@@ -130,10 +206,12 @@ void Server::generate(const Request& req, Response& res, bool chat) {
   if (!g.seeded) g.sampling.seed = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
   std::vector<int> prompt = prompt_ids(g);
   const int max_tokens = max_tokens_for(g, int(prompt.size()));
-  auto job = std::make_shared<Job>(std::move(g), std::move(prompt), max_tokens);
+  const std::string serial = std::to_string(started_) + "-" + std::to_string(next_id_++);
+  const ResponseMeta meta{(chat ? "chatcmpl-" : "cmpl-") + serial, o_.model_id, now_s()};
+  auto job = std::make_shared<Job>(std::move(g), std::move(prompt), max_tokens, serial);
   queue_.submit(job);
-  const ResponseMeta meta{(chat ? "chatcmpl-" : "cmpl-") + std::to_string(started_) + "-" + std::to_string(next_id_++),
-                          o_.model_id, now_s()};
+  t_job = job;
+  res.set_header("X-Request-Id", meta.id);
   if (job->req.stream) {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
@@ -145,7 +223,8 @@ void Server::generate(const Request& req, Response& res, bool chat) {
   }
   job->wait();
   if (!job->error().empty()) throw std::runtime_error("generation failed: " + job->error());
-  res.set_content(dump(chat ? chat_response(meta, job->result()) : completion_response(meta, job->result())),
+  const bool lp = job->req.logprobs;
+  res.set_content(dump(chat ? chat_response(meta, job->result(), lp) : completion_response(meta, job->result(), lp)),
                   "application/json");
 }
 

@@ -7,6 +7,7 @@
 
 #include "runtime/engine.h"
 #include "server/gen_queue.h"
+#include "server/metrics.h"
 
 namespace wren::server {
 
@@ -19,7 +20,17 @@ struct ServerOptions {
   int default_max_tokens = 256;     ///< when a request gives no max_tokens (capped by the context)
   int max_queue = 64;               ///< requests waiting beyond the running one
   size_t max_body = 1 << 20;        ///< request body limit in bytes (413 above)
+  /// Test only (hidden `--replay-ids FILE`): request k generates replay[k % n] instead of running
+  /// the model, through the real reply parser and streaming path (GenQueue::set_replay).
+  std::vector<std::vector<int>> replay;
+  /// Non-empty: every route but /health needs `Authorization: Bearer <api_key>` (401 otherwise;
+  /// compared in constant time).
+  std::string api_key;
+  bool log_requests = true;  ///< one line per request on stderr
 };
+
+/// `a == b` in time that depends only on a's length (the secret is b).
+bool constant_time_equal(const std::string& a, const std::string& b);
 
 /// The OpenAI-compatible server around one Engine.
 class Server {
@@ -35,6 +46,8 @@ class Server {
  private:
   void routes();
   void health(httplib::Response& res);
+  bool authorized(const httplib::Request& req) const;
+  void log_request(const httplib::Request& req, const httplib::Response& res);
   void models(httplib::Response& res);
   void generate(const httplib::Request& req, httplib::Response& res, bool chat);
   std::vector<int> prompt_ids(const GenRequest& g) const;
@@ -42,6 +55,7 @@ class Server {
 
   Engine& engine_;
   ServerOptions o_;
+  Metrics metrics_;
   GenQueue queue_;
   httplib::Server http_;
   std::atomic<long long> next_id_{1};

@@ -5,9 +5,25 @@ namespace wren::server {
 
 namespace {
 
-nlohmann::json delta_chunk(const ResponseMeta& m, bool chat, const Piece& p) {
-  if (!chat) return completion_chunk(m, p.text, "");
-  return chat_chunk(m, {{p.reasoning ? "reasoning_content" : "content", p.text}}, "");
+/// The chunk of one piece; `offset` is the completion text sent so far (for text_offset).
+nlohmann::json delta_chunk(const ResponseMeta& m, const GenRequest& req, const Piece& p, size_t& offset) {
+  using nlohmann::json;
+  if (!req.chat) {
+    const json lp = req.logprobs ? completion_logprobs_json(p.logprobs, offset) : json(nullptr);
+    for (const LogprobEntry& e : p.logprobs) offset += e.token.size();  // as the non-streamed offsets
+    return completion_chunk(m, p.text, "", lp);
+  }
+  if (p.kind == Piece::Kind::Reasoning) return chat_chunk(m, {{"reasoning_content", p.text}}, "");
+  if (p.kind == Piece::Kind::Tool) {
+    json call = {{"index", p.tool.index}, {"function", {{"arguments", p.tool.arguments}}}};
+    if (!p.tool.name.empty()) {
+      call["id"] = p.tool_id;
+      call["type"] = "function";
+      call["function"]["name"] = p.tool.name;
+    }
+    return chat_chunk(m, {{"tool_calls", json::array({call})}}, "");
+  }
+  return chat_chunk(m, {{"content", p.text}}, "", req.logprobs ? chat_logprobs_json(p.logprobs) : json(nullptr));
 }
 
 }  // namespace
@@ -21,11 +37,12 @@ bool write_sse(const std::shared_ptr<Job>& job, const ResponseMeta& meta, httpli
   };
   auto data = [&](const nlohmann::json& j) { return send("data: " + dump(j) + "\n\n"); };
   if (chat && !data(chat_chunk(meta, {{"role", "assistant"}, {"content", ""}}, ""))) return false;
+  size_t offset = 0;
   for (bool done = false; !done;) {
     std::vector<Piece> pieces;
     done = job->take(pieces, std::chrono::milliseconds(1000));
     for (const Piece& p : pieces)
-      if (!data(delta_chunk(meta, chat, p))) return false;
+      if (!data(delta_chunk(meta, job->req, p, offset))) return false;
     if (pieces.empty() && !done && !send(": waiting\n\n")) return false;
   }
   const GenResult& r = job->result();

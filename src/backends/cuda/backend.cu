@@ -17,12 +17,17 @@ bool cuda_device_available(std::string* why) {
   int n = 0;
   const cudaError_t err = cudaGetDeviceCount(&n);
   if (err != cudaSuccess) {
-    if (why) *why = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+    // No driver at all reads "CUDA driver version is insufficient" (cudaErrorInsufficientDriver),
+    // which misleads on a machine without a GPU: say what it means first.
+    const bool none = err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver;
+    if (why)
+      *why = std::string(none ? "no NVIDIA GPU/driver found (" : "cudaGetDeviceCount failed (") + cudaGetErrorName(err) +
+             ": " + cudaGetErrorString(err) + ")";
     cudaGetLastError();  // clear the sticky-free error so later calls start clean
     return false;
   }
   if (n == 0) {
-    if (why) *why = "cudaGetDeviceCount reports 0 devices";
+    if (why) *why = "no NVIDIA GPU/driver found (cudaGetDeviceCount reports 0 devices)";
     return false;
   }
   return true;
