@@ -12,11 +12,7 @@
 #include <cmath>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define WREN_HD __host__ __device__
-#else
-#define WREN_HD
-#endif
+#include "core/host_device.h"
 
 namespace wren::mxfp4 {
 

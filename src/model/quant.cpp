@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/q4_g64.h"
 
 namespace wren {
 
@@ -35,10 +36,9 @@ void q4_group(const float* w, int n, uint8_t* out32, float* scale) {
   const float s = m / -8.0f;
   *scale = s;
   const float inv = s != 0 ? 1.0f / s : 0.0f;
-  uint8_t nib[64];
-  for (int i = 0; i < 64; ++i)
-    nib[i] = uint8_t(i < n ? int(std::clamp(std::nearbyint(w[i] * inv), -8.0f, 7.0f)) + 8 : 8);
-  for (int j = 0; j < 32; ++j) out32[j] = uint8_t(nib[j] | (nib[j + 32] << 4));
+  int q[q4::kGroupCols];  // padded columns: q = 0
+  for (int i = 0; i < q4::kGroupCols; ++i) q[i] = i < n ? int(std::clamp(std::nearbyint(w[i] * inv), -8.0f, 7.0f)) : 0;
+  for (int j = 0; j < q4::kGroupBytes; ++j) out32[j] = q4::pack(q[j], q[j + 32]);
 }
 
 }  // namespace
@@ -91,20 +91,20 @@ size_t wformat_data_bytes(WFormat f, int64_t rows, int64_t cols) {
     case WFormat::F32: return size_t(rows * cols) * 4;
     case WFormat::BF16: return size_t(rows * cols) * 2;
     case WFormat::Q8_ROW: return size_t(rows * cols);
-    case WFormat::Q4_G64: return size_t(rows * ((cols + 63) / 64)) * 32;
+    case WFormat::Q4_G64: return size_t(rows * q4::groups(cols)) * q4::kGroupBytes;
   }
   return 0;
 }
 
 size_t wformat_scale_count(WFormat f, int64_t rows, int64_t cols) {
   if (f == WFormat::Q8_ROW) return size_t(rows);
-  if (f == WFormat::Q4_G64) return size_t(rows * ((cols + 63) / 64));
+  if (f == WFormat::Q4_G64) return size_t(rows * q4::groups(cols));
   return 0;
 }
 
 void quantize_matrix(const float* src, int64_t rows, int64_t cols, WFormat f, void* data, float* scale) {
   uint8_t* out = static_cast<uint8_t*>(data);
-  const int64_t groups = (cols + 63) / 64;
+  const int64_t groups = q4::groups(cols);
   for (int64_t r = 0; r < rows; ++r) {
     const float* w = src + r * cols;
     switch (f) {
@@ -143,9 +143,8 @@ void dequant_row(const DenseWeight& W, int64_t r, float* out) {
     case WFormat::Q4_G64: {
       const int64_t groups = W.q4_groups();
       for (int64_t c = 0; c < n; ++c) {
-        const int64_t g = c / 64, j = c % 64;
-        const uint8_t b = d[(r * groups + g) * 32 + (j & 31)];
-        const int q = (j < 32 ? (b & 0xF) : (b >> 4)) - 8;
+        const int64_t g = c / q4::kGroupCols;
+        const int q = q4::q_at(d + (r * groups + g) * q4::kGroupBytes, int(c % q4::kGroupCols));
         out[c] = float(q) * W.scale[r * groups + g];
       }
       break;

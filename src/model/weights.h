@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/q4_g64.h"
 #include "loader/config.h"
 
 namespace wren {
@@ -38,7 +39,7 @@ struct DenseWeight {
   WFormat format = WFormat::F32;
   const float* scale = nullptr;  ///< Q8_ROW [rows]; Q4_G64 [rows, q4_groups()]; else null
   const float* f32() const { return static_cast<const float*>(data); }  ///< only when format == F32
-  int64_t q4_groups() const { return (cols + 63) / 64; }
+  int64_t q4_groups() const { return q4::groups(cols); }
 };
 
 /// One MXFP4 matrix: logical [rows, cols]; packed [rows, cols/2] u8, scale [rows, cols/32] ue8m0.

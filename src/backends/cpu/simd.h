@@ -52,6 +52,14 @@ WREN_AVX2 inline float hsum(__m256 v) {
 WREN_AVX512 inline float hsum(__m512 v) {
   return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
 }
+/// AVX-512 mask of the first min(left, 16) lanes (left >= 1).
+WREN_AVX512 inline __mmask16 lanes16(int left) {
+  return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+}
+/// AVX2 load/store mask of the first min(left, 8) lanes.
+WREN_AVX2 inline __m256i lanes8(int left) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
 #endif
 
 /// Calls k.template block<R, N>(r, t) over rows [r0, r1) and tokens [0, T): blocks of RB rows

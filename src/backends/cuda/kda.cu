@@ -25,6 +25,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/kda_chunked.cuh"
+#include "core/kda_math.h"
 
 namespace wren {
 
@@ -42,11 +43,9 @@ struct KdaArgs {
 
 /// Causal depthwise conv over the window + SiLU for one channel; shifts the window.
 __device__ __forceinline__ float conv_silu(float x, const float* wc, float* wi, int K) {
-  float acc = wc[K - 1] * x;
-  for (int j = 0; j < K - 1; ++j) acc += wc[j] * wi[j];
-  for (int j = 0; j + 1 < K - 1; ++j) wi[j] = wi[j + 1];
-  if (K > 1) wi[K - 2] = x;
-  return acc * cuda::sigmoid_f(acc);
+  const float y = kda::conv_silu(wc, K, x, kda::WindowTaps{wi});
+  kda::conv_push(wi, K, x);
+  return y;
 }
 
 __global__ void kda_kernel(KdaArgs a) {
@@ -84,18 +83,16 @@ __global__ void kda_kernel(KdaArgs a) {
     }
     sq = cuda::block_sum(sq, red);
     sk = cuda::block_sum(sk, red);
-    const float invq = float(1.0 / sqrt(sq + 1e-6)) * qscale, invk = float(1.0 / sqrt(sk + 1e-6)) * 1.0f;
+    const float invq = kda::l2_factor(sq, qscale), invk = kda::l2_factor(sk, 1.0f);
     __syncthreads();
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
       qs[i] *= invq;
       ks[i] *= invk;
       const int ch = h * d + i;
       const float zc = a.z[size_t(t) * P + ch] + a.dt_bias[ch];
-      const float g = a.softplus_gate ? -A * (zc > 20.f ? zc : log1pf(cuda::exp_f(zc)))
-                                      : a.lower * cuda::sigmoid_f(A * zc);
-      al[i] = cuda::exp_f(g);
+      al[i] = cuda::exp_f(kda::log_decay(a.softplus_gate, A, zc, a.lower));
     }
-    const float b = cuda::sigmoid_f(a.beta[size_t(t) * a.H + h]);
+    const float b = kda::beta_gate(a.beta[size_t(t) * a.H + h]);
     __syncthreads();
     // Delta rule on column c: decay rows, u = kᵀS, write k ⊗ β(v − u), read o = qᵀS.
     if (c < d) {
