@@ -22,19 +22,22 @@ namespace wren::cpu {
 /// No state carried across a row's steps (the usual case).
 struct NoCarry {};
 
-/// Defaults for the format hooks: no carry, no vector tail, the sum stored as it is.
-/// A format hook struct F derives from this and provides:
+/// Defaults for the format hooks: the step index as the step's context, no carry, no vector
+/// tail, the sum stored as it is. A format hook struct F derives from this and provides:
 ///   using W, X                 one row's decoded weights / one token's activations for one step
 ///   using Carry                per-row state kept across the steps (NoCarry unless needed)
 ///   int steps() const          steps along a row
-///   template <int R, int N> void decode(int r, int s, Carry&, W&) const   (prefetch + decode)
-///   void xload(int t, int s, X&) const
-///   void madd(const W&, const X&, int r, int s, V& acc) const
+///   S step(int s) const        what every row and token of step s shares (default: s itself;
+///                              e.g. the column and the tail mask), computed once per step
+///   template <int R, int N> void decode(int r, S, Carry&, W&) const   (prefetch + decode)
+///   void xload(int t, S, X&) const
+///   void madd(const W&, const X&, int r, S, V& acc) const
 ///   template <int R, int N> void tail(int r, int t, V (&acc)[R][N]) const  (after the steps)
 ///   float finish(float sum, int r, int t) const                            (scalar tail, scale)
 /// and the members y (output) and ldy (its token stride).
 struct RowHooks {
   using Carry = NoCarry;
+  int step(int s) const { return s; }
   template <int R, int N, class V>
   void tail(int, int, V (&)[R][N]) const {}
   float finish(float s, int, int) const { return s; }
@@ -54,15 +57,16 @@ struct RowsAvx512 : F {
     typename F::Carry carry[R]{};
     const int steps = this->steps();
     for (int s = 0; s < steps; ++s) {
+      const auto st = this->step(s);
       typename F::W w[R];
       WREN_UNROLL
-      for (int i = 0; i < R; ++i) this->template decode<R, N>(r + i, s, carry[i], w[i]);
+      for (int i = 0; i < R; ++i) this->template decode<R, N>(r + i, st, carry[i], w[i]);
       WREN_UNROLL
       for (int j = 0; j < N; ++j) {
         typename F::X x;
-        this->xload(t + j, s, x);
+        this->xload(t + j, st, x);
         WREN_UNROLL
-        for (int i = 0; i < R; ++i) this->madd(w[i], x, r + i, s, acc[i][j]);
+        for (int i = 0; i < R; ++i) this->madd(w[i], x, r + i, st, acc[i][j]);
       }
     }
     this->template tail<R, N>(r, t, acc);
@@ -86,15 +90,16 @@ struct RowsAvx2 : F {
     typename F::Carry carry[R]{};
     const int steps = this->steps();
     for (int s = 0; s < steps; ++s) {
+      const auto st = this->step(s);
       typename F::W w[R];
       WREN_UNROLL
-      for (int i = 0; i < R; ++i) this->template decode<R, N>(r + i, s, carry[i], w[i]);
+      for (int i = 0; i < R; ++i) this->template decode<R, N>(r + i, st, carry[i], w[i]);
       WREN_UNROLL
       for (int j = 0; j < N; ++j) {
         typename F::X x;
-        this->xload(t + j, s, x);
+        this->xload(t + j, st, x);
         WREN_UNROLL
-        for (int i = 0; i < R; ++i) this->madd(w[i], x, r + i, s, acc[i][j]);
+        for (int i = 0; i < R; ++i) this->madd(w[i], x, r + i, st, acc[i][j]);
       }
     }
     this->template tail<R, N>(r, t, acc);
@@ -125,17 +130,21 @@ template <class D>
 struct ElemAvx512 : ElemArgs<D> {
   using W = __m512;
   using X = __m512;
+  struct Step {
+    int c;         ///< first column
+    __mmask16 m;   ///< its columns (all 16 but in the last step)
+  };
   int steps() const { return (this->cols + 15) / 16; }
+  WREN_AVX512 Step step(int s) const { return {16 * s, lanes16(this->cols - 16 * s)}; }
   template <int R, int N>
-  WREN_AVX512 void decode(int r, int s, NoCarry&, W& wv) const {
-    const int c = 16 * s;
-    D::prefetch(this->at(r, c), c, size_t(R) * this->cols);
-    wv = D::widen16(this->at(r, c), lanes16(this->cols - c));
+  WREN_AVX512 void decode(int r, Step st, NoCarry&, W& wv) const {
+    D::prefetch(this->at(r, st.c), st.c, size_t(R) * this->cols);
+    wv = D::widen16(this->at(r, st.c), st.m);
   }
-  WREN_AVX512 void xload(int t, int s, X& xv) const {
-    xv = _mm512_maskz_loadu_ps(lanes16(this->cols - 16 * s), this->x + size_t(t) * this->cols + 16 * s);
+  WREN_AVX512 void xload(int t, Step st, X& xv) const {
+    xv = _mm512_maskz_loadu_ps(st.m, this->x + size_t(t) * this->cols + st.c);
   }
-  WREN_AVX512 void madd(const W& wv, const X& xv, int, int, __m512& acc) const { acc = _mm512_fmadd_ps(wv, xv, acc); }
+  WREN_AVX512 void madd(const W& wv, const X& xv, int, Step, __m512& acc) const { acc = _mm512_fmadd_ps(wv, xv, acc); }
   float finish(float s, int r, int) const {
     if constexpr (D::kScaled) return s * this->scale[r];
     else return s;

@@ -101,11 +101,12 @@ struct Q4Avx512 : Q4Args {
     const float* xc = x + size_t(t) * cols + c;
     const bool whole = c + 64 <= cols;
     WREN_UNROLL
-    for (int k = 0; k < 4; ++k) {
-      const int left = cols - c - 16 * k;
-      const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
-      xv.v[k] = whole ? _mm512_loadu_ps(xc + 16 * k) : _mm512_maskz_loadu_ps(m, xc + 16 * k);
-    }
+    for (int k = 0; k < 4; ++k) xv.v[k] = whole ? _mm512_loadu_ps(xc + 16 * k) : xpart(xc + 16 * k, cols - c - 16 * k);
+  }
+  /// 16 columns from p of which `left` exist (zeros for the rest; none when left <= 0).
+  WREN_AVX512 static __m512 xpart(const float* p, int left) {
+    const __mmask16 m = left >= 16 ? __mmask16(0xFFFF) : left <= 0 ? __mmask16(0) : __mmask16((1u << left) - 1);
+    return _mm512_maskz_loadu_ps(m, p);
   }
   WREN_AVX512 void madd(const W& w, const X& xv, int r, int g, __m512& acc) const {
     __m512 part = _mm512_mul_ps(w.v[0], xv.v[0]);
