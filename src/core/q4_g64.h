@@ -1,5 +1,5 @@
 // The Q4_G64 weight codec, one definition for the CPU and CUDA backends and the quantizer
-// (layout in model/weights.h): per row ceil(cols/64) groups of 32 bytes and one f32 scale per
+// (layout in ops/weights.h): per row ceil(cols/64) groups of 32 bytes and one f32 scale per
 // group; byte j of a group holds column j in its low nibble and column j + 32 in its high nibble,
 // each stored as q + 8 with q in [-8, 7]; W[r, c] = q · scale. Host-and-device (core/host_device.h).
 #pragma once

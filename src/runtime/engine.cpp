@@ -3,8 +3,8 @@
 
 #include <filesystem>
 
-#include "backends/factory.h"
 #include "core/error.h"
+#include "runtime/backend_factory.h"
 #include "runtime/default_model.h"
 
 namespace wren {

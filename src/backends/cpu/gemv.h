@@ -15,7 +15,7 @@
 #include <cstdint>
 
 #include "backends/cpu/simd.h"
-#include "model/weights.h"
+#include "ops/weights.h"
 
 namespace wren::cpu {
 
