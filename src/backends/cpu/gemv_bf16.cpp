@@ -16,7 +16,7 @@ struct Bf16Elem {
   static constexpr bool kScaled = false, kVectorTail = false;
   static float value(uint16_t h) { return bf16_to_f32(h); }
 #if WREN_X86
-  static void prefetch(const uint16_t* p, int c, size_t block) {
+  WREN_INLINE static void prefetch(const uint16_t* p, int c, size_t block) {
     if ((c & 31) == 0) prefetch_ahead(p, block * 2);
   }
   WREN_AVX512 static __m512 widen16(const uint16_t* p, __mmask16 m) {

@@ -200,7 +200,7 @@ struct MxArgs : RowHooks {
   const uint8_t* scales(int r) const { return sc + size_t(r) * groups; }
   /// The packed bytes every 4 groups (64 bytes), the scales every 64 groups.
   template <int R>
-  void prefetch_group(int r, int g) const {
+  WREN_INLINE void prefetch_group(int r, int g) const {
     if ((g & 3) == 0) prefetch_ahead(row(r) + g * 16, size_t(R) * (cols / 2));
     if ((g & 63) == 0) prefetch_ahead(scales(r) + g, size_t(R) * groups);
   }

@@ -25,7 +25,7 @@ struct Q4Args : RowHooks {
   float group_scale(int r, int g) const { return scale[size_t(r) * groups + g]; }
   /// The group's two prefetches: packed bytes every other group, scales every 16 groups.
   template <int R>
-  void prefetch(int r, int g) const {
+  WREN_INLINE void prefetch_group(int r, int g) const {
     if ((g & 1) == 0) prefetch_ahead(group(r, g), size_t(R) * groups * 32);
     if ((g & 15) == 0) prefetch_ahead(scale + size_t(r) * groups + g, size_t(R) * groups * 4);
   }
@@ -91,7 +91,7 @@ struct Q4Avx512 : Q4Args {
 
   template <int R, int N>
   WREN_AVX512 void decode(int r, int g, NoCarry&, W& w) const {
-    prefetch<R>(r, g);
+    prefetch_group<R>(r, g);
     if (N == 1) decode_lut(group(r, g), w.v);
     else decode_alu(group(r, g), w.v);
   }
@@ -136,7 +136,7 @@ struct Q4Avx2 : Q4Args {
   template <int R, int N>
   WREN_AVX2 void decode(int r, int g, NoCarry&, W& w) const {
     const __m256i m0f = _mm256_set1_epi8(0x0F), eight = _mm256_set1_epi8(8);
-    prefetch<R>(r, g);
+    prefetch_group<R>(r, g);
     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group(r, g)));
     w.lo = _mm256_sub_epi8(_mm256_and_si256(b, m0f), eight);
     w.hi = _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(b, 4), m0f), eight);

@@ -15,7 +15,7 @@ struct Q8Elem {
   static constexpr bool kScaled = true, kVectorTail = false;
   static float value(int8_t q) { return float(q); }
 #if WREN_X86
-  static void prefetch(const int8_t* p, int c, size_t block) {
+  WREN_INLINE static void prefetch(const int8_t* p, int c, size_t block) {
     if ((c & 63) == 0) prefetch_ahead(p, block);
   }
   WREN_AVX512 static __m512 widen16(const int8_t* p, __mmask16 m) {

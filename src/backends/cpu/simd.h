@@ -27,12 +27,17 @@
 /// accumulator arrays live in registers; plain -O2 keeps them in memory.
 #define WREN_UNROLL _Pragma("GCC unroll 16")
 
+/// Forces inlining of a small helper. Needed for the prefetch helpers: GCC's IPA judges a function
+/// whose only effect is a prefetch to be side-effect free and deletes calls to it that were not
+/// inlined early, silently dropping the prefetch.
+#define WREN_INLINE inline __attribute__((always_inline))
+
 namespace wren::cpu {
 /// Prefetches into L1 the line `ahead` bytes after p (a hint: never faults). The quantized GEMV
 /// loops call it with ahead = the bytes of one row block, i.e. the same position in the row the
 /// next block will read: rows are contiguous, so the block streams as one region, and the dense
 /// decode work per byte otherwise keeps too few misses in flight, worst for short rows.
-inline void prefetch_ahead(const void* p, size_t ahead) {
+WREN_INLINE void prefetch_ahead(const void* p, size_t ahead) {
 #if WREN_X86
   _mm_prefetch(static_cast<const char*>(p) + ahead, _MM_HINT_T0);
 #endif
