@@ -1,5 +1,5 @@
 // The weight types of the op contract: dense matrices in a compute format (with their format
-// codec: sizes and the reference decode) and routed experts kept packed as MXFP4 exactly as stored. Shapes follow spec kimi-k3.md §3 (PyTorch Linear
+// codec: sizes and the reference decode) and routed experts kept packed as MXFP4 exactly as stored. Shapes follow docs/model.md#tensors (PyTorch Linear
 // layout [out, in], row-major).
 #pragma once
 #include <cstdint>
@@ -51,7 +51,7 @@ struct MxMatrix {
 
 /// One routed expert: w1 (gate) and w3 (up) [moe_inter, io], w2 (down) [io, moe_inter], io = the
 /// latent (K3) or hidden size (Kimi Linear). MXFP4 experts use w1/w2/w3 (six tensors stored back
-/// to back in `file` at [offset, offset + nbytes) when `contiguous`, spec §3.7, which the expert
+/// to back in `file` at [offset, offset + nbytes) when `contiguous`, docs/model.md#tensors-moe, which the expert
 /// store uses for single reads); dense experts (Kimi Linear) use d1/d2/d3.
 struct ExpertRef {
   MxMatrix w1, w2, w3;

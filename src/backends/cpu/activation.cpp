@@ -1,4 +1,4 @@
-// SiTU-GLU on f32 arrays (spec kimi-k3.md §4.4): out[i] = [b1 tanh(g/b1) σ(g)] · [b2 tanh(u/b2)],
+// SiTU-GLU on f32 arrays (docs/model.md#situ): out[i] = [b1 tanh(g/b1) σ(g)] · [b2 tanh(u/b2)],
 // g, u, out [n] contiguous. Scalar = cpu::situ with libm (the reference). AVX-512 evaluates exp
 // and tanh with Cephes' single-precision polynomials (expf: |rel err| ~1e-7; tanhf: odd polynomial
 // below 0.625, 1 − 2/(e^{2|x|} + 1) above), so results differ from libm by a few ulps; tested

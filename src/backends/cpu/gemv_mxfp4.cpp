@@ -1,5 +1,5 @@
 // MXFP4 GEMV/GEMM for the routed experts, on the packed checkpoint layout (never re-encoded):
-// y[t, r] = Σ_g 2^(s[r,g] − 127) · Σ_{c in g} e2m1(code[r, c]) · x[t, c]   (spec kimi-k3.md §5).
+// y[t, r] = Σ_g 2^(s[r,g] − 127) · Σ_{c in g} e2m1(code[r, c]) · x[t, c]   (docs/model.md#mxfp4).
 // Layout (core/mxfp4.h): packed [rows, cols/2] u8, byte j of a row = column 2j (low nibble) and
 // 2j + 1 (high nibble); scale [rows, cols/32] ue8m0. Activations come prepared by mx_prep():
 //   f32   SIMD kernels read x per 32-group as [16 even | 16 odd] columns, matching a packed group's

@@ -1,4 +1,4 @@
-// CPU backend: the KDA token recurrence (spec kimi-k3.md §4.2 steps 2-7).
+// CPU backend: the KDA token recurrence (docs/model.md#kda, steps 2-7).
 // Layout: q, k, v [T, P] pre-conv; conv window [3, P, K-1] oldest first; S [H, d, d] as
 // S[key][value]; conv weights [P, K] per q/k/v with tap K-1 = current token.
 // Threads: first the conv + SiLU per channel over the chunk's tokens (a channel's window advances
@@ -105,7 +105,7 @@ void conv_silu_channel(const float* x, int P, int T, const float* wc, float* win
   }
 }
 
-/// v / sqrt(Σ v² + 1e-6) · scale (the 1e-6 is inside the root of the SUM; spec §4.2 step 3).
+/// v / sqrt(Σ v² + 1e-6) · scale (the 1e-6 is inside the root of the SUM; docs/model.md#kda, step 3).
 void l2_normalize(float* v, int n, float scale) {
   double ss = 0;
   for (int i = 0; i < n; ++i) ss += double(v[i]) * v[i];

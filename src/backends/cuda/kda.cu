@@ -1,7 +1,7 @@
-// CUDA backend: the fused KDA step (spec kimi-k3.md §4.2 steps 2-7), ONE launch per chunk of T
+// CUDA backend: the fused KDA step (docs/model.md#kda, steps 2-7), ONE launch per chunk of T
 // tokens: block h owns head h for the whole chunk and loops the tokens in order, doing conv + SiLU,
 // L2 norms, the decay/beta gates, the delta-rule state update and read, the per-head RMSNorm and
-// the output gate with no host round trip (gpu-backend.md §2.13).
+// the output gate with no host round trip (docs/gpu-method.md#kda-fused).
 // Layout: q, k, v, z, gate, out [T, P] (P = H·d); beta [T, H]; S [H, d, d] as S[key][value];
 // conv windows [3, P, K-1] oldest first; conv weights [P, K] with tap K-1 = the current token.
 //
@@ -15,7 +15,7 @@
 // rounding, not bit-identical). Selection per call:
 // - T = 1 (decode): always the token kernel.
 // - T > 1: the backend option CudaOptions::kda (--cuda-kda) = Recurrent (the default: the token
-//   kernel for every T, exact mode) or Chunked (fast mode, gpu-backend.md §2.14); kda_chunk
+//   kernel for every T, exact mode) or Chunked (fast mode, docs/gpu-method.md#kda-chunked); kda_chunk
 //   (--cuda-kda-chunk) = 16, 32 or 64 (default 32) asks for the chunk length (smaller when d is too
 //   large for its shared memory; the token kernel when even 16 does not fit). Options are fixed at
 //   construction (CudaBackend::set_options changes them between calls: tests, benchmarks).
@@ -132,7 +132,7 @@ __global__ void kda_kernel(KdaArgs a) {
 /// Chunk length the chunked path should use for this call, or 0 for the token kernel (see the
 /// header).
 int chunk_for_call(int T, int d, int max_smem, const CudaOptions& o) {
-  if (T <= 1 || o.kda == CudaKda::Recurrent) return 0;  // exact mode by default (gpu-backend.md §2.14)
+  if (T <= 1 || o.kda == CudaKda::Recurrent) return 0;  // exact mode by default (docs/gpu-method.md#kda-chunked)
   return cuda::kda_chunk_fit(d, o.kda_chunk, max_smem);
 }
 

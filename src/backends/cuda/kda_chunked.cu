@@ -1,7 +1,7 @@
 // CUDA backend: the KDA core in chunked (parallel-within-chunk) form, for prefill.
 //
-// The math is the spec's recurrence (kimi-k3.md §4.2 step 6) rewritten per chunk; nothing else is
-// assumed. The spec itself gives no chunked algorithm (gpu-backend.md §2.14: colibri has none; "not
+// The math is the spec's recurrence (docs/model.md#kda, step 6) rewritten per chunk; nothing else is
+// assumed. The spec itself gives no chunked algorithm (docs/gpu-method.md#kda-chunked: colibri has none; "not
 // bit-identical to the recurrence; it belongs to fast mode"); the rewrite below is the chunkwise
 // form of the Kimi Linear paper (per-channel-decay gated delta rule, WY/UT form, as in fla's
 // chunk_kda), derived here from the recurrence by unrolling it, so every step can be checked:
