@@ -1,6 +1,6 @@
 // Bad input never crashes, hangs or yields garbage: every broken config key, unsupported flag
-// (spec kimi-k3.md §10.3), missing/misshapen/mistyped tensor, corrupt safetensors shard, broken
-// index and MXFP4 scale byte 255 (§10.4) must give a wren::Error that names the file, tensor or
+// (docs/model.md#decisions, item 3), missing/misshapen/mistyped tensor, corrupt safetensors shard, broken
+// index and MXFP4 scale byte 255 (docs/model.md#decisions, item 4) must give a wren::Error that names the file, tensor or
 // key and what was expected — from load_model/Forward, and as "wren: error: ..." with a non-zero
 // exit from `wren run`. Each case copies one small, several-shard synthetic checkpoint and breaks
 // exactly one thing. A fuzz test throws random and mutated headers at the safetensors parser.
@@ -256,7 +256,7 @@ json text(json patch) { return {{"text_config", std::move(patch)}}; }
 json linear(json patch) { return text({{"linear_attn_config", std::move(patch)}}); }
 json group0(json patch) { return {{"quantization_config", {{"config_groups", {{"group_0", std::move(patch)}}}}}}; }
 
-// Spec §1, §10.3: a missing or mistyped key, and every unsupported flag value, is refused with
+// docs/model.md#config, #decisions (item 3): a missing or mistyped key, and every unsupported flag value, is refused with
 // the key path, the value found and what is accepted.
 std::vector<BadCase> config_cases() {
   const std::string na = "is not supported by Wren";
@@ -335,7 +335,7 @@ std::vector<BadCase> config_cases() {
   };
 }
 
-// Spec §3: a tensor the table needs that is absent, has another shape or a dtype the engine
+// docs/model.md#tensors: a tensor the table needs that is absent, has another shape or a dtype the engine
 // cannot read is refused naming the shard (or index), the tensor, what was found and expected.
 std::vector<BadCase> tensor_cases() {
   auto remove_tensor = [](const std::string& t) {
@@ -559,7 +559,7 @@ void move_to_new_shard(const std::string& dir, const std::vector<std::string>& n
 const Words kScaleWant = {"tensor '" + kPfx + "model.layers.2.block_sparse_moe.experts.", ".w3.weight_scale'",
                           "row 7, group 1", "scale byte 255"};
 
-// Spec §10.4: a 255 scale in an expert the router selects is refused when the expert is first
+// docs/model.md#decisions, item 4: a 255 scale in an expert the router selects is refused when the expert is first
 // read, naming the shard, the tensor (as stored, with its prefix), the row and the group. Every
 // expert of layer 2 carries it, so the run must route to one.
 TEST(BadInputScale, ByteFfInSelectedExpertNamesTensorRowGroup) {

@@ -1,4 +1,4 @@
-// Text in, text out: the K3 chat format (exact ids, built here independently from spec §7),
+// Text in, text out: the K3 chat format (exact ids, built here independently from docs/model.md#chat-format),
 // literal special strings in content, the reply parser, sampling, `wren run` on text, `wren chat`
 // keeping state across turns, and the built-in default model.
 #include <gtest/gtest.h>

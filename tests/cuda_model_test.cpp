@@ -1,4 +1,4 @@
-// Whole models on the CUDA backend (gpu-backend.md §3.4): the golden k3-tiny-a against its golden
+// Whole models on the CUDA backend (docs/gpu-method.md#end-to-end): the golden k3-tiny-a against its golden
 // files with the criteria of tests/golden_test.cpp (every layer's trace block and the logits within
 // rel-L2 1e-4, single rows 3e-4, every argmax equal, the greedy continuation equal up to the first
 // near-tie), CUDA against the CPU backend (logits, greedy continuations on the golden prompts and

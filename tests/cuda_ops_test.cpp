@@ -1,4 +1,4 @@
-// Every CUDA op against the CPU reference backend (gpu-backend.md §3.2): random non-zero inputs,
+// Every CUDA op against the CPU reference backend (docs/gpu-method.md#per-op): random non-zero inputs,
 // many shapes including awkward ones (sizes not multiples of 32, T = 1, T = 33, K3 sizes), outputs
 // poisoned with NaN before each GPU call so an unwritten element fails, state carried over several
 // calls. Each op states its tolerance next to its test (rel-L2 = ‖gpu − cpu‖ / ‖cpu‖); a summary
@@ -733,7 +733,7 @@ TEST_F(CudaOps, ExpertFfnMatchesCpu) {
   }
 }
 
-// Decode edge cases through the kernel (§3.2): every e2m1 code (random bytes cover all 16 in both
+// Decode edge cases through the kernel (docs/gpu-method.md#per-op): every e2m1 code (random bytes cover all 16 in both
 // nibbles), scale bytes 0 (the subnormal 2^-127: fails if the GPU flushed to zero), 1, 127 and 254
 // in gate/up (inputs small enough that 2^127 groups stay finite), tiny scales 0/1 in down;
 // tolerance rel-L2 1e-6.

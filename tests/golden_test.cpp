@@ -56,7 +56,7 @@ TEST_P(Golden, TraceAndLogitsMatch) {
   // (one layer's outputs), so f32 summation-order noise shows larger there: the golden's own
   // references agree only to ~2.6e-5 per layer, and an f64-accumulating variant of this engine
   // moves such a row further from the golden, not closer. Rows are therefore held to REF's
-  // `cmp` threshold 3e-4 (spec §8), layers to 1e-4.
+  // `cmp` threshold 3e-4 (docs/model.md#validation-hooks), layers to 1e-4.
   double worst_row = 0, worst_layer = 0;
   for (int i = 0; i < L; ++i) {
     std::vector<float> a(size_t(T) * D), b(size_t(T) * D);

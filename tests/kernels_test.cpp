@@ -143,7 +143,7 @@ struct OwnedMx {
   OwnedMx(int rows, int cols, std::mt19937& rng) : packed(size_t(rows) * cols / 2), scale(size_t(rows) * cols / 32) {
     for (auto& b : packed) b = uint8_t(rng());
     for (auto& s : scale) s = uint8_t(119 + rng() % 5);
-    scale[scale.size() / 2] = 0;  // the subnormal 2^-127 (spec open question 18)
+    scale[scale.size() / 2] = 0;  // the subnormal 2^-127 (docs/model.md#open-points, 4)
     scale.back() = 125;
     m = {rows, cols, packed.data(), scale.data()};
   }
@@ -297,7 +297,7 @@ TEST(Kernels, DotAxpyEveryLevel) {
 }
 
 TEST(Kernels, DeltaStepEveryLevelMatchesF64) {
-  // Three steps on a state that starts random: S, u, o against an f64 replay of spec §4.2 step 6.
+  // Three steps on a state that starts random: S, u, o against an f64 replay of docs/model.md#kda, step 6.
   std::mt19937 rng(9);
   for (Isa isa : levels())
     for (int d : {5, 16, 33}) {

@@ -1,5 +1,5 @@
 // Kimi Linear (`model_type: kimi_linear`) against transformers' reference data in
-// tests/data/kimi-linear-tiny (spec kimi-linear.md §6): full forward, prefill-70-then-decode,
+// tests/data/kimi-linear-tiny (its README says how it was made): full forward, prefill-70-then-decode,
 // token-by-token decode, the residual stream after layers 0-2, and the cached greedy generation.
 #include <gtest/gtest.h>
 

@@ -1,5 +1,5 @@
 // An independent, naive f64 implementation of the K3 forward pass for tests, written straight from
-// spec kimi-k3.md §4 in whole-sequence form: MLA without absorption (explicit k_nope and v per
+// docs/model.md#forward in whole-sequence form: MLA without absorption (explicit k_nope and v per
 // head), KDA from the full history of pre-conv inputs, experts fully dequantized. It shares only
 // the loaded weights and the MXFP4 codec with the engine.
 #pragma once

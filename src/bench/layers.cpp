@@ -30,7 +30,7 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-/// The K3 text config (spec kimi-k3.md §1) with `kda` KDA layers then `mla` MLA layers, all MoE.
+/// The K3 text config (docs/model.md#config) with `kda` KDA layers then `mla` MLA layers, all MoE.
 nlohmann::json bench_config(const LayersArgs& a) {
   const bool k3 = a.preset == "k3";
   const int L = a.kda + a.mla;

@@ -1,5 +1,5 @@
 // `wren run`: one prompt (raw text, a chat message, or token ids) through the model, streaming the
-// reply, with the validation hooks of spec §8.
+// reply, with the validation hooks of docs/model.md#validation-hooks.
 #include <unistd.h>
 
 #include <cstdio>
@@ -51,7 +51,7 @@ std::vector<int> parse_ids(const std::string& s) {
   return out;
 }
 
-/// The prompt ids: --ids as given; raw text as [BOS] + text (spec §10.1); --chat as XTML.
+/// The prompt ids: --ids as given; raw text as [BOS] + text (docs/model.md#decisions, item 1); --chat as XTML.
 std::vector<int> prompt_ids(const RunArgs& a, Engine& e) {
   check(a.ids.empty() != a.prompt.empty(), "give either a text prompt or --ids, not both and not neither");
   if (!a.ids.empty()) return parse_ids(a.ids);

@@ -1,4 +1,4 @@
-// `wren tokenize`: print the token ids of a text (Kimi tokenizer, spec kimi-k3.md §6).
+// `wren tokenize`: print the token ids of a text (Kimi tokenizer, docs/model.md#tokenizer).
 #include <cstdio>
 #include <iostream>
 #include <iterator>

@@ -1,7 +1,7 @@
 // `wren validate`: a backend (or weight format) against the CPU in exact f32 on the model's golden
 // prompts: per-layer rel-L2 with the reference's layer inputs injected (errors do not compound),
 // teacher-forced logits rel-L2 and argmax agreement, and greedy agreement up to the first near-tie
-// (gpu-backend.md, validation method; golden README for the thresholds).
+// (docs/gpu-method.md#end-to-end; golden README for the thresholds).
 #include <cstdio>
 #include <filesystem>
 #include <fstream>

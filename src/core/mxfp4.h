@@ -1,6 +1,6 @@
 // The one MXFP4 codec (compressed-tensors "mxfp4-pack-quantized"), shared by every backend and test.
 //
-// Layout (spec kimi-k3.md §5): a logical [rows, cols] matrix is stored as
+// Layout (docs/model.md#mxfp4): a logical [rows, cols] matrix is stored as
 //   packed [rows, cols/2] u8: byte j of a row holds column 2j in the LOW nibble, 2j+1 in the high;
 //   scale  [rows, cols/32] u8: ue8m0, factor 2^(s - 127) for 32 consecutive columns.
 // Nibble = e2m1 with bit 3 = sign. Scale byte 255 (NaN in OCP MX) is rejected by the engine.
@@ -12,16 +12,12 @@
 #include <cmath>
 #include <cstdint>
 
-#ifdef __CUDACC__
-#define WREN_HD __host__ __device__
-#else
-#define WREN_HD
-#endif
+#include "core/host_device.h"
 
 namespace wren::mxfp4 {
 
 constexpr int kGroup = 32;          ///< columns per ue8m0 scale
-constexpr uint8_t kBadScale = 255;  ///< NaN in OCP MX: rejected (spec §10.4)
+constexpr uint8_t kBadScale = 255;  ///< NaN in OCP MX: rejected (docs/model.md#decisions, item 4)
 
 /// e2m1 code -> value, codes 0..15.
 constexpr float kE2M1[16] = {0.f,  0.5f,  1.f,  1.5f,  2.f,  3.f,  4.f,  6.f,
@@ -35,7 +31,7 @@ WREN_HD constexpr float e2m1_value(uint8_t code) {
   return (code & 8) ? -mag : mag;
 }
 
-/// ue8m0 byte -> 2^(s - 127), exact (s = 0 gives the subnormal 2^-127; spec open question 18).
+/// ue8m0 byte -> 2^(s - 127), exact (s = 0 gives the subnormal 2^-127; docs/model.md#open-points, 4).
 WREN_HD inline float scale_value(uint8_t s) {
 #ifdef __CUDA_ARCH__
   // Built from the bits: s << 23 is 2^(s-127) for s >= 1; s = 0 is the subnormal 2^-127, i.e.

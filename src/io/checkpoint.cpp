@@ -38,7 +38,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir), config_(load_config(
     index_path_ = single;
     for (const auto& [name, _] : shard("model.safetensors").tensors()) weight_map_[name] = "model.safetensors";
   }
-  // C and REF probe the first layer norm without, then with, the prefix (spec §3.1).
+  // C and REF probe the first layer norm without, then with, the prefix (docs/model.md#tensors).
   if (weight_map_.count(kProbe)) prefix_ = "";
   else if (weight_map_.count(std::string(kPrefix) + kProbe)) prefix_ = kPrefix;
   else throw Error(index_path_ + ": missing tensor '" + kProbe + "' (also tried prefix '" + kPrefix + "')");

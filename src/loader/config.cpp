@@ -1,4 +1,4 @@
-// Kimi K3 config.json, parsed and validated once (spec kimi-k3.md §1, §2, §10).
+// Kimi K3 config.json, parsed and validated once (docs/model.md#config, #layers, #decisions).
 #include "loader/config.h"
 
 #include <algorithm>
@@ -97,7 +97,7 @@ class Reader {
     return Reader(v, source_, path_ + key + ".");
   }
 
-  /// Rejects a flag value the engine does not implement (spec §10): names key, value, accepted.
+  /// Rejects a flag value the engine does not implement (docs/model.md#decisions): names key, value, accepted.
   [[noreturn]] void unsupported(const std::string& key, const std::string& accepted) const {
     throw Error(where(key) + ": value " + json_brief(obj_[key]) + " is not supported by Wren (accepted: " +
                 accepted + ")");
@@ -108,7 +108,7 @@ class Reader {
   std::string source_, path_;
 };
 
-/// Flags both families share (spec kimi-k3.md §10; kimi-linear.md §2).
+/// Flags both families share (docs/model.md#decisions, #kimi-linear).
 void check_common_flags(const Reader& t, const Reader& root) {
   if (t.has("moe_router_activation_func") && t.string("moe_router_activation_func") != "sigmoid")
     t.unsupported("moe_router_activation_func", "\"sigmoid\"");
@@ -129,7 +129,7 @@ void check_common_flags(const Reader& t, const Reader& root) {
   if (tw.boolean("tie_word_embeddings")) tw.unsupported("tie_word_embeddings", "false");
 }
 
-/// K3-only flags (spec kimi-k3.md §10), all required.
+/// K3-only flags (docs/model.md#decisions), all required.
 void check_k3_flags(const Reader& t, Config& c) {
   t.string("moe_router_activation_func");
   if (!t.boolean("moe_renormalize")) t.unsupported("moe_renormalize", "true");
@@ -248,7 +248,7 @@ void parse_common(const Reader& root, const Reader& t, Config& c) {
   derive_layers(la, c);
 }
 
-/// Kimi K3 (spec kimi-k3.md): AttnRes, bounded KDA gate, full-rank gates, LatentMoE on MXFP4, SiTU.
+/// Kimi K3 (docs/model.md): AttnRes, bounded KDA gate, full-rank gates, LatentMoE on MXFP4, SiTU.
 void parse_k3(const Reader& root, const Reader& t, Config& c) {
   c.attn_res_block = int(t.integer("attn_res_block_size"));
   c.q_lora = int(t.integer("q_lora_rank"));
@@ -261,7 +261,7 @@ void parse_k3(const Reader& root, const Reader& t, Config& c) {
   if (!(c.situ_b2 > 0)) t.fail("activation_situ_linear_beta", "a positive number");
 
   const Reader la = t.child("linear_attn_config");
-  // Required for kimi_k3 (spec open question 17: a silent default could build the wrong gate).
+  // Required for kimi_k3 (docs/model.md#open-points, 3: a silent default could build the wrong gate).
   c.gate_lower_bound = float(la.number("gate_lower_bound"));
   if (!(c.gate_lower_bound < 0)) la.fail("gate_lower_bound", "a negative number");
   if (!la.boolean("use_full_rank_gate"))
@@ -277,13 +277,13 @@ void parse_k3(const Reader& root, const Reader& t, Config& c) {
     t.fail("attn_res_block_size", "a block size giving at most 16 AttnRes entries (ceil(L/B)+1)");
 }
 
-/// Kimi Linear (spec kimi-linear.md §1-§3): plain residual, softplus KDA gate, low-rank KDA output
+/// Kimi Linear (docs/model.md#kimi-linear): plain residual, softplus KDA gate, low-rank KDA output
 /// gate, MLA without output gate (q LoRA optional), plain MoE with SiLU and dense experts, routed
 /// scaling. K3-only keys are rejected: transformers would silently drop them.
 void parse_kimi_linear(const Reader& t, Config& c) {
   c.residual = Residual::Plain;
   c.kda_gate = KdaGate::Softplus;
-  c.kda_gate_rank = c.kda_head_dim;  // g_a_proj [head_dim, D] (spec kimi-linear.md §4.1)
+  c.kda_gate_rank = c.kda_head_dim;  // g_a_proj [head_dim, D] (docs/model.md#kimi-linear)
   c.mla_out_gate = false;
   c.moe_kind = MoeKind::Plain;
   c.act = Activation::SiLU;

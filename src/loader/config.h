@@ -1,5 +1,5 @@
 // Kimi K3 config.json, parsed and validated once into an immutable struct with derived sizes.
-// Source: spec kimi-k3.md §1 (keys), §2 (layer layout), §10 (accepted values).
+// Source: docs/model.md#config (keys), #layers (layer layout), #decisions (accepted values).
 #pragma once
 #include <cstdint>
 #include <string>
@@ -9,7 +9,7 @@
 
 namespace wren {
 
-/// Mixer of one layer: Kimi Delta Attention or gated NoPE MLA (spec §2).
+/// Mixer of one layer: Kimi Delta Attention or gated NoPE MLA (docs/model.md#layers).
 enum class Mixer { KDA, MLA };
 /// FFN of one layer: dense GLU MLP (i < first_k_dense_replace) or MoE (kind: Config::moe_kind).
 enum class Ffn { Dense, MoE };
@@ -41,13 +41,13 @@ struct Config {
   int vocab = 0;           ///< V (vocab_size)
   int first_dense = 0;     ///< first_k_dense_replace
   int dense_inter = 0;     ///< intermediate_size (dense MLP width)
-  float rms_eps = 1e-5f;   ///< rms_norm_eps (spec default 1e-5)
-  float mla_latent_eps = 1e-6f;  ///< q_a/kv_a latent norms (spec §4.3, vendor code)
+  float rms_eps = 1e-5f;   ///< rms_norm_eps (default 1e-5)
+  float mla_latent_eps = 1e-6f;  ///< q_a/kv_a latent norms (docs/model.md#mla, vendor code)
   int attn_res_block = 0;  ///< attn_res_block_size
   int64_t max_positions = 0;
   int bos_id = -1;
   std::vector<int> eos_ids;
-  // Model-wide variant traits (K3 values first; Kimi Linear: spec kimi-linear.md §1)
+  // Model-wide variant traits (K3 values first; Kimi Linear: docs/model.md#kimi-linear)
   Residual residual = Residual::AttnRes;
   KdaGate kda_gate = KdaGate::LowerBound;
   int kda_gate_rank = 0;       ///< KDA output gate: 0 = full-rank g_proj, else g_a/g_b rank
@@ -86,9 +86,9 @@ struct Config {
 };
 
 /// Parses and validates a config.json document. `source` names the file in errors.
-/// `model_type` "kimi_k3" (spec kimi-k3.md) or "kimi_linear" (spec kimi-linear.md) selects the
+/// `model_type` "kimi_k3" (docs/model.md) or "kimi_linear" (docs/model.md#kimi-linear) selects the
 /// variant traits. Model keys come from `text_config` when present, else the root. Throws wren::Error naming the
-/// key, the value found and what is accepted (spec §10) for anything unsupported or malformed.
+/// key, the value found and what is accepted (docs/model.md#decisions) for anything unsupported or malformed.
 Config parse_config(const nlohmann::json& doc, const std::string& source);
 
 /// Reads and parses DIR/config.json.

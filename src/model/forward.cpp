@@ -1,5 +1,5 @@
 // The Kimi K3 forward pass (see forward.h). Reads like the block diagram: mix → norm → KDA or MLA →
-// mix → norm → dense FFN or LatentMoE, then the final mix, norm and lm_head (spec §4.1).
+// mix → norm → dense FFN or LatentMoE, then the final mix, norm and lm_head (docs/model.md#forward).
 #include "model/forward.h"
 
 #include <algorithm>
@@ -186,7 +186,7 @@ RoutedMoeParams Forward::routed_params(int layer) const {
   return RoutedMoeParams{layer, c.n_experts, c.top_k, c.expert_io(), c.routed_scale, c.situ_b1, c.situ_b2};
 }
 
-/// b.mixed = Mix(blocks + [P]) (AttnRes, spec §4.1), or P itself when there is nothing to mix:
+/// b.mixed = Mix(blocks + [P]) (AttnRes, docs/model.md#attnres), or P itself when there is nothing to mix:
 /// before the first snapshot, and always with the plain residual (Kimi Linear), whose sublayer
 /// input is the residual stream.
 void Forward::pre_mix(const DenseWeight& w, const std::vector<float*>& blocks, int n_blocks, int T) {
@@ -260,7 +260,7 @@ void Forward::moe(int layer, const MoeWeights& m, int T) {
   Buffers& b = *buf_;
   const Config& c = cfg_;
   const size_t D = c.hidden;
-  if (c.moe_kind == MoeKind::Latent) {  // Stable LatentMoE (spec §4.4)
+  if (c.moe_kind == MoeKind::Latent) {  // Stable LatentMoE (docs/model.md#moe)
     be_.gemm(m.down, b.nrm, T, b.lat);
     routed_experts(layer, m, b.lat, T, b.lsum);
     const float* u = b.lsum;
@@ -269,7 +269,7 @@ void Forward::moe(int layer, const MoeWeights& m, int T) {
       u = b.lnorm;
     }
     be_.gemm(m.up, u, T, b.ffn);
-  } else {  // plain MoE on the hidden state (Kimi Linear §3.3)
+  } else {  // plain MoE on the hidden state (docs/model.md#kimi-linear)
     routed_experts(layer, m, b.nrm, T, b.ffn);
   }
   if (c.n_shared > 0) {
@@ -282,7 +282,7 @@ void Forward::moe(int layer, const MoeWeights& m, int T) {
   }
 }
 
-/// out[T, io] = Σ_k w_k · expert_k(z) over each token's top-k (spec §4.4 steps 1-5).
+/// out[T, io] = Σ_k w_k · expert_k(z) over each token's top-k (docs/model.md#moe, steps 1-5).
 void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int T, float* out) {
   Buffers& b = *buf_;
   const Config& c = cfg_;

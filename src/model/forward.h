@@ -1,4 +1,4 @@
-// The Kimi K3 forward pass, written once against the Backend op interface (spec kimi-k3.md §4).
+// The Kimi K3 forward pass, written once against the Backend op interface (docs/model.md#forward).
 // Layer-major over a chunk of tokens; the sequential state (KDA recurrence, conv windows, MLA
 // cache) advances token by token inside each layer's op, so any chunk size gives the same result.
 #pragma once
@@ -14,7 +14,7 @@
 namespace wren {
 
 /// The inputs of one layer inside a chunk, as backend buffers: the running block sum P [T, D] and
-/// the n_blocks AttnRes snapshots [T, D] (spec §4.1). A hook may read them (to_host) or overwrite
+/// the n_blocks AttnRes snapshots [T, D] (docs/model.md#attnres). A hook may read them (to_host) or overwrite
 /// them (from_host) before the layer runs: `wren validate` injects one backend's inputs into the
 /// other so per-layer errors do not compound.
 struct LayerIo {
@@ -25,7 +25,7 @@ struct LayerIo {
   size_t D;
 };
 
-/// Validation hooks (spec §8). All buffers are host memory owned by the caller.
+/// Validation hooks (docs/model.md#validation-hooks). All buffers are host memory owned by the caller.
 struct ForwardHooks {
   /// Called before each layer of each chunk (t0 = the chunk's first token within this run call).
   std::function<void(int layer, int t0, int T, const LayerIo& io)> before_layer;

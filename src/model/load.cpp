@@ -93,7 +93,7 @@ void load_tensor(Checkpoint& ck, ModelWeights& w, const TensorSpec& s, const Qua
   }
 }
 
-/// out = norm ⊙ proj (the AttnRes score vector, spec §4.1).
+/// out = norm ⊙ proj (the AttnRes score vector, docs/model.md#attnres).
 void mix_vector(ModelWeights& w, const DenseWeight& norm, const DenseWeight& proj, DenseWeight& out) {
   float* v = w.alloc(norm.cols);
   for (int64_t i = 0; i < norm.cols; ++i) v[i] = norm.f32()[i] * proj.f32()[i];

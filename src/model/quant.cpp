@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/q4_g64.h"
 
 namespace wren {
 
@@ -34,10 +35,9 @@ void q4_group(const float* w, int n, uint8_t* out32, float* scale) {
   const float s = m / -8.0f;
   *scale = s;
   const float inv = s != 0 ? 1.0f / s : 0.0f;
-  uint8_t nib[64];
-  for (int i = 0; i < 64; ++i)
-    nib[i] = uint8_t(i < n ? int(std::clamp(std::nearbyint(w[i] * inv), -8.0f, 7.0f)) + 8 : 8);
-  for (int j = 0; j < 32; ++j) out32[j] = uint8_t(nib[j] | (nib[j + 32] << 4));
+  int q[q4::kGroupCols];  // padded columns: q = 0
+  for (int i = 0; i < q4::kGroupCols; ++i) q[i] = i < n ? int(std::clamp(std::nearbyint(w[i] * inv), -8.0f, 7.0f)) : 0;
+  for (int j = 0; j < q4::kGroupBytes; ++j) out32[j] = q4::pack(q[j], q[j + 32]);
 }
 
 }  // namespace
@@ -86,7 +86,7 @@ QuantPlan QuantPlan::preset(const std::string& name) {
 
 void quantize_matrix(const float* src, int64_t rows, int64_t cols, WFormat f, void* data, float* scale) {
   uint8_t* out = static_cast<uint8_t*>(data);
-  const int64_t groups = (cols + 63) / 64;
+  const int64_t groups = q4::groups(cols);
   for (int64_t r = 0; r < rows; ++r) {
     const float* w = src + r * cols;
     switch (f) {

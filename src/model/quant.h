@@ -1,7 +1,7 @@
 // Load-time formats of the dense weights: the per-class plan behind the --quant flags, the
 // quantizers (f32 [rows, cols] -> BF16 / Q8_ROW / Q4_G64, layouts in ops/weights.h); the format
 // names, sizes and the reference decode are in ops/weights.h. The MXFP4 routed experts are never
-// re-encoded (spec kimi-k3.md §5).
+// re-encoded (docs/model.md#mxfp4).
 #pragma once
 #include <array>
 #include <string>

@@ -1,4 +1,4 @@
-// The one tensor table (see tensor_table.h). Names and shapes: spec kimi-k3.md §3.2-§3.7.
+// The one tensor table (see tensor_table.h). Names and shapes: docs/model.md#tensors.
 #include "model/tensor_table.h"
 
 #include "core/mxfp4.h"
@@ -144,7 +144,7 @@ struct Table {
     else mla(l.mla);
     if (c.layers[i].ffn == Ffn::Dense) {
       // transformers' save_pretrained names Kimi Linear's dense layer `block_sparse_moe.*`
-      // (spec kimi-linear.md §4.3); the released checkpoints use `mlp.*`. Accept both.
+      // (docs/model.md#kimi-linear); the released checkpoints use `mlp.*`. Accept both.
       dense("mlp.gate_proj.weight", l.mlp.gate, {c.dense_inter, D}, WClass::Dense, "block_sparse_moe.gate_proj.weight");
       dense("mlp.up_proj.weight", l.mlp.up, {c.dense_inter, D}, WClass::Dense, "block_sparse_moe.up_proj.weight");
       dense("mlp.down_proj.weight", l.mlp.down, {D, c.dense_inter}, WClass::Dense, "block_sparse_moe.down_proj.weight");

@@ -1,6 +1,6 @@
 // The one tensor table: every checkpoint tensor the text model needs, its name, the shape the config
 // implies, its kind and where it lands in ModelWeights. One visitor drives loading, validation,
-// the checkpoint writer and byte accounting (spec kimi-k3.md §3).
+// the checkpoint writer and byte accounting (docs/model.md#tensors).
 #pragma once
 #include <cstdint>
 #include <functional>

@@ -1,5 +1,5 @@
 // The model's weights: per layer the op-level weight structs (ops/weights.h), plus the top-level
-// tensors and the storage behind them. Shapes follow spec kimi-k3.md §3 (PyTorch Linear layout
+// tensors and the storage behind them. Shapes follow docs/model.md#tensors (PyTorch Linear layout
 // [out, in], row-major).
 #pragma once
 #include <memory>
@@ -13,7 +13,7 @@ struct LayerWeights {
   DenseWeight input_norm, post_norm;        ///< [D]
   DenseWeight attn_res_norm, attn_res_proj;  ///< [D], [1, D]
   DenseWeight mlp_res_norm, mlp_res_proj;    ///< [D], [1, D]
-  DenseWeight attn_mix, mlp_mix;  ///< derived [D]: res_norm ⊙ res_proj (spec §4.1 Mix)
+  DenseWeight attn_mix, mlp_mix;  ///< derived [D]: res_norm ⊙ res_proj (docs/model.md#attnres)
   KdaWeights kda;
   MlaWeights mla;
   DenseMlpWeights mlp;

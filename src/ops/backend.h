@@ -1,4 +1,4 @@
-// The op interface the model is written against (design.md §1). The CPU backend is the reference;
+// The op interface the model is written against (docs/architecture.md). The CPU backend is the reference;
 // every other backend implements the same ops and may fuse inside an op, never across the model.
 //
 // Activations are f32 row-major: x [T, n] means T tokens of n values. Buffers come from alloc()
@@ -11,14 +11,14 @@
 
 namespace wren {
 
-/// Per-layer KDA recurrent state (spec §4.2): S [H, d, d] indexed S[key][value] and the conv
+/// Per-layer KDA recurrent state (docs/model.md#kda): S [H, d, d] indexed S[key][value] and the conv
 /// windows (last K-1 pre-conv inputs of q, k, v per channel, oldest first) [3, P, K-1]; f32.
 struct KdaState {
   float* S = nullptr;
   float* conv = nullptr;
 };
 
-/// Per-layer MLA latent cache (spec §4.3): per token the normed latent c [kv_lora] then the raw
+/// Per-layer MLA latent cache (docs/model.md#mla): per token the normed latent c [kv_lora] then the raw
 /// extra key k_x [extra]; [capacity, kv_lora + extra] f32, `length` tokens filled.
 struct MlaCache {
   float* kv = nullptr;
@@ -27,7 +27,7 @@ struct MlaCache {
 };
 
 /// KDA constants of one layer for the core op. Decay gate per channel, z = f_b(f_a(x)) + dt_bias:
-/// LowerBound (K3 §4.2): g = lb · σ(exp(A_log[h]) · z); Softplus (Kimi Linear §3.1):
+/// LowerBound (K3, docs/model.md#kda): g = lb · σ(exp(A_log[h]) · z); Softplus (Kimi Linear):
 /// g = −exp(A_log[h]) · softplus(z), softplus(z) = z for z > 20.
 struct KdaParams {
   int heads, head_dim, conv_kernel;
@@ -41,7 +41,7 @@ struct MlaParams {
   float latent_eps;
 };
 
-/// One MoE layer's routed-expert constants for Backend::routed_moe (spec §4.4 steps 1-5).
+/// One MoE layer's routed-expert constants for Backend::routed_moe (docs/model.md#moe, steps 1-5).
 struct RoutedMoeParams {
   int layer = 0;            ///< layer index (names the layer in errors, keys device expert slots)
   int n_experts = 0;        ///< E
@@ -92,38 +92,38 @@ class Backend {
   virtual void rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) = 0;
   /// y[i] += x[i].
   virtual void add(float* y, const float* x, size_t n) = 0;
-  /// SiTU-GLU (spec §4.4): out[T, n] = [b1 tanh(g/b1) σ(g)] · [b2 tanh(u/b2)], g/u [T, n].
+  /// SiTU-GLU (docs/model.md#situ): out[T, n] = [b1 tanh(g/b1) σ(g)] · [b2 tanh(u/b2)], g/u [T, n].
   virtual void situ_glu(const float* g, const float* u, int T, int n, float b1, float b2,
                         float* out) = 0;
-  /// SiLU-GLU (Kimi Linear §3.3): out[T, n] = silu(g) · u.
+  /// SiLU-GLU (Kimi Linear, docs/model.md#kimi-linear): out[T, n] = silu(g) · u.
   virtual void silu_glu(const float* g, const float* u, int T, int n, float* out) = 0;
   /// y[i] *= σ(gate[i]).
   virtual void sigmoid_gate(float* y, const float* gate, size_t n) = 0;
 
   // ---- model-level ops ----
-  /// AttnRes Mix (spec §4.1) for T tokens: entries[e] points to [T, D] rows; w = norm ⊙ proj [D].
+  /// AttnRes Mix (docs/model.md#attnres) for T tokens: entries[e] points to [T, D] rows; w = norm ⊙ proj [D].
   /// out[t] = Σ_e softmax_e((v_e·w)/sqrt(mean(v_e²)+eps)) v_e, scores in f64.
   virtual void attnres_mix(const float* const* entries, int n_entries, int T, int D,
                            const DenseWeight& w, float eps, float* out) = 0;
-  /// KDA core for T tokens (spec §4.2 steps 2-7 minus the projections): q, k, v [T, P] pre-conv
+  /// KDA core for T tokens (docs/model.md#kda, steps 2-7 minus the projections): q, k, v [T, P] pre-conv
   /// projections, z [T, P] gate pre-activation (f_b output, dt_bias not yet added), beta [T, H]
   /// logits, gate [T, P] output-gate logits. Advances `s`. out [T, P] = gated per-head-normed output.
   virtual void kda_core(const KdaParams& p, const KdaWeights& w, KdaState& s, const float* q,
                         const float* k, const float* v, const float* z, const float* beta,
                         const float* gate, int T, float* out) = 0;
-  /// MLA absorbed attention for T tokens (spec §4.3 steps 2-4): q [T, H, nope+extra],
+  /// MLA absorbed attention for T tokens (docs/model.md#mla, steps 2-4): q [T, H, nope+extra],
   /// ckv [T, kv_lora+extra] (pre-norm). Appends each token's (normed latent, raw k_x) to `cache`
   /// before its scores (causal). ctx [T, H * v_head].
   virtual void mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& cache, const float* q,
                           const float* ckv, int T, float* ctx) = 0;
-  /// Router (spec §4.4 steps 1-3): logits [T, E] -> per token the top-k ids of σ(logits) + bias
+  /// Router (docs/model.md#moe, steps 1-3): logits [T, E] -> per token the top-k ids of σ(logits) + bias
   /// (ties to the lower id) and their renormalized raw σ weights. ids/weights are HOST [T, k].
   virtual void router_topk(const float* logits, const DenseWeight& bias, int T, int E, int k,
                            int* ids, float* weights) = 0;
-  /// One routed MXFP4 expert on one token (spec §4.4 step 5): y [io] = SiTU(z·W1ᵀ, z·W3ᵀ)·W2ᵀ,
+  /// One routed MXFP4 expert on one token (docs/model.md#moe, step 5): y [io] = SiTU(z·W1ᵀ, z·W3ᵀ)·W2ᵀ,
   /// computed on the packed layout. z [io]. (Dense experts go through gemm + silu_glu.)
   virtual void expert_ffn(const ExpertRef& e, const float* z, float b1, float b2, float* y) = 0;
-  /// Routed experts over a chunk (spec §4.4 step 5): for each j < n, row out_rows[j] of ys
+  /// Routed experts over a chunk (docs/model.md#moe, step 5): for each j < n, row out_rows[j] of ys
   /// [*, latent] = expert_ffn(*experts[j], row in_rows[j] of z [*, latent]); in_rows/out_rows HOST.
   /// The forward passes entries of one expert adjacently, so a backend may stream each expert
   /// once for all its tokens and run experts concurrently; each output must equal expert_ffn's.
@@ -140,7 +140,7 @@ class Backend {
   virtual void weighted_sum(const float* ys, const float* weights, int m, int n, float* y) = 0;
 
   // ---- coarse ops a backend may take over (default: not handled) ----
-  /// Routed MXFP4 experts inside the backend (spec §4.4 steps 2-5): router σ + bias top-k on
+  /// Routed MXFP4 experts inside the backend (docs/model.md#moe, steps 2-5): router σ + bias top-k on
   /// logits [T, E] (router_topk's rule), weights × routed_scale, every selected expert of every
   /// token on z [T, io], out [T, io] = Σ_slot w · expert(z) in slot order; ys [T·k, io] is
   /// workspace. Must give what router_topk + expert_ffn_batch + weighted_sum give. Returns false,

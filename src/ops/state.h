@@ -1,4 +1,4 @@
-// Per-sequence state as a first-class object (design.md §7): KDA recurrent states and conv windows,
+// Per-sequence state as a first-class object (docs/architecture.md, "State"): KDA recurrent states and conv windows,
 // MLA latent caches, and the position. Copy / snapshot / restore go through the owning backend.
 #pragma once
 #include <vector>

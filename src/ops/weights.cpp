@@ -20,14 +20,14 @@ size_t wformat_data_bytes(WFormat f, int64_t rows, int64_t cols) {
     case WFormat::F32: return size_t(rows * cols) * 4;
     case WFormat::BF16: return size_t(rows * cols) * 2;
     case WFormat::Q8_ROW: return size_t(rows * cols);
-    case WFormat::Q4_G64: return size_t(rows * ((cols + 63) / 64)) * 32;
+    case WFormat::Q4_G64: return size_t(rows * q4::groups(cols)) * q4::kGroupBytes;
   }
   return 0;
 }
 
 size_t wformat_scale_count(WFormat f, int64_t rows, int64_t cols) {
   if (f == WFormat::Q8_ROW) return size_t(rows);
-  if (f == WFormat::Q4_G64) return size_t(rows * ((cols + 63) / 64));
+  if (f == WFormat::Q4_G64) return size_t(rows * q4::groups(cols));
   return 0;
 }
 
@@ -49,9 +49,8 @@ void dequant_row(const DenseWeight& W, int64_t r, float* out) {
     case WFormat::Q4_G64: {
       const int64_t groups = W.q4_groups();
       for (int64_t c = 0; c < n; ++c) {
-        const int64_t g = c / 64, j = c % 64;
-        const uint8_t b = d[(r * groups + g) * 32 + (j & 31)];
-        const int q = (j < 32 ? (b & 0xF) : (b >> 4)) - 8;
+        const int64_t g = c / q4::kGroupCols;
+        const int q = q4::q_at(d + (r * groups + g) * q4::kGroupBytes, int(c % q4::kGroupCols));
         out[c] = float(q) * W.scale[r * groups + g];
       }
       break;

@@ -1,5 +1,5 @@
 // The weight types of the op contract: dense matrices in a compute format (with their format
-// codec: sizes and the reference decode) and routed experts kept packed as MXFP4 exactly as stored. Shapes follow spec kimi-k3.md §3 (PyTorch Linear
+// codec: sizes and the reference decode) and routed experts kept packed as MXFP4 exactly as stored. Shapes follow docs/model.md#tensors (PyTorch Linear
 // layout [out, in], row-major).
 #pragma once
 #include <cstdint>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/q4_g64.h"
 #include "loader/config.h"
 
 namespace wren {
@@ -38,7 +39,7 @@ struct DenseWeight {
   WFormat format = WFormat::F32;
   const float* scale = nullptr;  ///< Q8_ROW [rows]; Q4_G64 [rows, q4_groups()]; else null
   const float* f32() const { return static_cast<const float*>(data); }  ///< only when format == F32
-  int64_t q4_groups() const { return (cols + 63) / 64; }
+  int64_t q4_groups() const { return q4::groups(cols); }
 };
 
 /// One MXFP4 matrix: logical [rows, cols]; packed [rows, cols/2] u8, scale [rows, cols/32] ue8m0.
@@ -50,7 +51,7 @@ struct MxMatrix {
 
 /// One routed expert: w1 (gate) and w3 (up) [moe_inter, io], w2 (down) [io, moe_inter], io = the
 /// latent (K3) or hidden size (Kimi Linear). MXFP4 experts use w1/w2/w3 (six tensors stored back
-/// to back in `file` at [offset, offset + nbytes) when `contiguous`, spec §3.7, which the expert
+/// to back in `file` at [offset, offset + nbytes) when `contiguous`, docs/model.md#tensors-moe, which the expert
 /// store uses for single reads); dense experts (Kimi Linear) use d1/d2/d3.
 struct ExpertRef {
   MxMatrix w1, w2, w3;

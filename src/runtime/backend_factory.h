@@ -1,4 +1,4 @@
-// Backend selection: `--backend cpu|cuda|auto` (design.md §1: one op interface, one backend per run).
+// Backend selection: `--backend cpu|cuda|auto` (docs/architecture.md: one op interface, one backend per run).
 #pragma once
 #include <memory>
 #include <string>

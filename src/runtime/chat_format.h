@@ -1,4 +1,4 @@
-// The K3 chat format (XTML, spec kimi-k3.md §7): messages, tool declarations, tool calls and tool
+// The K3 chat format (XTML, docs/model.md#chat-format): messages, tool declarations, tool calls and tool
 // results to token ids, and the streamed reply back into its think, response and tools channels.
 //
 // Beyond the spec's short list, the rules follow Moonshot's encoder (`encoding_k3.py`, as vLLM
@@ -62,7 +62,7 @@ struct ChatOptions {
 /// (segment boundaries are token boundaries); only <|open|>, <|close|>, <|sep|>, <|end_of_msg|>
 /// are special ids; content and attribute values are encoded with specials disabled, so a literal
 /// "<|open|>" typed by a user stays plain text. No [BOS] is added: the upstream encoding_k3.py
-/// ports emit none for chat (spec open question 1; colibri's engine adds one — unsettled).
+/// ports emit none for chat (docs/model.md#open-points, 1; colibri's engine adds one — unsettled).
 class ChatFormat {
  public:
   /// Throws wren::Error if the tokenizer lacks one of the four structural specials.
@@ -93,7 +93,7 @@ class ChatFormat {
   int sep_id() const { return sep_; }
   const Tokenizer& tokenizer() const { return tok_; }
 
-  /// `&` -> `&amp;` first, then `"` -> `&quot;` (spec §7).
+  /// `&` -> `&amp;` first, then `"` -> `&quot;` (docs/model.md#chat-format).
   static std::string escape_attribute(const std::string& v);
   /// The thinking efforts the encoder accepts.
   static bool valid_effort(const std::string& e) { return e == "low" || e == "high" || e == "max"; }

@@ -26,7 +26,7 @@ namespace {
 constexpr int kRanks = 16384;
 constexpr const char* kName = "default-k3-v1";  // bump when the config or writer changes
 
-/// The K3 special tokens at their offsets after the BPE ranks (spec kimi-k3.md §6.3).
+/// The K3 special tokens at their offsets after the BPE ranks (docs/model.md#tokenizer-specials).
 json tokenizer_config() {
   const std::pair<int, const char*> named[] = {
       {0, "[BOS]"}, {1, "[EOS]"}, {2, "<|end_of_msg|>"}, {3, "<|open|>"}, {4, "<|close|>"},

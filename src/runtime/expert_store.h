@@ -1,5 +1,5 @@
 // The expert store as an ExpertSource: routed MXFP4 experts streamed from disk into a bounded cache
-// (the byte-level store, io/expert_store.h: spec kimi-k3.md §3.7, one expert = six tensors back to
+// (the byte-level store, io/expert_store.h: docs/model.md#tensors-moe, one expert = six tensors back to
 // back = one read), each expert's bytes viewed as its three MXFP4 matrices and its scales checked
 // when read. The cache only changes speed: outputs are bit-identical at any budget (the same bytes
 // reach the same kernel).

@@ -1,4 +1,4 @@
-// Backend validation (gpu-backend.md, validation method): one prompt through a reference forward
+// Backend validation (docs/gpu-method.md#end-to-end): one prompt through a reference forward
 // (the CPU in exact f32) and a candidate forward (another backend or format), compared per layer
 // with the reference's layer inputs injected into the candidate, so each layer's error is its own
 // and does not compound; then the free-running logits and a greedy continuation.

@@ -1,4 +1,4 @@
-// The checkpoint writer (see synth.h). Dtypes as in spec kimi-k3.md §3: F32 for A_log, dt_bias,
+// The checkpoint writer (see synth.h). Dtypes as in docs/model.md#tensors: F32 for A_log, dt_bias,
 // conv weights, o_norm and the router correction bias; BF16 for every other dense tensor; U8 for
 // the MXFP4 experts, whose six tensors are written back to back.
 #include "synth/synth.h"

@@ -13,7 +13,7 @@ namespace wren {
 /// no adjacent pair is in the vocabulary. Short pieces use a linear scan per merge (O(n^2), as
 /// tiktoken); long ones a heap with lazy invalidation (O(n log n)); both give identical
 /// results. Every single byte must have a rank (load_tiktoken_model guarantees it).
-/// Source: spec kimi-k3.md §6.1.
+/// Source: docs/model.md#tokenizer.
 void bpe_encode(const RankTable& ranks, std::string_view piece, std::vector<int>& out);
 
 /// The same merge computed only by the O(n^2) scan or only by the heap (for tests).

@@ -7,7 +7,7 @@
 namespace wren {
 
 /// Upstream limits: slice length, and the longest run of whitespace or of non-whitespace code
-/// points kept in one piece (spec kimi-k3.md §6.1).
+/// points kept in one piece (docs/model.md#tokenizer).
 inline constexpr size_t kMaxSliceChars = 400000;
 inline constexpr size_t kMaxRunChars = 25000;
 

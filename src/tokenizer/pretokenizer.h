@@ -9,7 +9,7 @@
 namespace wren {
 
 /// Splits text into the pieces that rank-BPE encodes one at a time, exactly as tiktoken does
-/// with the Kimi pattern (spec kimi-k3.md §6.2): leftmost-first (backtracking) matches scanned
+/// with the Kimi pattern (docs/model.md#tokenizer): leftmost-first (backtracking) matches scanned
 /// left to right, each search starting where the previous match ended. Translation choices,
 /// each matching the Rust `regex` semantics tiktoken uses:
 ///  - `[A&&[^\p{Han}]]` becomes `(?:(?!\p{sc:Han})[A])` (PCRE2 has no class intersection);
@@ -38,7 +38,7 @@ class Pretokenizer {
   static const std::string& pcre2_pattern();
   /// The Unicode version of the linked PCRE2's property tables (e.g. "14.0.0").
   static std::string pcre2_unicode_version();
-  /// The original tiktoken/fancy-regex pattern (spec §6.2), for reference and tests.
+  /// The original tiktoken/fancy-regex pattern (docs/model.md#tokenizer), for reference and tests.
   static const std::string& tiktoken_pattern();
 
  private:

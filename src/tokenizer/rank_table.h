@@ -11,7 +11,7 @@ namespace wren {
 /// dense 0..size()-1. Lookup by bytes is the hot path of rank-BPE: two-byte strings (every
 /// initial BPE pair) read a direct 64K table; others probe a compact 16-bit tag array (1 MiB for
 /// K3-sized vocabularies, mostly cache-resident) before touching the slot with the inline bytes. Copyable and movable (views point into the table's own storage only
-/// through offsets). Source: spec kimi-k3.md §6.1.
+/// through offsets). Source: docs/model.md#tokenizer.
 class RankTable {
  public:
   static constexpr int kNone = -1;

@@ -20,7 +20,7 @@ struct SpecialToken {
 /// Every entry becomes a special token (whatever its "special" flag), sorted by id. Ids must be
 /// canonical decimal integers >= `n_ranks` (they follow the BPE ranks); contents must be
 /// non-empty and unique. Ids without an entry stay unassigned. Throws wren::Error naming
-/// `source` and the entry. Source: spec kimi-k3.md §6.3.
+/// `source` and the entry. Source: docs/model.md#tokenizer-specials.
 std::vector<SpecialToken> parse_special_tokens(const nlohmann::json& config, int n_ranks,
                                                const std::string& source);
 

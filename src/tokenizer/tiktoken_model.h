@@ -11,7 +11,7 @@ namespace wren {
 /// (standard padded base64 of at least one byte; RANK a decimal integer; a trailing CR is
 /// tolerated). Ranks must be exactly 0..N-1, each once; token bytes must be unique; all 256
 /// single bytes must have a rank (rank-BPE starts from single bytes). Throws wren::Error naming
-/// `source`, the line number and what was expected. Source: spec kimi-k3.md §6.1.
+/// `source`, the line number and what was expected. Source: docs/model.md#tokenizer.
 RankTable parse_tiktoken_model(std::string_view text, const std::string& source);
 
 /// Reads and parses the tiktoken.model file at `path` (see parse_tiktoken_model).

@@ -18,7 +18,7 @@ enum class SpecialMode {
 };
 
 /// Encodes text to token ids and back, identical to the tiktoken core with the Kimi pattern
-/// (spec kimi-k3.md §6). Ids 0..n_ranks()-1 are BPE ranks; specials follow (tokenizer_config.json).
+/// (docs/model.md#tokenizer). Ids 0..n_ranks()-1 are BPE ranks; specials follow (tokenizer_config.json).
 ///
 /// Encoding pipeline: repair ill-formed UTF-8 -> upstream long-input cuts (long_input.h) ->
 /// per cut: specials (if Allowed) -> pre-tokenizer pieces -> rank-BPE per piece.

@@ -1,8 +1,9 @@
-// SiTU-GLU on f32 arrays (spec kimi-k3.md §4.4): out[i] = [b1 tanh(g/b1) σ(g)] · [b2 tanh(u/b2)],
+// SiTU-GLU on f32 arrays (docs/model.md#situ): out[i] = [b1 tanh(g/b1) σ(g)] · [b2 tanh(u/b2)],
 // g, u, out [n] contiguous. Scalar = cpu::situ with libm (the reference). AVX-512 evaluates exp
 // and tanh with Cephes' single-precision polynomials (expf: |rel err| ~1e-7; tanhf: odd polynomial
 // below 0.625, 1 − 2/(e^{2|x|} + 1) above), so results differ from libm by a few ulps; tested
 // against the scalar path in tests/kernels_test.cpp. The AVX2 level uses the scalar loop.
+#include <algorithm>
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/simd.h"
@@ -58,7 +59,7 @@ WREN_AVX512 void situ_avx512(const float* g, const float* u, size_t n, float b1,
   const __m512 vb1 = _mm512_set1_ps(b1), vb2 = _mm512_set1_ps(b2), one = _mm512_set1_ps(1.0f);
   const __m512 ib1 = _mm512_set1_ps(1.0f / b1), ib2 = _mm512_set1_ps(1.0f / b2);
   for (size_t i = 0; i < n; i += 16) {
-    const __mmask16 m = n - i >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << (n - i)) - 1);
+    const __mmask16 m = lanes16(int(std::min<size_t>(n - i, 16)));
     const __m512 gv = _mm512_maskz_loadu_ps(m, g + i), uv = _mm512_maskz_loadu_ps(m, u + i);
     const __m512 sig = _mm512_div_ps(one, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv))));
     const __m512 a = _mm512_mul_ps(_mm512_mul_ps(vb1, tanh16(_mm512_mul_ps(gv, ib1))), sig);

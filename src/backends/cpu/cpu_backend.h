@@ -105,7 +105,7 @@ float dot(const float* a, const float* b, int n);
 void rms_row(const float* x, const float* w, int n, float eps, float* y);
 /// σ(x).
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-/// SiTU-GLU of one pair (spec §4.4).
+/// SiTU-GLU of one pair (docs/model.md#situ).
 float situ(float g, float u, float b1, float b2);
 /// y[rows] = M · x for one MXFP4 matrix, on the packed layout (the reference order).
 void mx_gemv(const MxMatrix& m, const float* x, float* y);

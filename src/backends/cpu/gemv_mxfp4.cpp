@@ -1,5 +1,5 @@
 // MXFP4 GEMV/GEMM for the routed experts, on the packed checkpoint layout (never re-encoded):
-// y[t, r] = Σ_g 2^(s[r,g] − 127) · Σ_{c in g} e2m1(code[r, c]) · x[t, c]   (spec kimi-k3.md §5).
+// y[t, r] = Σ_g 2^(s[r,g] − 127) · Σ_{c in g} e2m1(code[r, c]) · x[t, c]   (docs/model.md#mxfp4).
 // Layout (core/mxfp4.h): packed [rows, cols/2] u8, byte j of a row = column 2j (low nibble) and
 // 2j + 1 (high nibble); scale [rows, cols/32] ue8m0. Activations come prepared by mx_prep():
 //   f32   SIMD kernels read x per 32-group as [16 even | 16 odd] columns, matching a packed group's
@@ -15,7 +15,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/kernels.h"
-#include "backends/cpu/simd.h"
+#include "backends/cpu/gemv.h"
 #include "core/mxfp4.h"
 
 namespace wren::cpu {
@@ -187,15 +187,23 @@ void mx_rows_i8_scalar(const MxMatrix& m, const MxAct& a, float* y, int ldy, int
 #if WREN_X86
 namespace {
 
-/// Common fields of the MXFP4 SIMD kernels.
-struct MxArgs {
+/// Fields of the MXFP4 SIMD kernels (the format hooks of the gemv.h skeleton, one 32-column
+/// group per step unless stated).
+struct MxArgs : RowHooks {
   const uint8_t* pk;
   const uint8_t* sc;
   MxAct a;
   float* y;
   int cols, groups, ldy;
+  const Pow2Tables* p2;
   const uint8_t* row(int r) const { return pk + size_t(r) * (cols / 2); }
   const uint8_t* scales(int r) const { return sc + size_t(r) * groups; }
+  /// The packed bytes every 4 groups (64 bytes), the scales every 64 groups.
+  template <int R>
+  WREN_INLINE void prefetch_group(int r, int g) const {
+    if ((g & 3) == 0) prefetch_ahead(row(r) + g * 16, size_t(R) * (cols / 2));
+    if ((g & 63) == 0) prefetch_ahead(scales(r) + g, size_t(R) * groups);
+  }
 };
 
 /// 2^(s − 127) · mul for up to 16 ue8m0 bytes (masked lanes 0): s << 23 is 2^(s − 127) as f32
@@ -212,234 +220,178 @@ WREN_AVX512 inline __m512i block_lanes(int q) {
   return _mm512_add_epi32(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_set1_epi32(4 * q));
 }
 
+/// f32 activations: a group's 16 bytes give its even columns (low nibbles) and odd columns (high
+/// nibbles) as e2m1 via a 16-float table; gs = Σ odd + Σ even products, acc += gs · 2^(s − 127).
 struct MxF32Avx512 : MxArgs {
+  struct W { __m512 e, o; };
+  struct X { __m512 e, o; };
+  int steps() const { return groups; }
   template <int R, int N>
-  WREN_AVX512 void block(int r, int t) const {
+  WREN_AVX512 void decode(int r, int g, NoCarry&, W& w) const {
     const __m512 lut = _mm512_setr_ps(0.f, .5f, 1.f, 1.5f, 2.f, 3.f, 4.f, 6.f, -0.f, -.5f, -1.f, -1.5f, -2.f, -3.f, -4.f, -6.f);
-    const float* p2 = pow2().full;
-    __m512 acc[R][N];
-    WREN_UNROLL
-    for (int i = 0; i < R; ++i)
-      WREN_UNROLL
-      for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
-    for (int g = 0; g < groups; ++g) {
-      __m512 we[R], wo[R];
-      WREN_UNROLL
-      for (int i = 0; i < R; ++i) {
-        if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16, size_t(R) * (cols / 2));
-        if ((g & 63) == 0) prefetch_ahead(scales(r + i) + g, size_t(R) * groups);
-        // vpermps reads only the low 4 bits of each index: the widened byte indexes its low
-        // nibble as it is, and its high nibble after one shift.
-        const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16)));
-        we[i] = _mm512_permutexvar_ps(b, lut);
-        wo[i] = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut);
-      }
-      WREN_UNROLL
-      for (int j = 0; j < N; ++j) {
-        const float* xg = a.xf + size_t(t + j) * cols + g * 32;
-        const __m512 xe = _mm512_loadu_ps(xg), xo = _mm512_loadu_ps(xg + 16);
-        WREN_UNROLL
-        for (int i = 0; i < R; ++i) {
-          const __m512 gs = _mm512_fmadd_ps(wo[i], xo, _mm512_mul_ps(we[i], xe));
-          acc[i][j] = _mm512_fmadd_ps(gs, _mm512_set1_ps(p2[scales(r + i)[g]]), acc[i][j]);
-        }
-      }
-    }
-    WREN_UNROLL
-    for (int i = 0; i < R; ++i)
-      WREN_UNROLL
-      for (int j = 0; j < N; ++j) y[size_t(t + j) * ldy + r + i] = hsum(acc[i][j]);
+    prefetch_group<R>(r, g);
+    // vpermps reads only the low 4 bits of each index: the widened byte indexes its low
+    // nibble as it is, and its high nibble after one shift.
+    const __m512i b = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r) + g * 16)));
+    w.e = _mm512_permutexvar_ps(b, lut);
+    w.o = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut);
+  }
+  WREN_AVX512 void xload(int t, int g, X& x) const {
+    const float* xg = a.xf + size_t(t) * cols + g * 32;
+    x.e = _mm512_loadu_ps(xg), x.o = _mm512_loadu_ps(xg + 16);
+  }
+  WREN_AVX512 void madd(const W& w, const X& x, int r, int g, __m512& acc) const {
+    const __m512 gs = _mm512_fmadd_ps(w.o, x.o, _mm512_mul_ps(w.e, x.e));
+    acc = _mm512_fmadd_ps(gs, _mm512_set1_ps(p2->full[scales(r)[g]]), acc);
   }
 };
 
-/// Whole blocks of 4 groups as exact integer dot products: the block's 64 packed bytes give its
-/// low nibbles (even columns) and high nibbles (odd columns) as bytes, looked up as 2·e2m1 + 12
-/// (unsigned, 0..24) so vpdpbusd multiplies them with the signed activations directly; lane d
-/// sums 8 columns of group 4b + d / 4 and starts from xc = −12·Σ of those activations, which
-/// removes the bias exactly. Then one convert and one multiply by the lanes' scales
-/// 2^(s − 128) · xs per block. Groups after the last whole block go one at a time (tail_group).
+/// 2·e2m1 + 12 by code (unsigned, 0..24), the MxI8Avx512 weight table.
+alignas(16) constexpr uint8_t kBiased[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+
+/// int8 activations, one whole block of 4 groups per step, as exact integer dot products: the
+/// block's 64 packed bytes give its low nibbles (even columns) and high nibbles (odd columns) as
+/// bytes, looked up as 2·e2m1 + 12 so vpdpbusd multiplies them with the signed activations
+/// directly; lane d sums 8 columns of group 4b + d / 4 and starts from xc = −12·Σ of those
+/// activations, which removes the bias exactly. Then one convert and one multiply by the lanes'
+/// scales 2^(s − 128) · xs per block. Groups after the last whole block go one at a time (tail).
 struct MxI8Avx512 : MxArgs {
+  struct Carry { __m512 p16; };  ///< 2^(s − 128) of the 16 groups from the last 4-block boundary
+  struct W { __m512i l, h; __m512 s; };
+  struct X { __m512i l, h, c; __m512 s; };
+  int steps() const { return groups / 4; }
   template <int R, int N>
-  WREN_AVX512 void block(int r, int t) const {
-    alignas(16) static constexpr uint8_t kBiased[16] = {12, 13, 14, 15, 16, 18, 20, 24, 12, 11, 10, 9, 8, 6, 4, 0};
+  WREN_AVX512 void decode(int r, int b, Carry& carry, W& w) const {
     const __m512i lut = _mm512_broadcast_i32x4(_mm_load_si128(reinterpret_cast<const __m128i*>(kBiased)));
     const __m512i m0f = _mm512_set1_epi8(0x0F);
-    const int blocks = groups / 4, c8 = cols / 8;
-    __m512 acc[R][N];
-    WREN_UNROLL
-    for (int i = 0; i < R; ++i)
-      WREN_UNROLL
-      for (int j = 0; j < N; ++j) acc[i][j] = _mm512_setzero_ps();
-    __m512 p16[R];
-    for (int b = 0; b < blocks; ++b) {
-      const int q = b & 3;
-      if (q == 0) {
-        const int ng = std::min(16, groups - 4 * b);
-        const __mmask16 gm = ng == 16 ? __mmask16(0xFFFF) : __mmask16((1u << ng) - 1);
-        WREN_UNROLL
-        for (int i = 0; i < R; ++i) p16[i] = pow2_16(scales(r + i) + 4 * b, gm, 0.5f);
-      }
-      __m512i wl[R], wh[R];
-      __m512 ws[R];
-      WREN_UNROLL
-      for (int i = 0; i < R; ++i) {
-        prefetch_ahead(row(r + i) + b * 64, size_t(R) * (cols / 2));
-        if ((b & 15) == 0) prefetch_ahead(scales(r + i) + 4 * b, size_t(R) * groups);
-        const __m512i v = _mm512_loadu_si512(row(r + i) + b * 64);
-        wl[i] = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m0f));
-        wh[i] = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f));
-        ws[i] = _mm512_permutexvar_ps(block_lanes(q), p16[i]);
-      }
-      WREN_UNROLL
-      for (int j = 0; j < N; ++j) {
-        const int8_t* xb = a.xq + size_t(t + j) * cols + b * 128;
-        const __m512i xl = _mm512_loadu_si512(xb), xh = _mm512_loadu_si512(xb + 64);
-        const __m512i xc = _mm512_loadu_si512(a.xc + size_t(t + j) * c8 + b * 16);
-        const __m512 xs = _mm512_loadu_ps(a.xs4 + size_t(t + j) * c8 + b * 16);
-        WREN_UNROLL
-        for (int i = 0; i < R; ++i) {
-          const __m512i dp = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(xc, wl[i], xl), wh[i], xh);
-          acc[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(ws[i], xs), acc[i][j]);
-        }
-      }
+    const int q = b & 3;
+    if (q == 0) {
+      const int ng = std::min(16, groups - 4 * b);
+      const __mmask16 gm = ng == 16 ? __mmask16(0xFFFF) : __mmask16((1u << ng) - 1);
+      carry.p16 = pow2_16(scales(r) + 4 * b, gm, 0.5f);
     }
-    for (int g = blocks * 4; g < groups; ++g) tail_group<R, N>(r, t, g, acc);
-    WREN_UNROLL
-    for (int i = 0; i < R; ++i)
-      WREN_UNROLL
-      for (int j = 0; j < N; ++j) y[size_t(t + j) * ldy + r + i] = hsum(acc[i][j]);
+    prefetch_ahead(row(r) + b * 64, size_t(R) * (cols / 2));
+    if ((b & 15) == 0) prefetch_ahead(scales(r) + 4 * b, size_t(R) * groups);
+    const __m512i v = _mm512_loadu_si512(row(r) + b * 64);
+    w.l = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, m0f));
+    w.h = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16(v, 4), m0f));
+    w.s = _mm512_permutexvar_ps(block_lanes(q), carry.p16);
+  }
+  WREN_AVX512 void xload(int t, int b, X& x) const {
+    const int c8 = cols / 8;
+    const int8_t* xb = a.xq + size_t(t) * cols + b * 128;
+    x.l = _mm512_loadu_si512(xb), x.h = _mm512_loadu_si512(xb + 64);
+    x.c = _mm512_loadu_si512(a.xc + size_t(t) * c8 + b * 16);
+    x.s = _mm512_loadu_ps(a.xs4 + size_t(t) * c8 + b * 16);
+  }
+  WREN_AVX512 void madd(const W& w, const X& x, int, int, __m512& acc) const {
+    const __m512i dp = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(x.c, w.l, x.l), w.h, x.h);
+    acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dp), _mm512_mul_ps(w.s, x.s), acc);
   }
 
-  /// One group after the last whole block, on 256-bit vectors.
+  /// The groups after the last whole block, one at a time on 256-bit vectors.
   template <int R, int N>
-  WREN_AVX512 void tail_group(int r, int t, int g, __m512 (&acc)[R][N]) const {
+  WREN_AVX512 void tail(int r, int t, __m512 (&acc)[R][N]) const {
     const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2M1x2)));
     const __m128i m0f = _mm_set1_epi8(0x0F);
-    const float* half = pow2().half;
-    WREN_UNROLL
-    for (int i = 0; i < R; ++i) {
-      const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
-      const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m0f), _mm_and_si128(b, m0f));
-      const __m256i w = _mm256_shuffle_epi8(lut, idx), aw = _mm256_abs_epi8(w);
-      WREN_UNROLL
-      for (int j = 0; j < N; ++j) {
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + size_t(t + j) * cols + g * 32));
-        const __m256i dp = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(xv, w));
-        const float s = half[scales(r + i)[g]] * a.xs[size_t(t + j) * groups + g];
-        const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(dp), _mm256_set1_ps(s));
-        acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_zextps256_ps512(f));
-      }
-    }
-  }
-};
-
-struct MxF32Avx2 : MxArgs {
-  template <int R, int N>
-  WREN_AVX2 void block(int r, int t) const {
-    const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2M1x2));
-    const __m128i m0f = _mm_set1_epi8(0x0F);
-    const float* half = pow2().half;
-    __m256 acc[R][N];
-    WREN_UNROLL
-    for (int i = 0; i < R; ++i)
-      WREN_UNROLL
-      for (int j = 0; j < N; ++j) acc[i][j] = _mm256_setzero_ps();
-    for (int g = 0; g < groups; ++g) {
-      __m256 w[R][4];  // 2·e2m1 of even 0-7, even 8-15, odd 0-7, odd 8-15
+    const float* half = p2->half;
+    for (int g = groups / 4 * 4; g < groups; ++g) {
       WREN_UNROLL
       for (int i = 0; i < R; ++i) {
-        if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16, size_t(R) * (cols / 2));
-        if ((g & 63) == 0) prefetch_ahead(scales(r + i) + g, size_t(R) * groups);
-        const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
-        const __m128i e = _mm_shuffle_epi8(lut, _mm_and_si128(b, m0f));
-        const __m128i o = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m0f));
-        w[i][0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e));
-        w[i][1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e, 8)));
-        w[i][2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(o));
-        w[i][3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(o, 8)));
-      }
-      WREN_UNROLL
-      for (int j = 0; j < N; ++j) {
-        const float* xg = a.xf + size_t(t + j) * cols + g * 32;
-        WREN_UNROLL
-        for (int i = 0; i < R; ++i) {
-          __m256 gs = _mm256_mul_ps(w[i][0], _mm256_loadu_ps(xg));
-          gs = _mm256_fmadd_ps(w[i][1], _mm256_loadu_ps(xg + 8), gs);
-          gs = _mm256_fmadd_ps(w[i][2], _mm256_loadu_ps(xg + 16), gs);
-          gs = _mm256_fmadd_ps(w[i][3], _mm256_loadu_ps(xg + 24), gs);
-          acc[i][j] = _mm256_fmadd_ps(gs, _mm256_set1_ps(half[scales(r + i)[g]]), acc[i][j]);
-        }
-      }
-    }
-    WREN_UNROLL
-    for (int i = 0; i < R; ++i)
-      WREN_UNROLL
-      for (int j = 0; j < N; ++j) y[size_t(t + j) * ldy + r + i] = hsum(acc[i][j]);
-  }
-};
-
-struct MxI8Avx2 : MxArgs {
-  template <int R, int N>
-  WREN_AVX2 void block(int r, int t) const {
-    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2M1x2)));
-    const __m128i m0f = _mm_set1_epi8(0x0F);
-    const __m256i ones = _mm256_set1_epi16(1);
-    const float* half = pow2().half;
-    __m256 acc[R][N];
-    WREN_UNROLL
-    for (int i = 0; i < R; ++i)
-      WREN_UNROLL
-      for (int j = 0; j < N; ++j) acc[i][j] = _mm256_setzero_ps();
-    for (int g = 0; g < groups; ++g) {
-      __m256i w[R], aw[R];
-      WREN_UNROLL
-      for (int i = 0; i < R; ++i) {
-        if ((g & 3) == 0) prefetch_ahead(row(r + i) + g * 16, size_t(R) * (cols / 2));
-        if ((g & 63) == 0) prefetch_ahead(scales(r + i) + g, size_t(R) * groups);
         const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r + i) + g * 16));
         const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m0f), _mm_and_si128(b, m0f));
-        w[i] = _mm256_shuffle_epi8(lut, idx);
-        aw[i] = _mm256_abs_epi8(w[i]);
-      }
-      WREN_UNROLL
-      for (int j = 0; j < N; ++j) {
-        const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + size_t(t + j) * cols + g * 32));
-        const float xs = a.xs[size_t(t + j) * groups + g];
+        const __m256i w = _mm256_shuffle_epi8(lut, idx), aw = _mm256_abs_epi8(w);
         WREN_UNROLL
-        for (int i = 0; i < R; ++i) {
-          const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[i], _mm256_sign_epi8(xv, w[i])), ones);
-          const __m256 s = _mm256_set1_ps(half[scales(r + i)[g]] * xs);
-          acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc[i][j]);
+        for (int j = 0; j < N; ++j) {
+          const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + size_t(t + j) * cols + g * 32));
+          const __m256i dp = _mm256_dpbusd_epi32(_mm256_setzero_si256(), aw, _mm256_sign_epi8(xv, w));
+          const float s = half[scales(r + i)[g]] * a.xs[size_t(t + j) * groups + g];
+          const __m256 f = _mm256_mul_ps(_mm256_cvtepi32_ps(dp), _mm256_set1_ps(s));
+          acc[i][j] = _mm512_add_ps(acc[i][j], _mm512_zextps256_ps512(f));
         }
       }
     }
-    WREN_UNROLL
-    for (int i = 0; i < R; ++i)
-      WREN_UNROLL
-      for (int j = 0; j < N; ++j) y[size_t(t + j) * ldy + r + i] = hsum(acc[i][j]);
+  }
+};
+
+/// f32 activations on AVX2: a group's nibbles looked up as 2·e2m1 bytes, widened to four f32
+/// vectors (even 0-7, even 8-15, odd 0-7, odd 8-15); acc += gs · 2^(s − 128).
+struct MxF32Avx2 : MxArgs {
+  struct W { __m256 v[4]; };
+  using X = const float*;  ///< the token's group (read in madd)
+  int steps() const { return groups; }
+  template <int R, int N>
+  WREN_AVX2 void decode(int r, int g, NoCarry&, W& w) const {
+    const __m128i lut = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2M1x2));
+    const __m128i m0f = _mm_set1_epi8(0x0F);
+    prefetch_group<R>(r, g);
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r) + g * 16));
+    const __m128i e = _mm_shuffle_epi8(lut, _mm_and_si128(b, m0f));
+    const __m128i o = _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(b, 4), m0f));
+    w.v[0] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(e));
+    w.v[1] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(e, 8)));
+    w.v[2] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(o));
+    w.v[3] = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(o, 8)));
+  }
+  void xload(int t, int g, X& xg) const { xg = a.xf + size_t(t) * cols + g * 32; }
+  WREN_AVX2 void madd(const W& w, const X& xg, int r, int g, __m256& acc) const {
+    __m256 gs = _mm256_mul_ps(w.v[0], _mm256_loadu_ps(xg));
+    gs = _mm256_fmadd_ps(w.v[1], _mm256_loadu_ps(xg + 8), gs);
+    gs = _mm256_fmadd_ps(w.v[2], _mm256_loadu_ps(xg + 16), gs);
+    gs = _mm256_fmadd_ps(w.v[3], _mm256_loadu_ps(xg + 24), gs);
+    acc = _mm256_fmadd_ps(gs, _mm256_set1_ps(p2->half[scales(r)[g]]), acc);
+  }
+};
+
+/// int8 activations on AVX2: 2·e2m1 bytes against the group's int8 activations with maddubs
+/// (|w| unsigned, the sign moved onto x), pairs summed by madd; acc += Σ · 2^(s − 128) · xs.
+struct MxI8Avx2 : MxArgs {
+  struct W { __m256i w, aw; };
+  struct X { __m256i v; float s; };
+  int steps() const { return groups; }
+  template <int R, int N>
+  WREN_AVX2 void decode(int r, int g, NoCarry&, W& w) const {
+    const __m256i lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(kE2M1x2)));
+    const __m128i m0f = _mm_set1_epi8(0x0F);
+    prefetch_group<R>(r, g);
+    const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row(r) + g * 16));
+    const __m256i idx = _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16(b, 4), m0f), _mm_and_si128(b, m0f));
+    w.w = _mm256_shuffle_epi8(lut, idx);
+    w.aw = _mm256_abs_epi8(w.w);
+  }
+  WREN_AVX2 void xload(int t, int g, X& x) const {
+    x.v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.xq + size_t(t) * cols + g * 32));
+    x.s = a.xs[size_t(t) * groups + g];
+  }
+  WREN_AVX2 void madd(const W& w, const X& x, int r, int g, __m256& acc) const {
+    const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(w.aw, _mm256_sign_epi8(x.v, w.w)), _mm256_set1_epi16(1));
+    const __m256 s = _mm256_set1_ps(p2->half[scales(r)[g]] * x.s);
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), s, acc);
   }
 };
 
 template <class K>
-K mx_args(const MxMatrix& m, const MxAct& a, float* y, int ldy) {
-  K k;
-  static_cast<MxArgs&>(k) = MxArgs{m.packed, m.scale, a, y, m.cols, m.cols / 32, ldy};
-  return k;
+RowsAvx512<K> mx_args512(const MxMatrix& m, const MxAct& a, float* y, int ldy) {
+  return {{{{}, m.packed, m.scale, a, y, m.cols, m.cols / 32, ldy, &pow2()}}};
+}
+template <class K>
+RowsAvx2<K> mx_args2(const MxMatrix& m, const MxAct& a, float* y, int ldy) {
+  return {{{{}, m.packed, m.scale, a, y, m.cols, m.cols / 32, ldy, &pow2()}}};
 }
 
 }  // namespace
 
 void mx_rows_f32_avx512(const MxMatrix& m, const MxAct& a, float* y, int ldy, int r0, int r1) {
-  drive_rows<4, 2>(mx_args<MxF32Avx512>(m, a, y, ldy), a.T, r0, r1);
+  drive_rows<4, 2>(mx_args512<MxF32Avx512>(m, a, y, ldy), a.T, r0, r1);
 }
 void mx_rows_i8_avx512(const MxMatrix& m, const MxAct& a, float* y, int ldy, int r0, int r1) {
-  drive_rows<4, 2>(mx_args<MxI8Avx512>(m, a, y, ldy), a.T, r0, r1);
+  drive_rows<4, 2>(mx_args512<MxI8Avx512>(m, a, y, ldy), a.T, r0, r1);
 }
 void mx_rows_f32_avx2(const MxMatrix& m, const MxAct& a, float* y, int ldy, int r0, int r1) {
-  drive_rows<2, 1>(mx_args<MxF32Avx2>(m, a, y, ldy), a.T, r0, r1);
+  drive_rows<2, 1>(mx_args2<MxF32Avx2>(m, a, y, ldy), a.T, r0, r1);
 }
 void mx_rows_i8_avx2(const MxMatrix& m, const MxAct& a, float* y, int ldy, int r0, int r1) {
-  drive_rows<2, 1>(mx_args<MxI8Avx2>(m, a, y, ldy), a.T, r0, r1);
+  drive_rows<2, 1>(mx_args2<MxI8Avx2>(m, a, y, ldy), a.T, r0, r1);
 }
 #endif
 

@@ -1,4 +1,4 @@
-// CPU backend: the KDA token recurrence (spec kimi-k3.md §4.2 steps 2-7).
+// CPU backend: the KDA token recurrence (docs/model.md#kda, steps 2-7).
 // Layout: q, k, v [T, P] pre-conv; conv window [3, P, K-1] oldest first; S [H, d, d] as
 // S[key][value]; conv weights [P, K] per q/k/v with tap K-1 = current token.
 // Threads: first the conv + SiLU per channel over the chunk's tokens (a channel's window advances
@@ -11,6 +11,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/simd.h"
+#include "core/kda_math.h"
 
 namespace wren {
 
@@ -32,15 +33,6 @@ void delta_step_scalar(float* S, const float* q, const float* k, const float* v,
 }
 
 #if WREN_X86
-namespace {
-WREN_AVX512 inline __mmask16 lanes16(int left) {
-  return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-}
-WREN_AVX2 inline __m256i lanes8(int left) {
-  return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-}
-}  // namespace
-
 WREN_AVX512 void delta_step_avx512(float* S, const float* q, const float* k, const float* v,
                                    const float* alpha, float beta, int d, float* u, float* o) {
   for (int c = 0; c < d; c += 16) _mm512_mask_storeu_ps(u + c, lanes16(d - c), _mm512_setzero_ps());
@@ -108,19 +100,16 @@ namespace {
 void conv_silu_channel(const float* x, int P, int T, const float* wc, float* win, int K, float* y) {
   for (int t = 0; t < T; ++t) {
     const float xt = x[size_t(t) * P];
-    float acc = wc[K - 1] * xt;
-    for (int j = 0; j < K - 1; ++j) acc += wc[j] * win[j];
-    for (int j = 0; j + 1 < K - 1; ++j) win[j] = win[j + 1];
-    if (K > 1) win[K - 2] = xt;
-    y[size_t(t) * P] = acc * cpu::sigmoid(acc);
+    y[size_t(t) * P] = kda::conv_silu(wc, K, xt, kda::WindowTaps{win});
+    kda::conv_push(win, K, xt);
   }
 }
 
-/// v / sqrt(Σ v² + 1e-6) · scale (the 1e-6 is inside the root of the SUM; spec §4.2 step 3).
+/// v / sqrt(Σ v² + 1e-6) · scale (the 1e-6 is inside the root of the SUM; docs/model.md#kda, step 3).
 void l2_normalize(float* v, int n, float scale) {
   double ss = 0;
   for (int i = 0; i < n; ++i) ss += double(v[i]) * v[i];
-  const float inv = float(1.0 / std::sqrt(ss + 1e-6)) * scale;
+  const float inv = kda::l2_factor(ss, scale);
   for (int i = 0; i < n; ++i) v[i] *= inv;
 }
 
@@ -146,11 +135,9 @@ void CpuBackend::kda_head(const KdaParams& p, const KdaWeights& w, KdaState& s, 
     for (int r = 0; r < d; ++r) {
       const int c = h * d + r;
       const float zc = z[size_t(t) * P + c] + w.dt_bias.f32()[c];
-      const float g = p.gate == KdaGate::LowerBound ? p.gate_lower_bound * cpu::sigmoid(a * zc)
-                                                    : -a * (zc > 20.f ? zc : std::log1p(std::exp(zc)));
-      alpha[r] = std::exp(g);
+      alpha[r] = std::exp(kda::log_decay(p.gate == KdaGate::Softplus, a, zc, p.gate_lower_bound));
     }
-    const float b = cpu::sigmoid(beta[size_t(t) * H + h]);
+    const float b = kda::beta_gate(beta[size_t(t) * H + h]);
     k_->delta_step(s.S + size_t(h) * d * d, q, k, v, alpha, b, d, u, o);
     float* oh = out + size_t(t) * P + h * d;
     cpu::rms_row(o, w.o_norm.f32(), d, p.eps, oh);

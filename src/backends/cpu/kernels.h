@@ -47,7 +47,7 @@ int mx_act_pos(Isa isa, bool int8, int cols, int c);
 using MxRowsFn = void (*)(const MxMatrix& m, const MxAct& a, float* y, int ldy, int r0, int r1);
 
 /// One KDA head's delta-rule step on S [d, d] (S[key][value]): decay key rows by alpha, read
-/// u = kᵀS, write k ⊗ β(v − u), read o = qᵀS (spec kimi-k3.md §4.2 step 6). u, o [d].
+/// u = kᵀS, write k ⊗ β(v − u), read o = qᵀS (docs/model.md#kda, step 6). u, o [d].
 using DeltaStepFn = void (*)(float* S, const float* q, const float* k, const float* v,
                              const float* alpha, float beta, int d, float* u, float* o);
 

@@ -1,4 +1,4 @@
-// CPU backend: gated NoPE MLA, absorbed form over the latent cache (spec kimi-k3.md §4.3).
+// CPU backend: gated NoPE MLA, absorbed form over the latent cache (docs/model.md#mla).
 // Layout: q [T, H, nope+extra]; ckv [T, kv_lora+extra]; cache rows [kv_lora normed latent | extra
 // raw key]; kv_b [H*(nope+v), kv_lora] in any WFormat with per head rows [k_nope (nope) | v (v_head)].
 // The chunk's tokens are appended to the cache first (a row depends only on its own token); then

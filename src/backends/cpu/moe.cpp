@@ -1,5 +1,5 @@
 // CPU backend: sigmoid router with biased top-k, and the routed experts on the packed MXFP4 layout
-// (spec kimi-k3.md §4.4, §5). Layout: z [*, latent] rows picked by in_rows; ys [*, latent] rows
+// (docs/model.md#moe, #mxfp4). Layout: z [*, latent] rows picked by in_rows; ys [*, latent] rows
 // written at out_rows; per expert w1/w3 [inter, latent], w2 [latent, inter] (kernels in
 // gemv_mxfp4.cpp). A batch runs each expert once over all its tokens, experts spread over threads.
 #include <cstring>

@@ -1,4 +1,4 @@
-// CPU backend: RMSNorm and the AttnRes mix (spec kimi-k3.md §4.1).
+// CPU backend: RMSNorm and the AttnRes mix (docs/model.md#attnres).
 #include <cmath>
 #include <vector>
 

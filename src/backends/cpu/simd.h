@@ -27,12 +27,17 @@
 /// accumulator arrays live in registers; plain -O2 keeps them in memory.
 #define WREN_UNROLL _Pragma("GCC unroll 16")
 
+/// Forces inlining of a small helper. Needed for the prefetch helpers: GCC's IPA judges a function
+/// whose only effect is a prefetch to be side-effect free and deletes calls to it that were not
+/// inlined early, silently dropping the prefetch.
+#define WREN_INLINE inline __attribute__((always_inline))
+
 namespace wren::cpu {
 /// Prefetches into L1 the line `ahead` bytes after p (a hint: never faults). The quantized GEMV
 /// loops call it with ahead = the bytes of one row block, i.e. the same position in the row the
 /// next block will read: rows are contiguous, so the block streams as one region, and the dense
 /// decode work per byte otherwise keeps too few misses in flight, worst for short rows.
-inline void prefetch_ahead(const void* p, size_t ahead) {
+WREN_INLINE void prefetch_ahead(const void* p, size_t ahead) {
 #if WREN_X86
   _mm_prefetch(static_cast<const char*>(p) + ahead, _MM_HINT_T0);
 #endif
@@ -51,6 +56,14 @@ WREN_AVX2 inline float hsum(__m256 v) {
 /// Σ of the 16 lanes, in a fixed order.
 WREN_AVX512 inline float hsum(__m512 v) {
   return hsum(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+/// AVX-512 mask of the first min(left, 16) lanes (left >= 1).
+WREN_AVX512 inline __mmask16 lanes16(int left) {
+  return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
+}
+/// AVX2 load/store mask of the first min(left, 8) lanes.
+WREN_AVX2 inline __m256i lanes8(int left) {
+  return _mm256_cmpgt_epi32(_mm256_set1_epi32(left), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
 }
 #endif
 

@@ -15,12 +15,6 @@ void axpy_scalar(float a, const float* x, float* y, int n) {
 }
 
 #if WREN_X86
-namespace {
-WREN_AVX512 inline __mmask16 mask16(int left) {
-  return left >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << left) - 1);
-}
-}  // namespace
-
 WREN_AVX512 float dot_avx512(const float* a, const float* b, int n) {
   __m512 s0 = _mm512_setzero_ps(), s1 = _mm512_setzero_ps();
   int i = 0;
@@ -29,7 +23,7 @@ WREN_AVX512 float dot_avx512(const float* a, const float* b, int n) {
     s1 = _mm512_fmadd_ps(_mm512_loadu_ps(a + i + 16), _mm512_loadu_ps(b + i + 16), s1);
   }
   for (; i < n; i += 16) {
-    const __mmask16 m = mask16(n - i);
+    const __mmask16 m = lanes16(n - i);
     s0 = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), _mm512_maskz_loadu_ps(m, b + i), s0);
   }
   return hsum(_mm512_add_ps(s0, s1));
@@ -38,7 +32,7 @@ WREN_AVX512 float dot_avx512(const float* a, const float* b, int n) {
 WREN_AVX512 void axpy_avx512(float a, const float* x, float* y, int n) {
   const __m512 av = _mm512_set1_ps(a);
   for (int i = 0; i < n; i += 16) {
-    const __mmask16 m = mask16(n - i);
+    const __mmask16 m = lanes16(n - i);
     _mm512_mask_storeu_ps(y + i, m, _mm512_fmadd_ps(av, _mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i)));
   }
 }

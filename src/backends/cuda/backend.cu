@@ -178,7 +178,7 @@ void add_expert(std::vector<Piece>& out, const ExpertRef& e) {
 
 /// Mirrors `pieces`: a host tensor already in the map is copied again into its device slot when
 /// that slot is large enough (so a re-upload refreshes the contents, and a host address reused by a
-/// new tensor never serves stale bytes, gpu-backend.md lesson 11); the others go into one new
+/// new tensor never serves stale bytes, docs/gpu-method.md#residency); the others go into one new
 /// device arena and are added to the map.
 void upload_pieces(CudaBackend::Impl& m, const std::vector<Piece>& pieces) {
   constexpr size_t kAlign = 256;

@@ -10,12 +10,12 @@
 // device copy through a host-pointer -> device-pointer map. The map is only as fresh as the last
 // upload: model weights are immutable while their Model lives, and every upload() re-copies a
 // tensor it already knows, so a host address reused by new data is refreshed, never served stale
-// (gpu-backend.md lesson 11). An op handed a weight that was never uploaded throws rather than
+// (docs/gpu-method.md#residency). An op handed a weight that was never uploaded throws rather than
 // reading host memory. Host-side inputs of the interface (token ids, router_topk's outputs, expert
 // weights) stay host memory as backend.h says; routed_moe keeps ids and weights on the device.
 // Decode graphs: graph.cu; VRAM expert tier (experts beyond --vram-experts): expert_tier.cu.
 //
-// Numerics ("exact mode", gpu-backend.md §3.5): f32 activations, f32 accumulation in the CPU
+// Numerics ("exact mode", docs/gpu-method.md#modes): f32 activations, f32 accumulation in the CPU
 // reference's order wherever that order is cheap to reproduce (the 8-accumulator dot of gemm and
 // MLA, the per-group MXFP4 sums, the KDA column recurrences, the mix sums), f64 for the RMS means
 // and AttnRes scores; built without fast math, flush-to-zero or FMA contraction; exp/tanh evaluated
@@ -34,7 +34,7 @@
 
 namespace wren {
 
-/// Counters of one CudaBackend, for tests and reports ("prove the GPU did the work", §3.7).
+/// Counters of one CudaBackend, for tests and reports ("prove the GPU did the work", docs/gpu-method.md#proof).
 struct CudaStats {
   uint64_t launches = 0;         ///< kernel launches outside graphs
   uint64_t host_syncs = 0;       ///< stream synchronizations the host waited for

@@ -37,7 +37,7 @@ struct ExpertPtrs {
 
 /// One MoE layer's device expert table for routed_moe: ExpertPtrs [E] in device memory, built from
 /// the weight map when every expert of the layer is resident. Rebuilt after any upload (the map
-/// may have changed), never keyed by a host address alone (gpu-backend.md lesson 11).
+/// may have changed), never keyed by a host address alone (docs/gpu-method.md#residency).
 struct LayerTable {
   uint64_t generation = 0;   ///< Impl::generation it was built at (0 = never)
   bool resident = false;     ///< every expert of the layer has a device copy
@@ -50,7 +50,7 @@ struct LayerTable {
 /// The VRAM expert tier (expert_tier.cu): when the routed MXFP4 experts exceed the budget they
 /// stay on the host (the ExpertSource: shard mappings or the ExpertStore) and an LRU of device
 /// slots holds the recently used ones. Slots are keyed by (layer, expert id), never by a host
-/// address (the store reuses its buffers for other experts: gpu-backend.md lesson 11). A slot is
+/// address (the store reuses its buffers for other experts: docs/gpu-method.md#residency). A slot is
 /// one expert's six tensors, each 256-byte aligned: w1 packed, w1 scale, w3 packed, w3 scale,
 /// w2 packed, w2 scale.
 struct ExpertTier {
@@ -136,7 +136,7 @@ __device__ __forceinline__ float exp_f(float x) { return float(exp(double(x))); 
 __device__ __forceinline__ float tanh_f(float x) { return float(tanh(double(x))); }
 /// σ(x) in the CPU reference's form: 1 / (1 + e^-x) in f32.
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
-/// SiTU-GLU of one pair in the CPU reference's operation order (spec §4.4).
+/// SiTU-GLU of one pair in the CPU reference's operation order (docs/model.md#situ).
 __device__ __forceinline__ float situ_f(float g, float u, float b1, float b2) {
   return (b1 * tanh_f(g / b1) * sigmoid_f(g)) * (b2 * tanh_f(u / b2));
 }

@@ -94,7 +94,7 @@ __device__ void row_partials(const QuantView& v, int row, const float* x, int nt
       }
     }
   } else {  // Q4_G64: lane takes one 4-byte word = 4 low-nibble columns b..b+3 and 4 high ones b+32..b+35
-    const int groups = (cols + 63) / 64;
+    const int groups = int(q4::groups(cols));
     const uint32_t* w = reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(v.data) + size_t(row) * groups * 32);
     const float* sc = v.scale + size_t(row) * groups;
     for (int i = lane; i < groups * 8; i += kWarp) {
@@ -104,8 +104,8 @@ __device__ void row_partials(const QuantView& v, int row, const float* x, int nt
       float lo[4], hi[4];
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        lo[k] = float(int((q >> (8 * k)) & 0xF) - 8);
-        hi[k] = float(int((q >> (8 * k + 4)) & 0xF) - 8);
+        lo[k] = float(q4::nibble_q(q >> (8 * k)));
+        hi[k] = float(q4::nibble_q(q >> (8 * k + 4)));
       }
       float part[TT];
 #pragma unroll

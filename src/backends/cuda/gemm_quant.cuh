@@ -5,6 +5,7 @@
 #include <cstdint>
 
 #include "backends/cuda/cuda_common.cuh"
+#include "core/q4_g64.h"
 #include "ops/weights.h"
 
 namespace wren::cuda {
@@ -30,9 +31,8 @@ __device__ __forceinline__ float quant_at(const QuantView& v, int r, int c) {
     case WFormat::Q8_ROW:
       return float(static_cast<const int8_t*>(v.data)[size_t(r) * v.cols + c]) * v.scale[r];
     case WFormat::Q4_G64: {
-      const int groups = (v.cols + 63) / 64, g = c >> 6, j = c & 63;
-      const uint8_t b = static_cast<const uint8_t*>(v.data)[(size_t(r) * groups + g) * 32 + (j & 31)];
-      const int q = int(j < 32 ? (b & 0xF) : (b >> 4)) - 8;
+      const int groups = int(q4::groups(v.cols)), g = c >> 6;
+      const int q = q4::q_at(static_cast<const uint8_t*>(v.data) + (size_t(r) * groups + g) * q4::kGroupBytes, c & 63);
       return float(q) * v.scale[size_t(r) * groups + g];
     }
     default:

@@ -1,7 +1,7 @@
-// CUDA backend: the fused KDA step (spec kimi-k3.md §4.2 steps 2-7), ONE launch per chunk of T
+// CUDA backend: the fused KDA step (docs/model.md#kda, steps 2-7), ONE launch per chunk of T
 // tokens: block h owns head h for the whole chunk and loops the tokens in order, doing conv + SiLU,
 // L2 norms, the decay/beta gates, the delta-rule state update and read, the per-head RMSNorm and
-// the output gate with no host round trip (gpu-backend.md §2.13).
+// the output gate with no host round trip (docs/gpu-method.md#kda-fused).
 // Layout: q, k, v, z, gate, out [T, P] (P = H·d); beta [T, H]; S [H, d, d] as S[key][value];
 // conv windows [3, P, K-1] oldest first; conv weights [P, K] with tap K-1 = the current token.
 //
@@ -15,7 +15,7 @@
 // rounding, not bit-identical). Selection per call:
 // - T = 1 (decode): always the token kernel.
 // - T > 1: the backend option CudaOptions::kda (--cuda-kda) = Recurrent (the default: the token
-//   kernel for every T, exact mode) or Chunked (fast mode, gpu-backend.md §2.14); kda_chunk
+//   kernel for every T, exact mode) or Chunked (fast mode, docs/gpu-method.md#kda-chunked); kda_chunk
 //   (--cuda-kda-chunk) = 16, 32 or 64 (default 32) asks for the chunk length (smaller when d is too
 //   large for its shared memory; the token kernel when even 16 does not fit). Options are fixed at
 //   construction (CudaBackend::set_options changes them between calls: tests, benchmarks).
@@ -25,6 +25,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/kda_chunked.cuh"
+#include "core/kda_math.h"
 
 namespace wren {
 
@@ -42,11 +43,9 @@ struct KdaArgs {
 
 /// Causal depthwise conv over the window + SiLU for one channel; shifts the window.
 __device__ __forceinline__ float conv_silu(float x, const float* wc, float* wi, int K) {
-  float acc = wc[K - 1] * x;
-  for (int j = 0; j < K - 1; ++j) acc += wc[j] * wi[j];
-  for (int j = 0; j + 1 < K - 1; ++j) wi[j] = wi[j + 1];
-  if (K > 1) wi[K - 2] = x;
-  return acc * cuda::sigmoid_f(acc);
+  const float y = kda::conv_silu(wc, K, x, kda::WindowTaps{wi});
+  kda::conv_push(wi, K, x);
+  return y;
 }
 
 __global__ void kda_kernel(KdaArgs a) {
@@ -84,18 +83,16 @@ __global__ void kda_kernel(KdaArgs a) {
     }
     sq = cuda::block_sum(sq, red);
     sk = cuda::block_sum(sk, red);
-    const float invq = float(1.0 / sqrt(sq + 1e-6)) * qscale, invk = float(1.0 / sqrt(sk + 1e-6)) * 1.0f;
+    const float invq = kda::l2_factor(sq, qscale), invk = kda::l2_factor(sk, 1.0f);
     __syncthreads();
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
       qs[i] *= invq;
       ks[i] *= invk;
       const int ch = h * d + i;
       const float zc = a.z[size_t(t) * P + ch] + a.dt_bias[ch];
-      const float g = a.softplus_gate ? -A * (zc > 20.f ? zc : log1pf(cuda::exp_f(zc)))
-                                      : a.lower * cuda::sigmoid_f(A * zc);
-      al[i] = cuda::exp_f(g);
+      al[i] = cuda::exp_f(kda::log_decay(a.softplus_gate, A, zc, a.lower));
     }
-    const float b = cuda::sigmoid_f(a.beta[size_t(t) * a.H + h]);
+    const float b = kda::beta_gate(a.beta[size_t(t) * a.H + h]);
     __syncthreads();
     // Delta rule on column c: decay rows, u = kᵀS, write k ⊗ β(v − u), read o = qᵀS.
     if (c < d) {
@@ -135,7 +132,7 @@ __global__ void kda_kernel(KdaArgs a) {
 /// Chunk length the chunked path should use for this call, or 0 for the token kernel (see the
 /// header).
 int chunk_for_call(int T, int d, int max_smem, const CudaOptions& o) {
-  if (T <= 1 || o.kda == CudaKda::Recurrent) return 0;  // exact mode by default (gpu-backend.md §2.14)
+  if (T <= 1 || o.kda == CudaKda::Recurrent) return 0;  // exact mode by default (docs/gpu-method.md#kda-chunked)
   return cuda::kda_chunk_fit(d, o.kda_chunk, max_smem);
 }
 

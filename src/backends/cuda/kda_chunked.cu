@@ -1,7 +1,7 @@
 // CUDA backend: the KDA core in chunked (parallel-within-chunk) form, for prefill.
 //
-// The math is the spec's recurrence (kimi-k3.md §4.2 step 6) rewritten per chunk; nothing else is
-// assumed. The spec itself gives no chunked algorithm (gpu-backend.md §2.14: colibri has none; "not
+// The math is the spec's recurrence (docs/model.md#kda, step 6) rewritten per chunk; nothing else is
+// assumed. The spec itself gives no chunked algorithm (docs/gpu-method.md#kda-chunked: colibri has none; "not
 // bit-identical to the recurrence; it belongs to fast mode"); the rewrite below is the chunkwise
 // form of the Kimi Linear paper (per-channel-decay gated delta rule, WY/UT form, as in fla's
 // chunk_kda), derived here from the recurrence by unrolling it, so every step can be checked:
@@ -39,6 +39,7 @@
 #include <string>
 
 #include "backends/cuda/kda_chunked.cuh"
+#include "core/kda_math.h"
 
 namespace wren {
 namespace cuda {
@@ -57,6 +58,18 @@ size_t intra_smem(int d, int C) {
          (2 * size_t(C) * C + C) * sizeof(float);
 }
 
+/// The conv taps of channel ch at token t of this call: tap j is token τ = t − (K−1) + j, read
+/// from the inputs x [T, P], or for τ < 0 (before this call's first token) from the window.
+struct ChunkTaps {
+  const float* x;
+  const float* win;
+  int P, ch, t, K;
+  WREN_HD float operator()(int j) const {
+    const int tau = t - (K - 1) + j;
+    return tau >= 0 ? x[size_t(tau) * P + ch] : win[K - 1 + tau];
+  }
+};
+
 /// Per (token, head): conv + SiLU from the inputs and the incoming window (not advanced here),
 /// L2 norms, log decay g and β. Writes qn, kn, vc, g [T, P] and bs [T, H].
 __global__ void kda_prep_kernel(KdaChunkArgs a, float* qn, float* kn, float* vc, float* gl, float* bs) {
@@ -73,13 +86,7 @@ __global__ void kda_prep_kernel(KdaChunkArgs a, float* qn, float* kn, float* vc,
     const int m = i / d, r = i % d, ch = h * d + r;
     const float* wc = convw[m] + size_t(ch) * K;
     const float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
-    const float* x = ins[m];
-    float acc = wc[K - 1] * x[size_t(t) * P + ch];
-    for (int j = 0; j < K - 1; ++j) {
-      const int tau = t - (K - 1) + j;  // token of tap j; before this call's first token: the window
-      acc += wc[j] * (tau >= 0 ? x[size_t(tau) * P + ch] : win[K - 1 + tau]);
-    }
-    outs[m][r] = acc * sigmoid_f(acc);
+    outs[m][r] = kda::conv_silu(wc, K, ins[m][size_t(t) * P + ch], ChunkTaps{ins[m], win, P, ch, t, K});
   }
   __syncthreads();
   double sq = 0, sk = 0;
@@ -90,7 +97,7 @@ __global__ void kda_prep_kernel(KdaChunkArgs a, float* qn, float* kn, float* vc,
   sq = block_sum(sq, red);
   sk = block_sum(sk, red);
   const float qscale = 1.0f / sqrtf(float(d));
-  const float invq = float(1.0 / sqrt(sq + 1e-6)) * qscale, invk = float(1.0 / sqrt(sk + 1e-6)) * 1.0f;
+  const float invq = kda::l2_factor(sq, qscale), invk = kda::l2_factor(sk, 1.0f);
   const float A = exp_f(a.a_log[h]);
   for (int i = threadIdx.x; i < d; i += blockDim.x) {
     const size_t at = size_t(t) * P + size_t(h) * d + i;
@@ -98,9 +105,9 @@ __global__ void kda_prep_kernel(KdaChunkArgs a, float* qn, float* kn, float* vc,
     kn[at] = ks[i] * invk;
     vc[at] = vs[i];
     const float zc = a.z[at] + a.dt_bias[h * d + i];
-    gl[at] = a.softplus_gate ? -A * (zc > 20.f ? zc : log1pf(exp_f(zc))) : a.lower * sigmoid_f(A * zc);
+    gl[at] = kda::log_decay(a.softplus_gate, A, zc, a.lower);
   }
-  if (threadIdx.x == 0) bs[size_t(t) * a.H + h] = sigmoid_f(a.beta[size_t(t) * a.H + h]);
+  if (threadIdx.x == 0) bs[size_t(t) * a.H + h] = kda::beta_gate(a.beta[size_t(t) * a.H + h]);
 }
 
 /// Advances the conv windows over the T tokens: window j = pre-conv input of token T-(K-1)+j.

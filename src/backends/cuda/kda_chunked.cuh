@@ -1,5 +1,5 @@
 // CUDA backend: the chunked (parallel-within-chunk) form of the KDA core for prefill (issue 6,
-// gpu-backend.md §2.14). Private to src/backends/cuda; kda.cu chooses between it and the
+// docs/gpu-method.md#kda-chunked). Private to src/backends/cuda; kda.cu chooses between it and the
 // token-by-token kernel (see kda.cu's header for the selection and WREN_CUDA_KDA).
 #pragma once
 #include "backends/cuda/cuda_common.cuh"

@@ -1,4 +1,4 @@
-// CUDA backend: gated NoPE MLA, absorbed form over the device latent cache (spec kimi-k3.md §4.3).
+// CUDA backend: gated NoPE MLA, absorbed form over the device latent cache (docs/model.md#mla).
 // Layout: q [T, H, nope+extra]; ckv [T, kv_lora+extra] (pre-norm); cache rows [kv_lora normed
 // latent | extra raw key], [capacity, kv_lora+extra] f32; kv_b [H·(nope+v), kv_lora] with per head
 // rows [k_nope (nope) | v (v_head)]; ctx [T, H·v_head].

@@ -1,5 +1,5 @@
 // CUDA backend: sigmoid router with biased top-k, one routed expert on the packed MXFP4 layout, and
-// the weighted expert sum (spec kimi-k3.md §4.4, §5).
+// the weighted expert sum (docs/model.md#moe, #mxfp4).
 // Layout: logits [T, E] device; ids/weights [T, k] HOST; an expert's matrices are packed
 // [rows, cols/2] u8 (column 2j in the low nibble of byte j) + ue8m0 scale [rows, cols/32] u8,
 // decoded with the one codec (core/mxfp4.h); z, y [latent] device; ys [m, n] device.

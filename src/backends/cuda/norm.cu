@@ -1,4 +1,4 @@
-// CUDA backend: RMSNorm and the AttnRes mix (spec kimi-k3.md §4.1).
+// CUDA backend: RMSNorm and the AttnRes mix (docs/model.md#attnres).
 // Layout: x, y [T, n] f32 row-major, w [n]; mix entries are T×D device buffers, w = norm ⊙ proj [D].
 //
 // One block per token row. Sums of squares and AttnRes scores are accumulated in f64 (a block
