@@ -39,7 +39,7 @@ class Chat : public ::testing::Test {
     seg(out, {"message", " role", "=\"", role, "\""});
     out.push_back(kSep);
   }
-  /// `<|open|>NAME k1="v1" ...<|sep|>`, each piece its own segment (spec §7, encoder `_open_tag`).
+  /// `<|open|>NAME k1="v1" ...<|sep|>`, each piece its own segment (docs/model.md#chat-format, encoder `_open_tag`).
   static void open_attrs(std::vector<int>& out, const std::string& name,
                          const std::vector<std::pair<std::string, std::string>>& attrs) {
     out.push_back(kOpen);

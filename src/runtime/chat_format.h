@@ -1,7 +1,7 @@
 // The K3 chat format (XTML, docs/model.md#chat-format): messages, tool declarations, tool calls and tool
 // results to token ids, and the streamed reply back into its think, response and tools channels.
 //
-// Beyond the spec's short list, the rules follow Moonshot's encoder (`encoding_k3.py`, as vLLM
+// Beyond docs/model.md#chat-format's short list, the rules follow Moonshot's encoder (`encoding_k3.py`, as vLLM
 // ships it), read and rewritten here:
 //   - a `tools` list is declared first, as `<|open|>message role="system" type="tool-declare"<|sep|>`
 //     with a fixed header and the tools as compact JSON with every object's keys sorted;
