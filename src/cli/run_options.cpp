@@ -26,6 +26,8 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub->add_flag("--cpu-fallback,!--no-cpu-fallback", engine.cpu_fallback,
                 "On a GPU failure, say so and continue on the CPU (default) or stop with the error");
+  sub->add_flag("--strict", engine.strict,
+                "Fail instead of taking a backend's slow fallback (e.g. CUDA routing the MoE on the host)");
   cpu.add_to(sub);
   sub->add_option("--ctx", engine.ctx, "Context capacity in tokens (MLA cache size)")->check(positive());
 }
@@ -34,7 +36,7 @@ EngineOptions CommonArgs::engine_options() const {
   EngineOptions o = engine;
   o.plan = cpu.plan();
   o.cpu = cpu.backend();
-  std::fprintf(stderr, "wren: %s\n", describe(o.cpu, o.plan).c_str());
+  std::fprintf(stderr, "wren: %s%s\n", describe(o.cpu, o.plan).c_str(), o.strict ? "; strict (no slow fallbacks)" : "");
   return o;
 }
 
@@ -45,6 +47,9 @@ void print_stats(const GenerateStats& s, Engine& e) {
                  (unsigned long long)x.hits, (unsigned long long)x.misses, 100 * x.hit_rate(), x.bytes_read / 1e6,
                  x.wait_s, x.compute_s);
   }
+  if (const uint64_t n = e.backend().fallbacks(); n != 0)
+    std::fprintf(stderr, "wren: %llu slow fallbacks of the %s backend (see the first one above)\n", (unsigned long long)n,
+                 e.backend().name());
   const int decoded = s.generated_tokens > 1 ? s.generated_tokens - 1 : 0;
   std::fprintf(stderr,
                "wren: backend %s; %d prompt tokens, prefill %.1f tok/s, TTFT %.3f s; %d generated, decode %.1f tok/s; peak RSS %.1f MB\n",

@@ -38,18 +38,12 @@ struct Forward::Buffers {
   // FFN
   float *g, *u, *act;                 // [T, max(inter)]
   float *rlog, *lat, *ys, *lsum, *lnorm;
-  std::vector<int> ids;               // host [T, k]
-  std::vector<float> wts;             // host [T, k]
   // Head
   float *hnorm, *logits;
 };
 
-Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts, ExpertSource* experts)
-    : model_(model), cfg_(model.config), be_(backend), opts_(opts), experts_(experts) {
-  if (!experts_) {
-    own_experts_ = std::make_unique<MappedExperts>(weight_list(model.weights));
-    experts_ = own_experts_.get();
-  }
+Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts)
+    : model_(model), cfg_(model.config), be_(backend), opts_(opts) {
   const Config& c = cfg_;
   n_layers_ = opts.layers < 0 ? c.n_layers : std::min(opts.layers, c.n_layers);
   check(opts_.max_chunk >= 1, "--chunk must be at least 1");
@@ -83,7 +77,6 @@ void Forward::Buffers::plan(const Config& c, size_t T) {
   const size_t io = c.expert_io();
   b.rlog = b.make(T * c.n_experts), b.lat = b.make(T * io);
   b.ys = b.make(T * c.top_k * io), b.lsum = b.make(T * io), b.lnorm = b.make(T * io);
-  b.ids.resize(T * c.top_k), b.wts.resize(T * c.top_k);
   b.hnorm = b.make(T * D), b.logits = b.make(T * size_t(c.vocab));
 }
 
@@ -100,7 +93,8 @@ void Forward::run(SequenceState& st, const int* ids, const float* x0, int T, flo
     std::fprintf(stderr, "wren: the %s backend failed: %s\nwren: continuing on the CPU from here on "
                          "(each sequence's state is rebuilt there from its tokens)\n", be_.name(), e.what());
     fallback_be_ = make_fallback_();
-    fallback_ = std::make_unique<Forward>(model_, *fallback_be_, opts_, experts_);
+    fallback_be_->set_expert_source(be_.expert_source());
+    fallback_ = std::make_unique<Forward>(model_, *fallback_be_, opts_);
     run_fallback(st, ids, x0, T, logits, all_logits, hooks);
   }
 }
@@ -194,7 +188,8 @@ bool Forward::graph_step(int T, const float* x0, const ForwardHooks* hooks) {
 
 RoutedMoeParams Forward::routed_params(int layer) const {
   const Config& c = cfg_;
-  return RoutedMoeParams{layer, c.n_experts, c.top_k, c.expert_io(), c.routed_scale, c.situ_b1, c.situ_b2};
+  return RoutedMoeParams{layer, c.n_experts, c.top_k, c.expert_io(), c.routed_scale, c.situ_b1, c.situ_b2,
+                         c.expert_format, c.act, c.moe_inter};
 }
 
 /// b.mixed = Mix(blocks + [P]) (AttnRes, spec §4.1), or P itself when there is nothing to mix:
@@ -292,53 +287,12 @@ void Forward::moe(int layer, const MoeWeights& m, int T) {
   }
 }
 
-/// out[T, io] = Σ_k w_k · expert_k(z) over each token's top-k (spec §4.4 steps 1-5).
+/// out[T, io] = Σ_k w_k · expert_k(z) over each token's top-k (spec §4.4 steps 1-5): the router
+/// logits here, the rest in the backend's one routed-MoE op.
 void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int T, float* out) {
   Buffers& b = *buf_;
-  const Config& c = cfg_;
-  const int K = c.top_k, io = c.expert_io();
   be_.gemm(m.router, b.nrm, T, b.rlog);
-  if (c.expert_format == ExpertFormat::MXFP4 && be_.routed_moe(routed_params(layer), m, b.rlog, z, T, b.ys, out))
-    return;  // routed on the device (same result as the host-routed path below)
-  be_.router_topk(b.rlog, m.bias, T, c.n_experts, K, b.ids.data(), b.wts.data());
-  if (c.routed_scale != 1.f)
-    for (int j = 0; j < T * K; ++j) b.wts[j] *= c.routed_scale;
-  // Each unique expert once over the chunk (batch union); outputs land per (token, slot) so the
-  // weighted sum below runs in slot order whatever the grouping or the source's visiting order.
-  std::vector<std::vector<int>> uses(c.n_experts);  // expert -> (token * K + slot) entries
-  std::vector<int> unique;
-  for (int j = 0; j < T * K; ++j) {
-    if (uses[b.ids[j]].empty()) unique.push_back(b.ids[j]);
-    uses[b.ids[j]].push_back(j);
-  }
-  if (c.expert_format == ExpertFormat::Dense) {  // dense experts are resident weights
-    for (int e : unique)
-      for (int j : uses[e]) {
-        const ExpertRef& ref = m.experts[e];
-        be_.gemm(ref.d1, z + size_t(j / K) * io, 1, b.g);
-        be_.gemm(ref.d3, z + size_t(j / K) * io, 1, b.u);
-        glu(b.g, b.u, 1, c.moe_inter, b.act);
-        be_.gemm(ref.d2, b.act, 1, b.ys + size_t(j) * io);
-      }
-  } else {
-    std::vector<const ExpertRef*> refs;
-    std::vector<int> in_rows, out_rows;
-    experts_->visit_batches(layer, unique, [&](const int* ids, const ExpertRef* const* views, int n) {
-      // Every expert the source hands over at once in one call (so the backend can run them
-      // concurrently), each with all its tokens adjacent: the backend streams it once for them.
-      refs.clear(), in_rows.clear(), out_rows.clear();
-      for (int i = 0; i < n; ++i)
-        for (int j : uses[ids[i]]) {
-          refs.push_back(views[i]);
-          in_rows.push_back(j / K);
-          out_rows.push_back(j);
-        }
-      be_.expert_ffn_batch(refs.data(), in_rows.data(), out_rows.data(), int(refs.size()), z, c.situ_b1,
-                           c.situ_b2, b.ys);
-    });
-  }
-  for (int t = 0; t < T; ++t)
-    be_.weighted_sum(b.ys + size_t(t) * K * io, b.wts.data() + size_t(t) * K, K, io, out + size_t(t) * io);
+  be_.routed_moe(routed_params(layer), m, b.rlog, z, T, RoutedMoeWork{b.ys, b.g, b.u, b.act}, out);
 }
 
 int Forward::head(int n_blocks, int T, bool all_logits) {

@@ -8,7 +8,6 @@
 
 #include "model/load.h"
 #include "ops/backend.h"
-#include "ops/expert_source.h"
 #include "ops/state.h"
 
 namespace wren {
@@ -48,9 +47,8 @@ struct ForwardOptions {
 /// config and max_chunk).
 class Forward {
  public:
-  /// `experts` supplies the routed MXFP4 experts; null = read them through the shard mappings.
-  Forward(const Model& model, Backend& backend, ForwardOptions opts = {},
-          ExpertSource* experts = nullptr);
+  /// Routed experts come from the backend (Backend::routed_moe and its expert source).
+  Forward(const Model& model, Backend& backend, ForwardOptions opts = {});
   ~Forward();
   Forward(const Forward&) = delete;
   Forward& operator=(const Forward&) = delete;
@@ -107,8 +105,6 @@ class Forward {
   ForwardOptions opts_;
   int n_layers_;
   std::unique_ptr<Buffers> buf_;
-  std::unique_ptr<ExpertSource> own_experts_;  ///< the mapped source when none was given
-  ExpertSource* experts_;
   std::function<std::unique_ptr<Backend>()> make_fallback_;
   std::unique_ptr<Backend> fallback_be_;
   std::unique_ptr<Forward> fallback_;  ///< the same forward on fallback_be_, once a step failed

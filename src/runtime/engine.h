@@ -27,6 +27,9 @@ struct EngineOptions {
   CpuOptions cpu;                  ///< CPU backend: threads, kernel level, MXFP4 activations
   bool announce = true;            ///< print the expert-cache line on stderr
   bool cpu_fallback = true;        ///< on a GPU failure, continue on the CPU (Forward::set_fallback)
+  /// --strict: a backend's slow fallback (e.g. CUDA routing the MoE on the host) is an error
+  /// instead of a counted, logged-once slower path (Backend::set_strict).
+  bool strict = false;
 };
 
 class Engine {
