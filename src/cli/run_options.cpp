@@ -29,6 +29,7 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
   sub->add_flag("--strict", engine.strict,
                 "Fail instead of taking a backend's slow fallback (e.g. CUDA routing the MoE on the host)");
   cpu.add_to(sub);
+  cuda.add_to(sub);
   sub->add_option("--ctx", engine.ctx, "Context capacity in tokens (MLA cache size)")->check(positive());
 }
 
@@ -36,7 +37,8 @@ EngineOptions CommonArgs::engine_options() const {
   EngineOptions o = engine;
   o.plan = cpu.plan();
   o.cpu = cpu.backend();
-  std::fprintf(stderr, "wren: %s%s\n", describe(o.cpu, o.plan).c_str(), o.strict ? "; strict (no slow fallbacks)" : "");
+  o.cuda = cuda.backend();
+  print_run_header(o.backend, o.cpu, o.plan, o.cuda, o.strict);
   return o;
 }
 

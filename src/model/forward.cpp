@@ -3,7 +3,6 @@
 #include "model/forward.h"
 
 #include <algorithm>
-#include <cstdio>
 #include <cstring>
 
 #include "core/error.h"
@@ -38,6 +37,9 @@ struct Forward::Buffers {
   // FFN
   float *g, *u, *act;                 // [T, max(inter)]
   float *rlog, *lat, *ys, *lsum, *lnorm;
+  // Host list of the mix entries, sized once so that a step allocates nothing (the routed MoE's
+  // host bookkeeping lives with the backend: Backend::host_routed_moe).
+  std::vector<const float*> entries;
   // Head
   float *hnorm, *logits;
 };
@@ -49,6 +51,8 @@ Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts)
   check(opts_.max_chunk >= 1, "--chunk must be at least 1");
   buf_ = std::make_unique<Buffers>(&be_);
   buf_->plan(c, opts_.max_chunk);
+  for (int i = 0; i < n_layers_; ++i)
+    if (c.layers[i].ffn == Ffn::MoE) step_moe_.push_back({routed_params(i), &model.weights.layers[i].moe});
 }
 
 size_t Forward::workspace_bytes(const Config& c, int max_chunk) {
@@ -77,6 +81,7 @@ void Forward::Buffers::plan(const Config& c, size_t T) {
   const size_t io = c.expert_io();
   b.rlog = b.make(T * c.n_experts), b.lat = b.make(T * io);
   b.ys = b.make(T * c.top_k * io), b.lsum = b.make(T * io), b.lnorm = b.make(T * io);
+  if (b.be) b.entries.reserve(c.max_mix_entries() + 1);  // host only
   b.hnorm = b.make(T * D), b.logits = b.make(T * size_t(c.vocab));
 }
 
@@ -84,35 +89,7 @@ Forward::~Forward() = default;
 
 void Forward::run(SequenceState& st, const int* ids, const float* x0, int T, float* logits,
                   bool all_logits, const ForwardHooks* hooks) {
-  if (fallback_) return run_fallback(st, ids, x0, T, logits, all_logits, hooks);
   check(&st.backend() == &be_, "forward: the sequence state belongs to another backend");
-  try {
-    run_here(st, ids, x0, T, logits, all_logits, hooks);
-  } catch (const DeviceError& e) {
-    if (!make_fallback_ || !st.replayable() || x0) throw;
-    std::fprintf(stderr, "wren: the %s backend failed: %s\nwren: continuing on the CPU from here on "
-                         "(each sequence's state is rebuilt there from its tokens)\n", be_.name(), e.what());
-    fallback_be_ = make_fallback_();
-    fallback_be_->set_expert_source(be_.expert_source());
-    fallback_ = std::make_unique<Forward>(model_, *fallback_be_, opts_);
-    run_fallback(st, ids, x0, T, logits, all_logits, hooks);
-  }
-}
-
-void Forward::run_fallback(SequenceState& st, const int* ids, const float* x0, int T, float* logits,
-                           bool all_logits, const ForwardHooks* hooks) {
-  if (&st.backend() != fallback_be_.get()) {  // rebuild the state on the fallback backend
-    check(st.replayable(), "forward: this sequence was fed embeddings (x0), so its state cannot be rebuilt on the "
-                           "fallback backend after the device failed");
-    const std::vector<int> history = st.history();
-    st.move_to(*fallback_be_);
-    if (!history.empty()) fallback_->run(st, history.data(), nullptr, int(history.size()), nullptr, false);
-  }
-  fallback_->run(st, ids, x0, T, logits, all_logits, hooks);
-}
-
-void Forward::run_here(SequenceState& st, const int* ids, const float* x0, int T, float* logits,
-                       bool all_logits, const ForwardHooks* hooks) {
   const size_t V = cfg_.vocab, D = cfg_.hidden;
   for (int t0 = 0; t0 < T; t0 += opts_.max_chunk) {
     const int n = std::min(opts_.max_chunk, T - t0);
@@ -120,23 +97,22 @@ void Forward::run_here(SequenceState& st, const int* ids, const float* x0, int T
     float* out = logits == nullptr ? nullptr : all_logits ? logits + t0 * V : last ? logits : nullptr;
     chunk(st, ids + t0, x0 ? x0 + t0 * D : nullptr, n, t0, out, all_logits, hooks);
   }
-  st.record(ids, T, x0 == nullptr);
 }
 
 void Forward::chunk(SequenceState& st, const int* ids, const float* x0, int T, int t0,
                     float* logits, bool all_logits, const ForwardHooks* hooks) {
-  // One decode step = one graph submission when nothing in it needs the host (see graph_step).
-  const bool graph = graph_step(T, x0, hooks) && be_.graph_begin();
+  // The backend may record the whole step (CUDA: one decode graph) from what it needs of the host.
+  const bool recorded = be_.step_begin(step_info(T, x0, hooks));
   try {
-    chunk_ops(st, ids, x0, T, t0, logits, all_logits, hooks, graph);
+    chunk_ops(st, ids, x0, T, t0, logits, all_logits, hooks, recorded);
   } catch (...) {
-    if (graph) be_.graph_abort();
+    if (recorded) be_.step_abort();
     throw;
   }
 }
 
 void Forward::chunk_ops(SequenceState& st, const int* ids, const float* x0, int T, int t0, float* logits,
-                        bool all_logits, const ForwardHooks* hooks, bool graph) {
+                        bool all_logits, const ForwardHooks* hooks, bool recorded) {
   Buffers& b = *buf_;
   const Config& c = cfg_;
   const ModelWeights& w = model_.weights;
@@ -173,17 +149,19 @@ void Forward::chunk_ops(SequenceState& st, const int* ids, const float* x0, int 
   }
   st.advance(T);
   const int rows = logits ? head(n_blocks, T, all_logits) : 0;
-  if (graph) be_.graph_launch();
+  if (recorded) be_.step_end();
   if (logits) be_.to_host(b.logits, size_t(rows) * c.vocab, logits);
 }
 
-bool Forward::graph_step(int T, const float* x0, const ForwardHooks* hooks) {
-  if (!opts_.graph || T != 1 || x0 || (hooks && (hooks->trace || hooks->dump || hooks->before_layer))) return false;
-  if (cfg_.expert_format != ExpertFormat::MXFP4) return false;  // dense experts route on the host
-  for (int i = 0; i < n_layers_; ++i)
-    if (cfg_.layers[i].ffn == Ffn::MoE && !be_.routed_moe_on_device(routed_params(i), model_.weights.layers[i].moe))
-      return false;
-  return true;
+StepInfo Forward::step_info(int T, const float* x0, const ForwardHooks* hooks) const {
+  StepInfo s;
+  s.tokens = T;
+  s.may_record = opts_.graph;
+  s.host_midway = x0 || (hooks && (hooks->trace || hooks->dump || hooks->before_layer)) ||
+                  cfg_.expert_format != ExpertFormat::MXFP4;  // dense experts route on the host
+  s.moe = step_moe_.data();
+  s.n_moe = int(step_moe_.size());
+  return s;
 }
 
 RoutedMoeParams Forward::routed_params(int layer) const {
@@ -202,7 +180,8 @@ void Forward::pre_mix(const DenseWeight& w, const std::vector<float*>& blocks, i
     be_.copy(b.P, T * D, b.mixed);
     return;
   }
-  std::vector<const float*> entries(blocks.begin(), blocks.begin() + n_blocks);
+  std::vector<const float*>& entries = b.entries;
+  entries.assign(blocks.begin(), blocks.begin() + n_blocks);
   entries.push_back(b.P);
   be_.attnres_mix(entries.data(), int(entries.size()), T, int(D), w, cfg_.rms_eps, b.mixed);
 }

@@ -13,7 +13,7 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   const std::string backend = resolve_backend(o.backend);  // fail on a bad --backend before loading
   dir_ = o.model_dir.empty() ? ensure_default_model(default_vocab_file()) : o.model_dir;
   model_ = load_model(dir_, o.plan);
-  be_ = make_backend(backend, model_->weights, o.cpu, o.vram_experts);
+  be_ = make_backend(backend, model_->weights, o.cpu, o.vram_experts, o.cuda);
   // The store serves the CPU backend, and the CUDA backend's VRAM tier when its budget does not
   // hold every expert (disk -> host store -> VRAM slots); with all experts in VRAM it is not needed.
   be_->set_strict(o.strict);
@@ -21,7 +21,7 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
     store_ = open_expert_store(model_->weights, model_->config, o.expert_cache, o.direct, o.announce);
     be_->set_expert_source(store_.get());
   }
-  fwd_ = std::make_unique<Forward>(*model_, *be_, ForwardOptions{o.chunk, o.layers});
+  fwd_ = std::make_unique<Runner>(*model_, *be_, ForwardOptions{o.chunk, o.layers});
   if (backend != "cpu" && o.cpu_fallback) {
     const CpuOptions cpu = o.cpu;
     fwd_->set_fallback([this, cpu] { return make_backend("cpu", model_->weights, cpu); });
