@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "backends/cpu/cpu_backend.h"
+#include "core/error.h"
 #include "model/forward.h"
 #include "model/load.h"
 #include "ops/expert_source.h"
