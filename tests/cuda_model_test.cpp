@@ -417,10 +417,10 @@ TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
       so.cache_bytes = uint64_t(c.expert_bytes()) * 6;
       so.direct = DirectIo::Off;
       store = std::make_unique<ExpertStore>(model->weights, c.expert_bytes(), so);
-      be.set_host_tier(store.get());
+      be.set_expert_source(store.get());
     }
     be.upload(weight_list(model->weights));
-    EXPECT_EQ(be.experts_streamed(), b.slots != 0) << b.name;
+    EXPECT_EQ(be.streams_experts(), b.slots != 0) << b.name;
     EXPECT_EQ(be.stats().expert_slots, b.slots) << b.name;
     Forward fwd(*model, be, {32, -1});
     SequenceState st(be, c, 256);

@@ -816,7 +816,9 @@ TEST_F(CudaOps, RoutedMoeMatchesCpu) {
       float* dz = dev(z);
       float* dys = poisoned(size_t(T) * c.k * c.io);
       float* dout = poisoned(size_t(T) * c.io);
-      ASSERT_TRUE(be_->routed_moe(p, mw, dlog, dz, T, dys, dout)) << sh;
+      const uint64_t fallbacks = be_->fallbacks();
+      be_->routed_moe(p, mw, dlog, dz, T, RoutedMoeWork{dys}, dout);
+      EXPECT_EQ(be_->fallbacks(), fallbacks) << sh << ": resident experts must route on the device";
       const auto got = host(dout, size_t(T) * c.io);
 
       // CPU reference: the forward pass's host-routed path.
@@ -866,6 +868,52 @@ TEST_F(CudaOps, RoutedMoeRejectsBadScale) {
   be_->upload(a.e);
   be_->upload(b.e);
   EXPECT_THROW(be_->routed_moe_on_device(RoutedMoeParams{0, 2, 1, 64, 1.f, 4.f, 25.f}, mw), Error);
+}
+
+// Dense experts (Kimi Linear) are chosen on the host: routed_moe then runs the host-routed
+// reference through the CUDA ops as a counted fallback (logged once), matches the CPU's routed_moe,
+// and is an error under strict mode.
+TEST_F(CudaOps, RoutedMoeDenseExpertsFallBackCountedAndStrict) {
+  std::mt19937 g(15);
+  const int E = 6, k = 2, io = 48, inter = 40, T = 3;
+  std::vector<std::unique_ptr<HostWeight>> hw;
+  MoeWeights mw;
+  for (int e = 0; e < E; ++e) {
+    ExpertRef r;
+    hw.push_back(std::make_unique<HostWeight>(random_vec(g, size_t(inter) * io, -0.2f, 0.2f), inter, io));
+    r.d1 = hw.back()->w;
+    hw.push_back(std::make_unique<HostWeight>(random_vec(g, size_t(inter) * io, -0.2f, 0.2f), inter, io));
+    r.d3 = hw.back()->w;
+    hw.push_back(std::make_unique<HostWeight>(random_vec(g, size_t(io) * inter, -0.2f, 0.2f), io, inter));
+    r.d2 = hw.back()->w;
+    mw.experts.push_back(r);
+  }
+  HostWeight bias(random_vec(g, E, -0.1f, 0.1f), 1, E);
+  mw.bias = bias.w;
+  RoutedMoeParams p{3, E, k, io, 2.5f, 4.f, 25.f};
+  p.format = ExpertFormat::Dense, p.act = Activation::SiLU, p.inter = inter;
+  const auto logits = random_vec(g, size_t(T) * E, -4.f, 4.f);
+  const auto z = random_vec(g, size_t(T) * io, -2.f, 2.f);
+  // CPU reference: host buffers.
+  std::vector<float> ys(size_t(T) * k * io), cg(inter), cu(inter), ca(inter), ref(size_t(T) * io);
+  cpu_.routed_moe(p, mw, logits.data(), z.data(), T, RoutedMoeWork{ys.data(), cg.data(), cu.data(), ca.data()},
+                  ref.data());
+  EXPECT_EQ(cpu_.fallbacks(), 0u) << "the CPU's routed_moe is the reference, never a fallback";
+
+  CudaBackend be;
+  be.upload(bias.w);
+  for (const ExpertRef& e : mw.experts) be.upload(e);
+  float* dlog = dev(logits);
+  float* dz = dev(z);
+  const RoutedMoeWork ws{poisoned(size_t(T) * k * io), poisoned(inter), poisoned(inter), poisoned(inter)};
+  float* dout = poisoned(size_t(T) * io);
+  be.routed_moe(p, mw, dlog, dz, T, ws, dout);
+  expect_close("routed_moe_dense_fallback", "E=6 k=2 io=48 inter=40 T=3", host(dout, size_t(T) * io), ref, 1e-5);
+  EXPECT_EQ(be.fallbacks(), 1u);
+  EXPECT_EQ(be.stats().host_routed_moe_calls, 1u);
+  be.set_strict(true);
+  EXPECT_THROW(be.routed_moe(p, mw, dlog, dz, T, ws, dout), Error);
+  EXPECT_EQ(be.fallbacks(), 2u);
 }
 
 #endif  // WREN_HAVE_CUDA

@@ -31,8 +31,8 @@ std::vector<int> prompt_ids(int n, int vocab) {
 /// decode steps, on the CPU backend with options `o` (default: the reference, one thread).
 std::vector<float> run_logits(const Model& m, ExpertSource* src, const std::vector<int>& ids,
                               const CpuOptions& o = {}) {
-  CpuBackend be(o);
-  Forward fwd(m, be, {4, -1}, src);
+  CpuBackend be(o, src);
+  Forward fwd(m, be, {4, -1});
   SequenceState st(be, m.config, 64);
   const size_t V = m.config.vocab;
   std::vector<float> out((ids.size() + 2) * V);

@@ -3,6 +3,7 @@
 // op's float output (planted bugs: perturb it). Used by the fallback and validate tests.
 #pragma once
 #include <functional>
+#include <string>
 
 #include "ops/backend.h"
 
@@ -13,6 +14,9 @@ class WrappedBackend final : public Backend {
   explicit WrappedBackend(Backend& inner) : in_(inner) {}
   std::function<void(const char* op)> before;
   std::function<void(const char* op, float* out, size_t n)> after;
+  /// Planted decline: routed_moe reports a slow fallback (Backend::note_fallback) before running
+  /// the host-routed reference through this wrapper's ops, as the default does.
+  bool decline_moe = false;
 
   const char* name() const override { return "wrapped"; }
   float* alloc(size_t n) override { return in_.alloc(n); }
@@ -61,6 +65,11 @@ class WrappedBackend final : public Backend {
   void expert_ffn_batch(const ExpertRef* const* e, const int* in_rows, const int* out_rows, int n, const float* z,
                         float b1, float b2, float* ys) override {
     hook("expert_ffn_batch"), in_.expert_ffn_batch(e, in_rows, out_rows, n, z, b1, b2, ys);
+  }
+  void routed_moe(const RoutedMoeParams& p, const MoeWeights& m, const float* logits, const float* z, int T,
+                  const RoutedMoeWork& ws, float* o) override {
+    if (decline_moe) note_fallback("routed_moe layer " + std::to_string(p.layer) + ": planted decline");
+    host_routed_moe(p, m, logits, z, T, ws, o);
   }
   void weighted_sum(const float* ys, const float* w, int m, int n, float* y) override {
     hook("weighted_sum"), in_.weighted_sum(ys, w, m, n, y), out("weighted_sum", y, size_t(n));

@@ -132,7 +132,8 @@ void bench_experts(const ExpertsArgs& a) {
     o.cache_bytes = std::max<uint64_t>(c.expert_bytes(), uint64_t(frac * all_bytes));
     drop_cache(files);
     auto store = std::make_unique<ExpertStore>(model->weights, c.expert_bytes(), o);
-    Forward fwd(*model, be, {32, -1}, store.get());
+    be.set_expert_source(store.get());
+    Forward fwd(*model, be, {32, -1});
     SequenceState state(be, c, 64 + a.tokens);
     GenerateOptions g;
     g.max_new_tokens = a.tokens;

@@ -66,8 +66,8 @@ CudaOptions CudaFlags::backend() const {
 }
 
 void print_run_header(const std::string& backend, const CpuOptions& cpu, const QuantPlan& plan,
-                      const CudaOptions& cuda) {
-  std::fprintf(stderr, "wren: %s\n", describe(cpu, plan).c_str());
+                      const CudaOptions& cuda, bool strict) {
+  std::fprintf(stderr, "wren: %s%s\n", describe(cpu, plan).c_str(), strict ? "; strict (no slow fallbacks)" : "");
   if (resolve_backend(backend) == "cuda") std::fprintf(stderr, "wren: %s\n", describe(cuda).c_str());
 }
 

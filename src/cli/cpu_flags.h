@@ -44,7 +44,8 @@ struct CudaFlags {
 /// The run header on stderr: the CPU line (the backend, or the fallback of a GPU run) and, when
 /// `backend` resolves to cuda, the CUDA line ("wren: cuda kda recurrent"). Throws wren::Error when
 /// `backend` cannot be used (resolve_backend).
+/// `strict` (--strict) is echoed on the CPU line ("; strict (no slow fallbacks)").
 void print_run_header(const std::string& backend, const CpuOptions& cpu, const QuantPlan& plan,
-                      const CudaOptions& cuda);
+                      const CudaOptions& cuda, bool strict = false);
 
 }  // namespace wren::cli

@@ -29,6 +29,8 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub->add_flag("--cpu-fallback,!--no-cpu-fallback", engine.cpu_fallback,
                 "On a GPU failure, say so and continue on the CPU (default) or stop with the error");
+  sub->add_flag("--strict", engine.strict,
+                "Fail instead of taking a backend's slow fallback (e.g. CUDA routing the MoE on the host)");
   cpu.add_to(sub);
   cuda.add_to(sub);
   sub->add_option("--ctx", engine.ctx, "Context capacity in tokens (MLA cache size)")->check(positive());
@@ -46,7 +48,7 @@ EngineOptions CommonArgs::engine_options() const {
   o.plan = cpu.plan();
   o.cpu = cpu.backend();
   o.cuda = cuda.backend();
-  print_run_header(o.backend, o.cpu, o.plan, o.cuda);
+  print_run_header(o.backend, o.cpu, o.plan, o.cuda, o.strict);
   return o;
 }
 
@@ -57,6 +59,9 @@ void print_stats(const GenerateStats& s, Engine& e) {
                  (unsigned long long)x.hits, (unsigned long long)x.misses, 100 * x.hit_rate(), x.bytes_read / 1e6,
                  x.wait_s, x.compute_s);
   }
+  if (const uint64_t n = e.backend().fallbacks(); n != 0)
+    std::fprintf(stderr, "wren: %llu slow fallbacks of the %s backend (see the first one above)\n", (unsigned long long)n,
+                 e.backend().name());
   const int decoded = s.generated_tokens > 1 ? s.generated_tokens - 1 : 0;
   std::fprintf(stderr,
                "wren: backend %s; %d prompt tokens, prefill %.1f tok/s, TTFT %.3f s; %d generated, decode %.1f tok/s; peak RSS %.1f MB\n",

@@ -37,25 +37,15 @@ struct Forward::Buffers {
   // FFN
   float *g, *u, *act;                 // [T, max(inter)]
   float *rlog, *lat, *ys, *lsum, *lnorm;
-  std::vector<int> ids;               // host [T, k]
-  std::vector<float> wts;             // host [T, k]
-  // Host bookkeeping of the routed MoE and the mixes, sized once here so that a step allocates
-  // nothing: expert -> its (token * k + slot) entries (each reserved for T), the chunk's unique
-  // experts in first-use order, one batch's (expert, in row, out row) triples, the mix entries.
-  std::vector<std::vector<int>> uses;
-  std::vector<int> unique, in_rows, out_rows;
-  std::vector<const ExpertRef*> refs;
+  // Host list of the mix entries, sized once so that a step allocates nothing (the routed MoE's
+  // host bookkeeping lives with the backend: Backend::host_routed_moe).
   std::vector<const float*> entries;
   // Head
   float *hnorm, *logits;
 };
 
-Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts, ExpertSource* experts)
-    : model_(model), cfg_(model.config), be_(backend), opts_(opts), experts_(experts) {
-  if (!experts_) {
-    own_experts_ = std::make_unique<MappedExperts>(weight_list(model.weights));
-    experts_ = own_experts_.get();
-  }
+Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts)
+    : model_(model), cfg_(model.config), be_(backend), opts_(opts) {
   const Config& c = cfg_;
   n_layers_ = opts.layers < 0 ? c.n_layers : std::min(opts.layers, c.n_layers);
   check(opts_.max_chunk >= 1, "--chunk must be at least 1");
@@ -91,14 +81,7 @@ void Forward::Buffers::plan(const Config& c, size_t T) {
   const size_t io = c.expert_io();
   b.rlog = b.make(T * c.n_experts), b.lat = b.make(T * io);
   b.ys = b.make(T * c.top_k * io), b.lsum = b.make(T * io), b.lnorm = b.make(T * io);
-  b.ids.resize(T * c.top_k), b.wts.resize(T * c.top_k);
-  if (b.be) {  // host only (workspace_bytes counts device buffers)
-    b.uses.resize(c.n_experts);
-    for (auto& u : b.uses) u.reserve(T);
-    b.unique.reserve(T * c.top_k), b.in_rows.reserve(T * c.top_k), b.out_rows.reserve(T * c.top_k);
-    b.refs.reserve(T * c.top_k);
-    b.entries.reserve(c.max_mix_entries() + 1);
-  }
+  if (b.be) b.entries.reserve(c.max_mix_entries() + 1);  // host only
   b.hnorm = b.make(T * D), b.logits = b.make(T * size_t(c.vocab));
 }
 
@@ -183,7 +166,8 @@ StepInfo Forward::step_info(int T, const float* x0, const ForwardHooks* hooks) c
 
 RoutedMoeParams Forward::routed_params(int layer) const {
   const Config& c = cfg_;
-  return RoutedMoeParams{layer, c.n_experts, c.top_k, c.expert_io(), c.routed_scale, c.situ_b1, c.situ_b2};
+  return RoutedMoeParams{layer, c.n_experts, c.top_k, c.expert_io(), c.routed_scale, c.situ_b1, c.situ_b2,
+                         c.expert_format, c.act, c.moe_inter};
 }
 
 /// b.mixed = Mix(blocks + [P]) (AttnRes, docs/model.md#attnres), or P itself when there is nothing to mix:
@@ -282,61 +266,12 @@ void Forward::moe(int layer, const MoeWeights& m, int T) {
   }
 }
 
-/// out[T, io] = Σ_k w_k · expert_k(z) over each token's top-k (docs/model.md#moe, steps 1-5).
+/// out[T, io] = Σ_k w_k · expert_k(z) over each token's top-k (docs/model.md#moe, steps 1-5): the router
+/// logits here, the rest in the backend's one routed-MoE op.
 void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int T, float* out) {
   Buffers& b = *buf_;
-  const Config& c = cfg_;
-  const int K = c.top_k, io = c.expert_io();
   be_.gemm(m.router, b.nrm, T, b.rlog);
-  if (c.expert_format == ExpertFormat::MXFP4 && be_.routed_moe(routed_params(layer), m, b.rlog, z, T, b.ys, out))
-    return;  // routed on the device (same result as the host-routed path below)
-  be_.router_topk(b.rlog, m.bias, T, c.n_experts, K, b.ids.data(), b.wts.data());
-  if (c.routed_scale != 1.f)
-    for (int j = 0; j < T * K; ++j) b.wts[j] *= c.routed_scale;
-  // Each unique expert once over the chunk (batch union); outputs land per (token, slot) so the
-  // weighted sum below runs in slot order whatever the grouping or the source's visiting order.
-  std::vector<std::vector<int>>& uses = b.uses;  // expert -> (token * K + slot) entries, all empty here
-  std::vector<int>& unique = b.unique;
-  unique.clear();
-  struct EmptyUses {  // leave `uses` empty again on every way out (an expert read may throw)
-    std::vector<std::vector<int>>& uses;
-    const std::vector<int>& touched;
-    ~EmptyUses() {
-      for (int e : touched) uses[e].clear();
-    }
-  } empty_uses{uses, unique};
-  for (int j = 0; j < T * K; ++j) {
-    if (uses[b.ids[j]].empty()) unique.push_back(b.ids[j]);
-    uses[b.ids[j]].push_back(j);
-  }
-  if (c.expert_format == ExpertFormat::Dense) {  // dense experts are resident weights
-    for (int e : unique)
-      for (int j : uses[e]) {
-        const ExpertRef& ref = m.experts[e];
-        be_.gemm(ref.d1, z + size_t(j / K) * io, 1, b.g);
-        be_.gemm(ref.d3, z + size_t(j / K) * io, 1, b.u);
-        glu(b.g, b.u, 1, c.moe_inter, b.act);
-        be_.gemm(ref.d2, b.act, 1, b.ys + size_t(j) * io);
-      }
-  } else {
-    std::vector<const ExpertRef*>& refs = b.refs;
-    std::vector<int>&in_rows = b.in_rows, &out_rows = b.out_rows;
-    experts_->visit_batches(layer, unique, [&](const int* ids, const ExpertRef* const* views, int n) {
-      // Every expert the source hands over at once in one call (so the backend can run them
-      // concurrently), each with all its tokens adjacent: the backend streams it once for them.
-      refs.clear(), in_rows.clear(), out_rows.clear();
-      for (int i = 0; i < n; ++i)
-        for (int j : uses[ids[i]]) {
-          refs.push_back(views[i]);
-          in_rows.push_back(j / K);
-          out_rows.push_back(j);
-        }
-      be_.expert_ffn_batch(refs.data(), in_rows.data(), out_rows.data(), int(refs.size()), z, c.situ_b1,
-                           c.situ_b2, b.ys);
-    });
-  }
-  for (int t = 0; t < T; ++t)
-    be_.weighted_sum(b.ys + size_t(t) * K * io, b.wts.data() + size_t(t) * K, K, io, out + size_t(t) * io);
+  be_.routed_moe(routed_params(layer), m, b.rlog, z, T, RoutedMoeWork{b.ys, b.g, b.u, b.act}, out);
 }
 
 int Forward::head(int n_blocks, int T, bool all_logits) {

@@ -8,7 +8,6 @@
 
 #include "model/load.h"
 #include "ops/backend.h"
-#include "ops/expert_source.h"
 #include "ops/state.h"
 
 namespace wren {
@@ -65,9 +64,8 @@ class TokenStep {
 /// propagate). Owns the activation workspace (allocated once, sized from the config and max_chunk).
 class Forward final : public TokenStep {
  public:
-  /// `experts` supplies the routed MXFP4 experts; null = read them through the shard mappings.
-  Forward(const Model& model, Backend& backend, ForwardOptions opts = {},
-          ExpertSource* experts = nullptr);
+  /// Routed experts come from the backend (Backend::routed_moe and its expert source).
+  Forward(const Model& model, Backend& backend, ForwardOptions opts = {});
   ~Forward() override;
   Forward(const Forward&) = delete;
   Forward& operator=(const Forward&) = delete;
@@ -82,8 +80,6 @@ class Forward final : public TokenStep {
   static size_t workspace_bytes(const Config& c, int max_chunk);
   const Config& config() const override { return cfg_; }
   Backend& backend() override { return be_; }
-  /// The ExpertSource this forward reads routed experts from.
-  ExpertSource* experts() const { return experts_; }
   const Model& model() const { return model_; }
   const ForwardOptions& options() const { return opts_; }
 
@@ -113,8 +109,6 @@ class Forward final : public TokenStep {
   ForwardOptions opts_;
   int n_layers_;
   std::unique_ptr<Buffers> buf_;
-  std::unique_ptr<ExpertSource> own_experts_;  ///< the mapped source when none was given
-  ExpertSource* experts_;
   std::vector<StepMoeLayer> step_moe_;  ///< the MoE layers with MXFP4 experts (for step_begin)
 };
 

@@ -6,7 +6,10 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <string>
 
+#include "ops/expert_source.h"
 #include "ops/weights.h"
 
 namespace wren {
@@ -49,6 +52,17 @@ struct RoutedMoeParams {
   int io = 0;               ///< expert input/output width (latent for LatentMoE, hidden for plain)
   float routed_scale = 1;   ///< routed_scaling_factor applied to the renormalized weights
   float b1 = 0, b2 = 0;     ///< SiTU bounds
+  ExpertFormat format = ExpertFormat::MXFP4;  ///< MXFP4: expert_ffn on the packed layout; Dense: gemm + GLU
+  Activation act = Activation::SiTU;          ///< GLU of dense experts (MXFP4 experts are SiTU)
+  int inter = 0;            ///< moe_intermediate_size (the width of dense experts' g/u/act)
+};
+
+/// Caller-owned backend buffers (from alloc()) that Backend::routed_moe works in.
+struct RoutedMoeWork {
+  float* ys = nullptr;   ///< [T·k, io] per (token, slot) expert outputs
+  float* g = nullptr;    ///< [inter] dense experts only
+  float* u = nullptr;    ///< [inter] dense experts only
+  float* act = nullptr;  ///< [inter] dense experts only
 };
 
 /// One MoE layer of a step, as Backend::step_begin sees it.
@@ -72,7 +86,10 @@ struct StepInfo {
 /// The ops. All are synchronous from the caller's view; T >= 1 tokens in original order.
 class Backend {
  public:
-  virtual ~Backend() = default;
+  Backend();
+  virtual ~Backend();
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
   virtual const char* name() const = 0;
 
   // ---- memory ----
@@ -139,17 +156,18 @@ class Backend {
   /// y [n] = Σ_j w[j] · ys[j] over j < m, in j order (ys [m, n], weights HOST [m]).
   virtual void weighted_sum(const float* ys, const float* weights, int m, int n, float* y) = 0;
 
-  // ---- coarse ops a backend may take over (default: not handled) ----
-  /// Routed MXFP4 experts inside the backend (docs/model.md#moe, steps 2-5): router σ + bias top-k on
-  /// logits [T, E] (router_topk's rule), weights × routed_scale, every selected expert of every
-  /// token on z [T, io], out [T, io] = Σ_slot w · expert(z) in slot order; ys [T·k, io] is
-  /// workspace. Must give what router_topk + expert_ffn_batch + weighted_sum give. Returns false,
-  /// having done nothing, when the backend does not handle this layer (the forward pass then runs
-  /// that host-routed path). Throws wren::Error on a bad expert (e.g. a ue8m0 scale byte 255).
-  virtual bool routed_moe(const RoutedMoeParams& p, const MoeWeights& m, const float* logits,
-                          const float* z, int T, float* ys, float* out) {
-    (void)p, (void)m, (void)logits, (void)z, (void)T, (void)ys, (void)out;
-    return false;
+  // ---- the routed MoE: one coarse op, always handled ----
+  /// Routed experts of one MoE layer (docs/model.md#moe, steps 2-5): router σ + bias top-k on logits
+  /// [T, E] (router_topk's rule), weights × routed_scale, every selected expert of every token on
+  /// z [T, io], out [T, io] = Σ_slot w · expert(z) in slot order. Experts come from the backend's
+  /// expert source (set_expert_source; none = the model's shard mappings in `m.experts`).
+  /// The default is the host-routed reference, host_routed_moe; a backend may do the same work
+  /// its own way (CUDA: routing and experts on the device) and must give what it gives. A backend
+  /// that has to fall back to a slower path says so through note_fallback. Throws wren::Error on a
+  /// bad expert (e.g. a ue8m0 scale byte 255) and, under set_strict(true), on any fallback.
+  virtual void routed_moe(const RoutedMoeParams& p, const MoeWeights& m, const float* logits,
+                          const float* z, int T, const RoutedMoeWork& ws, float* out) {
+    host_routed_moe(p, m, logits, z, T, ws, out);
   }
   /// True when routed_moe(p, m, ...) runs without waiting for the host (every expert of the layer
   /// resident on the device), so it may be recorded into a decode graph.
@@ -157,7 +175,35 @@ class Backend {
     (void)p, (void)m;
     return false;
   }
+  /// True when routed_moe reads experts through the expert source while it runs (the host path;
+  /// CUDA only when its VRAM budget does not hold every expert), so a bounded host expert store is
+  /// worth opening and handing over with set_expert_source.
+  virtual bool streams_experts() const { return true; }
 
+  /// Where routed_moe gets MXFP4 experts from (the expert store, or null = the shard mappings of
+  /// the MoeWeights handed to routed_moe). Must outlive the backend's use of it.
+  void set_expert_source(ExpertSource* source) { experts_ = source; }
+  ExpertSource* expert_source() const { return experts_; }
+  /// Strict mode (--strict): any decline or slow fallback of a coarse op throws wren::Error
+  /// instead of running the slower path.
+  void set_strict(bool on) { strict_ = on; }
+  bool strict() const { return strict_; }
+  /// Slow fallbacks taken so far (each routed_moe call that ran a slower path counts once).
+  uint64_t fallbacks() const { return fallbacks_; }
+
+ protected:
+  /// The host-routed reference of routed_moe, through this backend's own ops: router_topk to
+  /// host ids and weights, × routed_scale, each unique expert of the chunk once (MXFP4: one
+  /// expert_ffn_batch per batch the expert source hands over, each expert's tokens adjacent;
+  /// dense: gemm + GLU + gemm per token) into ws.ys row token·k + slot, then weighted_sum per
+  /// token in slot order. Host bookkeeping is kept across calls (no allocation once warm).
+  void host_routed_moe(const RoutedMoeParams& p, const MoeWeights& m, const float* logits,
+                       const float* z, int T, const RoutedMoeWork& ws, float* out);
+  /// Records a decline or slow fallback: counts it, says the first one on stderr (backend name
+  /// and `what`), and throws wren::Error naming `what` under strict mode.
+  void note_fallback(const std::string& what);
+
+ public:
   // ---- step bracket (a backend may record a whole step, e.g. as one CUDA graph) ----
   /// Called by the forward pass before the ops of each chunk. A backend that can record the ops
   /// that follow instead of running them (and submit them at once in step_end) returns true;
@@ -174,6 +220,14 @@ class Backend {
   virtual void step_end() {}
   /// Ends a recorded step that failed midway and discards it. Never throws.
   virtual void step_abort() noexcept {}
+
+ private:
+  struct HostMoe;                     ///< host_routed_moe's bookkeeping (ops/backend.cpp)
+  std::unique_ptr<HostMoe> host_moe_;
+  ExpertSource* experts_ = nullptr;
+  bool strict_ = false;
+  bool fallback_logged_ = false;
+  uint64_t fallbacks_ = 0;
 };
 
 }  // namespace wren

@@ -7,6 +7,13 @@ MappedExperts::MappedExperts(const WeightList& w) : layers_(w.experts), checked_
   for (size_t i = 0; i < layers_.size(); ++i) checked_[i].assign(layers_[i]->size(), 0);
 }
 
+void MappedExperts::bind(int layer, const std::vector<ExpertRef>& experts) {
+  if (size_t(layer) >= layers_.size()) layers_.resize(size_t(layer) + 1, nullptr), checked_.resize(size_t(layer) + 1);
+  if (layers_[layer] == &experts && checked_[layer].size() == experts.size()) return;
+  layers_[layer] = &experts;
+  checked_[layer].assign(experts.size(), 0);
+}
+
 void MappedExperts::visit(int layer, const std::vector<int>& experts,
                           const std::function<void(int, const ExpertRef&)>& fn) {
   visit_batches(layer, experts, [&](const int* ids, const ExpertRef* const* views, int n) {

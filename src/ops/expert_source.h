@@ -39,6 +39,11 @@ class MappedExperts final : public ExpertSource {
  public:
   /// `w.experts[layer]` gives each layer's experts; they must outlive this source.
   explicit MappedExperts(const WeightList& w);
+  /// No layer yet: bind() gives them one at a time.
+  MappedExperts() = default;
+  /// Serves `layer` from `experts` (which must outlive the use). A layer bound to another list
+  /// before is rebound, and its experts' scales are validated again on first use.
+  void bind(int layer, const std::vector<ExpertRef>& experts);
   void visit(int layer, const std::vector<int>& experts,
              const std::function<void(int e, const ExpertRef& view)>& fn) override;
   /// All of them in one batch (the mappings stay valid).

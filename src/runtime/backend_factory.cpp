@@ -63,19 +63,4 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
   return std::make_unique<CpuBackend>(cpu);
 }
 
-bool backend_streams_experts(Backend& be) {
-#ifdef WREN_HAVE_CUDA
-  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) return cuda->experts_streamed();
-#endif
-  (void)be;
-  return true;
-}
-
-void set_backend_host_tier(Backend& be, ExpertSource* source) {
-#ifdef WREN_HAVE_CUDA
-  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) cuda->set_host_tier(source);
-#endif
-  (void)be, (void)source;
-}
-
 }  // namespace wren

@@ -32,12 +32,5 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
                                       const CpuOptions& cpu = {}, const std::string& vram_experts = "",
                                       const CudaOptions& cuda = {});
 
-/// True when `be` reads routed experts from an ExpertSource during the forward pass (the CPU
-/// backend; the CUDA backend when its VRAM expert budget does not hold every expert), so a
-/// bounded host expert store is worth opening.
-bool backend_streams_experts(Backend& be);
-
-/// Gives `be` the host tier it streams experts from (the CUDA VRAM tier; no-op elsewhere).
-void set_backend_host_tier(Backend& be, ExpertSource* source);
 
 }  // namespace wren

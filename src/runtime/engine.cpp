@@ -16,11 +16,12 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   be_ = make_backend(backend, model_->weights, o.cpu, o.vram_experts, o.cuda);
   // The store serves the CPU backend, and the CUDA backend's VRAM tier when its budget does not
   // hold every expert (disk -> host store -> VRAM slots); with all experts in VRAM it is not needed.
-  if (model_->config.expert_format == ExpertFormat::MXFP4 && backend_streams_experts(*be_)) {
+  be_->set_strict(o.strict);
+  if (model_->config.expert_format == ExpertFormat::MXFP4 && be_->streams_experts()) {
     store_ = open_expert_store(model_->weights, model_->config, o.expert_cache, o.direct, o.announce);
-    set_backend_host_tier(*be_, store_.get());
+    be_->set_expert_source(store_.get());
   }
-  fwd_ = std::make_unique<Runner>(*model_, *be_, ForwardOptions{o.chunk, o.layers}, store_.get());
+  fwd_ = std::make_unique<Runner>(*model_, *be_, ForwardOptions{o.chunk, o.layers});
   if (backend != "cpu" && o.cpu_fallback) {
     const CpuOptions cpu = o.cpu;
     fwd_->set_fallback([this, cpu] { return make_backend("cpu", model_->weights, cpu); });

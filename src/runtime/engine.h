@@ -30,6 +30,9 @@ struct EngineOptions {
   CudaOptions cuda;                ///< CUDA backend: KDA path, the fault-injection test hook
   bool announce = true;            ///< print the expert-cache line on stderr
   bool cpu_fallback = true;        ///< on a GPU failure, continue on the CPU (Runner::set_fallback)
+  /// --strict: a backend's slow fallback (e.g. CUDA routing the MoE on the host) is an error
+  /// instead of a counted, logged-once slower path (Backend::set_strict).
+  bool strict = false;
 };
 
 class Engine {

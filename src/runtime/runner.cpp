@@ -8,8 +8,7 @@
 
 namespace wren {
 
-Runner::Runner(const Model& model, Backend& backend, ForwardOptions opts, ExpertSource* experts)
-    : fwd_(model, backend, opts, experts) {}
+Runner::Runner(const Model& model, Backend& backend, ForwardOptions opts) : fwd_(model, backend, opts) {}
 
 Runner::~Runner() = default;
 
@@ -24,7 +23,8 @@ void Runner::run(SequenceState& st, const int* ids, const float* x0, int T, floa
     std::fprintf(stderr, "wren: the %s backend failed: %s\nwren: continuing on the CPU from here on "
                          "(each sequence's state is rebuilt there from its tokens)\n", fwd_.backend().name(), e.what());
     fallback_be_ = make_fallback_();
-    fallback_ = std::make_unique<Forward>(fwd_.model(), *fallback_be_, fwd_.options(), fwd_.experts());
+    fallback_be_->set_expert_source(fwd_.backend().expert_source());  // the same experts (e.g. the store)
+    fallback_ = std::make_unique<Forward>(fwd_.model(), *fallback_be_, fwd_.options());
     return run_fallback(st, ids, x0, T, logits, all_logits, hooks);
   }
   st.record(ids, T, x0 == nullptr);

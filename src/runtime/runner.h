@@ -13,8 +13,8 @@ namespace wren {
 
 class Runner final : public TokenStep {
  public:
-  /// As Forward's constructor (the runner owns its Forward).
-  Runner(const Model& model, Backend& backend, ForwardOptions opts = {}, ExpertSource* experts = nullptr);
+  /// As Forward's constructor (the runner owns its Forward; experts come from the backend).
+  Runner(const Model& model, Backend& backend, ForwardOptions opts = {});
   ~Runner() override;
 
   /// Makes device failures survivable (see the top of this file): `make` returns the fallback

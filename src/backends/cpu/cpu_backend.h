@@ -44,8 +44,10 @@ struct CpuOptions {
 /// Host backend: f32 activations, f64 for RMS means, L2 sums and AttnRes scores.
 class CpuBackend final : public Backend {
  public:
-  /// Throws wren::Error if `opts.isa` is not supported by this CPU or threads < 1.
-  explicit CpuBackend(const CpuOptions& opts = {});
+  /// Throws wren::Error if `opts.isa` is not supported by this CPU or threads < 1. `experts`: where
+  /// routed_moe reads MXFP4 experts (e.g. the expert store); null = the model's shard mappings.
+  /// routed_moe is the host-routed reference (Backend::host_routed_moe), never a fallback.
+  explicit CpuBackend(const CpuOptions& opts = {}, ExpertSource* experts = nullptr);
   ~CpuBackend() override;
   const char* name() const override { return "cpu"; }
   const CpuOptions& options() const { return opts_; }

@@ -39,7 +39,8 @@ int8_t* Scratch::i8(int slot, size_t n) {
 }
 }  // namespace cpu
 
-CpuBackend::CpuBackend(const CpuOptions& opts) : opts_(opts) {
+CpuBackend::CpuBackend(const CpuOptions& opts, ExpertSource* experts) : opts_(opts) {
+  set_expert_source(experts);
   check(opts.threads >= 1, "CPU backend: threads must be at least 1 (got " + std::to_string(opts.threads) + ")");
   check(cpu::isa_supported(opts.isa), std::string("CPU backend: this CPU does not support the ") +
                                           cpu::isa_name(opts.isa) + " kernels");

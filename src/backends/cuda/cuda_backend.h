@@ -43,6 +43,7 @@ struct CudaStats {
   uint64_t graph_instantiations = 0;  ///< cudaGraphInstantiate calls (first step, failed updates)
   uint64_t graph_updates = 0;    ///< successful cudaGraphExecUpdate calls (later steps)
   uint64_t routed_moe_calls = 0; ///< routed_moe calls handled on the device
+  uint64_t host_routed_moe_calls = 0;  ///< routed_moe calls that fell back to host routing
   uint64_t expert_slots = 0;     ///< VRAM tier: device expert slots (0 = every expert resident)
   uint64_t tier_hits = 0;        ///< VRAM tier: selected experts found in a slot
   uint64_t tier_misses = 0;      ///< VRAM tier: experts copied host -> device into a slot
@@ -76,11 +77,10 @@ class CudaBackend final : public Backend {
   /// experts from the host tier into an LRU of device slots keyed by (layer, expert id).
   void set_vram_expert_budget(uint64_t bytes);
   static constexpr uint64_t kAllExperts = ~uint64_t(0);
-  /// The host tier the VRAM tier reads missing experts from (e.g. the ExpertStore: disk -> host
-  /// -> VRAM); null = the shard mappings of the uploaded model. Must outlive the backend's use.
-  void set_host_tier(ExpertSource* source);
-  /// True when routed experts stream from the host tier (the budget did not hold them all).
-  bool experts_streamed() const;
+  /// True when routed experts stream from the host tier (the budget did not hold them all): the
+  /// VRAM tier then reads missing experts from the expert source (Backend::set_expert_source,
+  /// e.g. the ExpertStore: disk -> host -> VRAM; null = the shard mappings of the uploaded model).
+  bool streams_experts() const override;
   /// Mirrors one dense weight's current contents, any WFormat (data, and scale when it has one; a
   /// repeated call refreshes the device copy).
   void upload(const DenseWeight& w);
@@ -126,10 +126,13 @@ class CudaBackend final : public Backend {
                    float* weights) override;
   void expert_ffn(const ExpertRef& e, const float* z, float b1, float b2, float* y) override;
   void weighted_sum(const float* ys, const float* weights, int m, int n, float* y) override;
-  /// Handled when every expert of the layer is resident (4 launches: router, all gate/up, all
-  /// down, weighted sum; no host sync); otherwise false.
-  bool routed_moe(const RoutedMoeParams& p, const MoeWeights& m, const float* logits, const float* z, int T,
-                  float* ys, float* out) override;
+  /// On the device when every expert of the layer is resident (4 launches: router, all gate/up,
+  /// all down, weighted sum; no host sync), or through the VRAM tier (ids to the host once, the
+  /// misses copied into slots). Otherwise (dense experts, experts without a device copy, a chunk
+  /// beyond the grid limit) the host-routed reference through this backend's ops, as a counted
+  /// fallback (Backend::note_fallback: logged once, an error under --strict).
+  void routed_moe(const RoutedMoeParams& p, const MoeWeights& m, const float* logits, const float* z, int T,
+                  const RoutedMoeWork& ws, float* out) override;
   bool routed_moe_on_device(const RoutedMoeParams& p, const MoeWeights& m) override;
   /// Records a single-token step as one decode graph when nothing in it needs the host: T = 1, no
   /// host work midway, recording allowed, and every MoE layer routed on the device

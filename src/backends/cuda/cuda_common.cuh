@@ -56,7 +56,7 @@ struct LayerTable {
 struct ExpertTier {
   uint64_t budget = 0;       ///< bytes for routed experts; 0 = free memory less a margin
   bool active = false;       ///< some experts live on the host (slots in use)
-  ExpertSource* source = nullptr;  ///< host tier given by set_host_tier (null: `mapped`)
+  ExpertSource* source = nullptr;  ///< the backend's expert source at the call (null: `mapped`)
   std::unique_ptr<ExpertSource> mapped;  ///< the shard mappings of the uploaded model
   size_t slot_bytes = 0;
   size_t off[6] = {}, len[6] = {};

@@ -179,8 +179,6 @@ const cuda::ExpertPtrs* CudaBackend::Impl::tier_prepare(int layer, const int* id
 
 void CudaBackend::set_vram_expert_budget(uint64_t bytes) { impl_->tier.budget = bytes; }
 
-void CudaBackend::set_host_tier(ExpertSource* source) { impl_->tier.source = source; }
-
-bool CudaBackend::experts_streamed() const { return impl_->tier.active; }
+bool CudaBackend::streams_experts() const { return impl_->tier.active; }
 
 }  // namespace wren

@@ -429,20 +429,32 @@ static void tier_routed_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, cons
   m.launched("routed_moe weighted-sum kernel");
 }
 
-bool CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, const float* logits, const float* z,
-                             int T, float* ys, float* out) {
+void CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, const float* logits, const float* z,
+                             int T, const RoutedMoeWork& ws, float* out) {
   Impl& m = *impl_;
-  if (m.tier.active && T > 0 && T * p.top_k <= 65535) {
-    tier_routed_moe(m, p, mw, logits, z, T, ys, out);
-    return true;
+  if (T <= 0) return;
+  const int k = p.top_k, pairs = T * k;
+  const std::string layer = "routed_moe layer " + std::to_string(p.layer);
+  // The host-routed reference (Backend::host_routed_moe through this backend's ops) where the
+  // device path cannot run: counted, logged once, an error under --strict.
+  auto host_routed = [&](const char* why) {
+    note_fallback(layer + " routed on the host: " + why);
+    ++m.stats.host_routed_moe_calls;
+    host_routed_moe(p, mw, logits, z, T, ws, out);
+  };
+  if (p.format != ExpertFormat::MXFP4) return host_routed("dense experts are chosen on the host");
+  if (pairs > 65535) return host_routed("more than 65535 (token, slot) pairs in one chunk (grid limit)");
+  if (m.tier.active) {
+    m.tier.source = expert_source();
+    tier_routed_moe(m, p, mw, logits, z, T, ws.ys, out);
+    return;
   }
   const cuda::LayerTable& t = m.table(mw, p.layer);
-  if (!t.resident || t.io != p.io || t.E != p.n_experts) return false;
-  const int k = p.top_k, pairs = T * k;
-  if (T <= 0) return true;
-  if (pairs > 65535) return false;  // grid y limit: the host-routed path handles such chunks
+  if (!t.resident || t.io != p.io || t.E != p.n_experts)
+    return host_routed("not every expert of the layer has a device copy");
   const size_t smem = router_smem(m, p.n_experts, k);
   ++m.stats.routed_moe_calls;
+  float* ys = ws.ys;
   int* dids = static_cast<int*>(m.scratch(m.router_ids, size_t(pairs) * sizeof(int)));
   float* dw = static_cast<float*>(m.scratch(m.router_w, size_t(pairs) * sizeof(float)));
   router_kernel<<<T, kRouterThreads, smem, m.stream>>>(logits, m.dense(mw.bias, "routed_moe (router bias)"),
@@ -455,7 +467,6 @@ bool CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, con
                          "routed_moe down kernel");
   routed_sum_kernel<<<cuda::grid_for(size_t(T) * t.io, 256), 256, 0, m.stream>>>(ys, dw, k, t.io, T, out);
   m.launched("routed_moe weighted-sum kernel");
-  return true;
 }
 
 }  // namespace wren

@@ -1,0 +1,92 @@
+// The routed MoE's host-routed reference and the fallback bookkeeping of the op contract (see
+// backend.h). The instruction order is the forward pass's before routed_moe became one op, so
+// CPU results are bit-identical to it.
+#include "ops/backend.h"
+
+#include <cstdio>
+#include <vector>
+
+#include "core/error.h"
+
+namespace wren {
+
+/// Host bookkeeping of host_routed_moe, grown on first use and kept: router output, expert ->
+/// its (token·k + slot) entries, the chunk's unique experts in first-use order, one batch's
+/// (expert, in row, out row) triples, and the mapped source used when none was set.
+struct Backend::HostMoe {
+  std::vector<int> ids;
+  std::vector<float> wts;
+  std::vector<std::vector<int>> uses;
+  std::vector<int> unique, in_rows, out_rows;
+  std::vector<const ExpertRef*> refs;
+  MappedExperts mapped;
+};
+
+Backend::Backend() = default;
+Backend::~Backend() = default;
+
+void Backend::note_fallback(const std::string& what) {
+  ++fallbacks_;
+  if (strict_)
+    throw Error(std::string(name()) + " backend: " + what + " (--strict forbids slow fallbacks)");
+  if (!fallback_logged_) {
+    fallback_logged_ = true;
+    std::fprintf(stderr, "wren: %s backend: %s (slower path; later fallbacks are counted, not logged)\n", name(),
+                 what.c_str());
+  }
+}
+
+void Backend::host_routed_moe(const RoutedMoeParams& p, const MoeWeights& m, const float* logits, const float* z,
+                              int T, const RoutedMoeWork& ws, float* out) {
+  if (!host_moe_) host_moe_ = std::make_unique<HostMoe>();
+  HostMoe& h = *host_moe_;
+  const int K = p.top_k, io = p.io;
+  const size_t pairs = size_t(T) * K;
+  if (h.ids.size() < pairs) h.ids.resize(pairs), h.wts.resize(pairs);
+  router_topk(logits, m.bias, T, p.n_experts, K, h.ids.data(), h.wts.data());
+  if (p.routed_scale != 1.f)
+    for (size_t j = 0; j < pairs; ++j) h.wts[j] *= p.routed_scale;
+  // Each unique expert once over the chunk (batch union); outputs land per (token, slot) so the
+  // weighted sum below runs in slot order whatever the grouping or the source's visiting order.
+  if (h.uses.size() < size_t(p.n_experts)) h.uses.resize(size_t(p.n_experts));
+  for (int e : h.unique) h.uses[e].clear();
+  h.unique.clear();
+  for (size_t j = 0; j < pairs; ++j) {
+    const int e = h.ids[j];
+    if (h.uses[e].empty()) h.unique.push_back(e);
+    h.uses[e].push_back(int(j));
+  }
+  if (p.format == ExpertFormat::Dense) {  // dense experts are resident weights
+    for (int e : h.unique)
+      for (int j : h.uses[e]) {
+        const ExpertRef& ref = m.experts[e];
+        gemm(ref.d1, z + size_t(j / K) * io, 1, ws.g);
+        gemm(ref.d3, z + size_t(j / K) * io, 1, ws.u);
+        if (p.act == Activation::SiTU) situ_glu(ws.g, ws.u, 1, p.inter, p.b1, p.b2, ws.act);
+        else silu_glu(ws.g, ws.u, 1, p.inter, ws.act);
+        gemm(ref.d2, ws.act, 1, ws.ys + size_t(j) * io);
+      }
+  } else {
+    ExpertSource* src = experts_;
+    if (!src) {
+      h.mapped.bind(p.layer, m.experts);
+      src = &h.mapped;
+    }
+    src->visit_batches(p.layer, h.unique, [&](const int* ids, const ExpertRef* const* views, int n) {
+      // Every expert the source hands over at once in one call (so the backend can run them
+      // concurrently), each with all its tokens adjacent: the backend streams it once for them.
+      h.refs.clear(), h.in_rows.clear(), h.out_rows.clear();
+      for (int i = 0; i < n; ++i)
+        for (int j : h.uses[ids[i]]) {
+          h.refs.push_back(views[i]);
+          h.in_rows.push_back(j / K);
+          h.out_rows.push_back(j);
+        }
+      expert_ffn_batch(h.refs.data(), h.in_rows.data(), h.out_rows.data(), int(h.refs.size()), z, p.b1, p.b2, ws.ys);
+    });
+  }
+  for (int t = 0; t < T; ++t)
+    weighted_sum(ws.ys + size_t(t) * K * io, h.wts.data() + size_t(t) * K, K, io, out + size_t(t) * io);
+}
+
+}  // namespace wren
