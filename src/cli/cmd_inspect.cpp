@@ -7,6 +7,7 @@
 #include "cli/commands.h"
 #include "loader/checkpoint.h"
 #include "model/forward.h"
+#include "model/load.h"
 #include "model/state.h"
 #include "model/tensor_table.h"
 #include "runtime/expert_store.h"
@@ -33,6 +34,7 @@ void inspect(const InspectArgs& a) {
   const std::string& dir = a.dir;
   Checkpoint ck(dir);
   const Config& c = ck.config();
+  check_layer_count(ck, c);
   std::printf("model: %s\n", dir.c_str());
   std::printf("layers: %d (%d KDA, %d %sMLA), hidden %d, vocab %d\n", c.n_layers, c.count(Mixer::KDA),
               c.count(Mixer::MLA), c.mla_out_gate ? "gated " : "", c.hidden, c.vocab);
@@ -64,6 +66,7 @@ void inspect(const InspectArgs& a) {
   uint64_t expert_bytes = 0, resident_f32 = 0;
   for_each_tensor(c, w, [&](const TensorSpec& s) {
     const TensorRef r = ck.require(s.name, s.alt_name);
+    check_tensor(r, s);  // the validator: every stored shape and dtype against the config
     bytes_by_dtype[dtype_name(r.info->dtype)] += r.info->nbytes;
     int64_t n = 1;
     for (int64_t d : s.shape) n *= d;

@@ -42,6 +42,10 @@ struct ForwardOptions {
   /// Record each single-token step (no x0, no hooks) into one backend graph when the backend has
   /// graphs and every MoE layer's experts run on the device (Backend::routed_moe_on_device).
   bool graph = true;
+  /// Strict mode (`--check-finite`): after each layer's mixer and FFN, copy the activations to the
+  /// host and throw naming the first layer and sub-block that produced a NaN or an infinity. Costs a
+  /// device-to-host copy per sub-block (and turns graphs off); the logits are checked in any mode.
+  bool check_finite = false;
 };
 
 /// Runs tokens through the model; owns the activation workspace (allocated once, sized from the
@@ -57,7 +61,8 @@ class Forward {
 
   /// Consumes T tokens at the state's position. `ids` [T] (always needed); `x0` host [T, D]
   /// replaces the embedding rows when non-null. `logits` host: [T, V] when `all_logits`, else
-  /// [V] for the last token; may be null. Throws wren::Error on bad ids or a full context.
+  /// [V] for the last token; may be null. Throws wren::Error on bad ids, a full context, a
+  /// non-finite x0 value, or logits holding a NaN or an infinity (never returns garbage).
   void run(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
            bool all_logits, const ForwardHooks* hooks = nullptr);
 
@@ -97,6 +102,11 @@ class Forward {
   bool graph_step(int T, const float* x0, const ForwardHooks* hooks);
   RoutedMoeParams routed_params(int layer) const;
   void dump(const ForwardHooks* h, int layer, int t0, int T);
+  /// Throws naming `what`, the token position (pos0 + row) and element of the first non-finite value
+  /// of host rows [T, width].
+  void check_rows(const float* host, int T, size_t width, int pos0, const std::string& what) const;
+  /// --check-finite: copies device rows [T, D] of one layer's sub-block output and checks them.
+  void check_sub(const float* dev, int T, int pos0, int layer, const char* block);
   void pre_mix(const DenseWeight& w, const std::vector<float*>& blocks, int n_blocks, int T);
   void glu(const float* g, const float* u, int T, int n, float* out);
   void routed_experts(int layer, const MoeWeights& m, const float* z, int T, float* out);
@@ -112,6 +122,7 @@ class Forward {
   std::function<std::unique_ptr<Backend>()> make_fallback_;
   std::unique_ptr<Backend> fallback_be_;
   std::unique_ptr<Forward> fallback_;  ///< the same forward on fallback_be_, once a step failed
+  std::vector<float> check_buf_;       ///< host copy for --check-finite
 };
 
 }  // namespace wren

@@ -27,7 +27,13 @@ struct EngineOptions {
   CpuOptions cpu;                  ///< CPU backend: threads, kernel level, MXFP4 activations
   bool announce = true;            ///< print the expert-cache line on stderr
   bool cpu_fallback = true;        ///< on a GPU failure, continue on the CPU (Forward::set_fallback)
+  bool check_finite = false;       ///< --check-finite: per-layer NaN/Inf checks (ForwardOptions)
 };
+
+/// Throws wren::Error when the options cannot work with config `c`: --ctx beyond the model's
+/// max_position_embeddings, --layers beyond num_hidden_layers, or (CPU backend) --ctx/--chunk
+/// needing more host memory than /proc/meminfo says is available (both amounts in the message).
+void check_sizes(const EngineOptions& o, const Config& c, const std::string& backend);
 
 class Engine {
  public:

@@ -19,7 +19,7 @@ json parse_body(const std::string& body) {
   json j;
   try {
     j = json::parse(body);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
     throw RequestError(400, std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json");
   }
   if (!j.is_object()) throw RequestError(400, "the request body must be a JSON object", "", "invalid_json");
