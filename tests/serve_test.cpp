@@ -517,6 +517,22 @@ TEST(ServeStopMatcher, HoldsBackPrefixesAndCutsAtTheMatch) {
   EXPECT_EQ(n.flush(), "EN");
 }
 
+// Found by fuzz_openai_request (docs/reliability.md): the error message for a wrongly typed field
+// dumped the value recursively, so a list nested 300k deep (a 600 KB body) overflowed the stack and
+// killed the server. Messages now show a bounded brief of the value.
+TEST(ServeJson, DeeplyNestedFieldIsA400NotAStackOverflow) {
+  const int d = 300000;
+  const std::string body = R"({"messages": [{"role": "user", "content": "hi"}], "max_tokens": )" + std::string(d, '[') +
+                           std::string(d, ']') + "}";
+  try {
+    server::parse_chat_request(body, "m");
+    FAIL() << "accepted";
+  } catch (const server::RequestError& e) {
+    EXPECT_EQ(e.status, 400);
+    EXPECT_NE(std::string(e.what()).find("'max_tokens' must be an integer, got [[...]]"), std::string::npos) << e.what();
+  }
+}
+
 TEST(ServeJson, ParsesFieldsAndThinkingSwitch) {
   const auto r = server::parse_chat_request(
       R"({"model": "m", "messages": [{"role": "system", "content": "s"}, {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}],

@@ -20,7 +20,7 @@ namespace {
 constexpr double kF32Max = 3.4028234663852886e38;  // FLT_MAX
 constexpr int64_t kMaxLayers = 4096;                 // K3: 93 (spec §1)
 constexpr int64_t kMaxExperts = 1 << 16;             // K3: 896 per layer
-constexpr int64_t kMaxExpertsTotal = int64_t(1) << 22;  // K3: 83328 in all
+constexpr int64_t kMaxExpertsTotal = int64_t(1) << 20;  // K3: 83328 in all
 
 /// Typed, path-aware access to one JSON object of config.json; every error names file and key.
 class Reader {
