@@ -4,8 +4,9 @@
 #include <cstdio>
 #include <filesystem>
 
-#include "backends/factory.h"
 #include "core/error.h"
+#include "core/sizes.h"
+#include "runtime/backend_factory.h"
 #include "runtime/default_model.h"
 
 namespace wren {

@@ -8,11 +8,11 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
-#include "loader/checkpoint.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
 #include "loader/config.h"
-#include "loader/safetensors.h"
-#include "model/state.h"
 #include "model/tensor_table.h"
+#include "ops/state.h"
 #include "server/openai_json.h"
 #include "tokenizer/special_tokens.h"
 #include "tokenizer/tiktoken_model.h"

@@ -3,10 +3,10 @@
 #include <memory>
 #include <string>
 
-#include "backends/backend.h"
 #include "backends/cpu/cpu_backend.h"
-#include "model/expert_source.h"
 #include "model/weights.h"
+#include "ops/backend.h"
+#include "ops/expert_source.h"
 
 namespace wren {
 
