@@ -5,6 +5,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "core/hash.h"
 #include "test_util.h"
 
 namespace wren {
@@ -19,6 +20,34 @@ TEST(Cli, RunJsonPrintsGoldenGreedyContinuation) {
   ASSERT_EQ(0, test::run_wren("run " + model_arg() + " --ids " + kPrompt0 + " -n 8 --json", &out)) << out;
   EXPECT_NE(out.find("{\"output_ids\":[2012,1133,1466,4188,4038,3107,1460,537],\"prompt_ids\":[" + kPrompt0 + "]"),
             std::string::npos) << out;
+}
+
+// `run --json` prints stats.logits_fnv1a64: FNV-1a 64 over the logits rows the tokens were sampled
+// from. With -n 1 that is the prompt's last row, which --logits also writes; equal runs print equal
+// hashes, another weight format another hash.
+TEST(Cli, JsonLogitsHashCoversTheSampledRows) {
+  EXPECT_EQ(fnv1a64("a", 1), 0xaf63dc4c8601ec8cull);  // published FNV-1a 64 test vectors
+  EXPECT_EQ(fnv1a64("foobar", 6), 0x85944171f73967e8ull);
+  EXPECT_EQ(hex64(0xaf63dc4c8601ec8cull), "af63dc4c8601ec8c");
+  auto hash_of = [](const std::string& out) {
+    const std::string key = "\"logits_fnv1a64\":\"";
+    const size_t at = out.find(key);
+    return at == std::string::npos ? std::string("missing") : out.substr(at + key.size(), 16);
+  };
+  const std::string dir = test::temp_dir("cli-hash");
+  std::string one, a, b, q;
+  ASSERT_EQ(0, test::run_wren("run " + model_arg() + " --ids " + kPrompt0 + " -n 1 --json --logits " + dir + "/l.f32", &one)) << one;
+  const auto logits = test::read_all_f32(dir + "/l.f32");
+  const size_t V = logits.size() / 8;  // 8 prompt tokens
+  ASSERT_GT(V, 0u);
+  EXPECT_EQ(hash_of(one), hex64(fnv1a64(logits.data() + 7 * V, V * sizeof(float)))) << one;
+  ASSERT_EQ(0, test::run_wren("run " + model_arg() + " --ids " + kPrompt0 + " -n 4 --json", &a)) << a;
+  ASSERT_EQ(0, test::run_wren("run " + model_arg() + " --ids " + kPrompt0 + " -n 4 --json --threads 1", &b)) << b;
+  ASSERT_EQ(0, test::run_wren("run " + model_arg() + " --ids " + kPrompt0 + " -n 4 --json --quant q8", &q)) << q;
+  EXPECT_EQ(hash_of(a), hash_of(b)) << "the thread count changes no bit";
+  EXPECT_NE(hash_of(a), hash_of(one));
+  EXPECT_NE(hash_of(a), hash_of(q)) << "q8 weights change the logits";
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Cli, TraceAndLogitsHooksWriteGoldenShapedFiles) {
@@ -135,6 +164,18 @@ TEST(Cli, SynthWritesALoadableCheckpoint) {
   ASSERT_EQ(0, test::run_wren("run --model " + dir + "/m --ids 5,6,7 -n 3 --json", &out)) << out;
   EXPECT_NE(out.find("\"output_ids\""), std::string::npos) << out;
   std::filesystem::remove_all(dir);
+}
+
+// The CUDA options are typed flags, checked in every build (with or without the CUDA backend).
+TEST(Cli, CudaOptionsAreCheckedFlags) {
+  std::string out;
+  EXPECT_NE(0, test::run_wren("run " + model_arg() + " --ids 4096 -n 1 --cuda-kda fast", &out));
+  EXPECT_NE(out.find("--cuda-kda: 'fast' is not a KDA path (expected recurrent or chunked)"), std::string::npos) << out;
+  EXPECT_NE(0, test::run_wren("run " + model_arg() + " --ids 4096 -n 1 --cuda-kda-chunk 48", &out));
+  EXPECT_NE(out.find("--cuda-kda-chunk"), std::string::npos) << out;
+  ASSERT_EQ(0, test::run_wren("run " + model_arg() + " --ids 4096 -n 1 --backend cpu --cuda-kda chunked", &out)) << out;
+  EXPECT_NE(out.find("wren: cpu "), std::string::npos) << out;
+  EXPECT_EQ(out.find("wren: cuda kda"), std::string::npos) << "the CUDA line only when CUDA runs:\n" << out;
 }
 
 TEST(Cli, BadArgumentsExitNonZero) {

@@ -20,6 +20,7 @@
 #include "runtime/backend_factory.h"
 #include "runtime/expert_store.h"
 #include "runtime/generate.h"
+#include "runtime/runner.h"
 #include "synth/synth.h"
 #include "test_util.h"
 #ifdef WREN_HAVE_CUDA
@@ -253,7 +254,7 @@ TEST_F(CudaModel, DecodeAfterPrefillAndChunkSizeOnDevice) {
   const int T = int(gc.ids.size()), V = c.vocab, split = T / 2;
   {
     // Exact mode (token-by-token KDA for every chunk): chunking changes nothing beyond 1e-6.
-    test::ScopedEnv mode("WREN_CUDA_KDA", "recurrent");
+    test::ScopedOptions mode(*be_, CudaOptions{CudaKda::Recurrent, 32});
     const auto tf = logits_of(*golden_, *be_, gc.ids, 32);
     const auto one = logits_of(*golden_, *be_, gc.ids, 1);
     const auto seven = logits_of(*golden_, *be_, gc.ids, 7);
@@ -263,9 +264,9 @@ TEST_F(CudaModel, DecodeAfterPrefillAndChunkSizeOnDevice) {
                 std::memcmp(one.data(), tf.data(), tf.size() * 4) ? "differ" : "bit-identical",
                 std::memcmp(seven.data(), tf.data(), tf.size() * 4) ? "differ" : "bit-identical");
   }
-  // Chunked KDA (kda_chunked.cu, WREN_CUDA_KDA=chunked, fast mode): prefill chunks of 32 and 7 against
+  // Chunked KDA (kda_chunked.cu, --cuda-kda chunked, fast mode): prefill chunks of 32 and 7 against
   // token-at-a-time (chunk 1 runs the token kernel), within the op's 1e-5.
-  test::ScopedEnv mode("WREN_CUDA_KDA", "chunked");
+  test::ScopedOptions mode(*be_, CudaOptions{CudaKda::Chunked, 32});
   const auto tf = logits_of(*golden_, *be_, gc.ids, 32);
   const auto one = logits_of(*golden_, *be_, gc.ids, 1);
   const auto seven = logits_of(*golden_, *be_, gc.ids, 7);
@@ -476,7 +477,7 @@ TEST_F(CudaModel, FallbackAfterInjectedCudaFault) {
   CudaBackend dev;
   dev.upload(weight_list(golden_->weights));
   dev.inject_fault(600);  // a prefill of 8 tokens takes ~300 launches, a decode step ~330
-  Forward fwd(*golden_, dev);
+  Runner fwd(*golden_, dev);
   fwd.set_fallback([] { return std::unique_ptr<Backend>(std::make_unique<CpuBackend>()); });
   SequenceState st(dev, golden_->config, 256);
   const int V = golden_->config.vocab;
@@ -498,12 +499,12 @@ TEST_F(CudaModel, FallbackAfterInjectedCudaFault) {
 TEST_F(CudaModel, CliFallbackAndValidate) {
   std::string out;
   ASSERT_EQ(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
-                                  " -n 8 --json --backend cuda", &out, "WREN_CUDA_FAULT_AT=700")) << out;
+                                  " -n 8 --json --backend cuda --cuda-fault-at 700", &out)) << out;
   EXPECT_NE(out.find("{\"output_ids\":[2012,1133,1466,4188,4038,3107,1460,537]"), std::string::npos) << out;
   EXPECT_NE(out.find("continuing on the CPU"), std::string::npos) << out;
   EXPECT_NE(out.find("backend cpu (fallback after a GPU failure)"), std::string::npos) << out;
   ASSERT_NE(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
-                                  " -n 8 --backend cuda --no-cpu-fallback", &out, "WREN_CUDA_FAULT_AT=700")) << out;
+                                  " -n 8 --backend cuda --no-cpu-fallback --cuda-fault-at 700", &out)) << out;
   EXPECT_NE(out.find("injected fault"), std::string::npos) << out;
   ASSERT_EQ(0, test::run_wren("validate --model " + test::golden_dir() + " --backend cuda", &out)) << out;
   std::printf("%s\n", out.c_str());

@@ -435,13 +435,14 @@ TEST_F(CudaOps, ElementwiseMatchCpu) {
 
 // ---- KDA ----
 
-using test::ScopedEnv;
+using test::ScopedOptions;
+const CudaOptions kRecurrent{CudaKda::Recurrent, 32};
 
-// kda_core, token-by-token kernel (WREN_CUDA_KDA=recurrent): conv/L2/gates/delta rule/RMSNorm/gate
+// kda_core, token-by-token kernel (--cuda-kda recurrent): conv/L2/gates/delta rule/RMSNorm/gate
 // in the CPU's order per column; exp in f64 -> tolerance rel-L2 1e-5 on outputs and on the carried
 // state (S, conv windows) after every call.
 TEST_F(CudaOps, KdaCoreMatchesCpuAcrossCalls) {
-  ScopedEnv mode("WREN_CUDA_KDA", "recurrent");
+  ScopedOptions mode(*be_, kRecurrent);
   std::mt19937 g(7);
   struct Case { int H, d, K; std::vector<int> Ts; };
   const std::vector<Case> cases = {{1, 16, 4, {1, 1, 1}},  {2, 32, 4, {5, 1, 33}}, {3, 16, 3, {33, 2}},
@@ -485,7 +486,7 @@ TEST_F(CudaOps, KdaCoreMatchesCpuAcrossCalls) {
   }
 }
 
-// kda_core, chunked form (WREN_CUDA_KDA=chunked, kda_chunked.cu) against the CPU's token-by-token
+// kda_core, chunked form (--cuda-kda chunked, kda_chunked.cu) against the CPU's token-by-token
 // recurrence: head_dim 16..128 (incl. non-multiples of 32), heads 1..8, T around the chunk lengths
 // (1, 2, C-1, C, C+1, 4C-1, 4C, 4C+1, 200), chunk lengths 16/32/64, both gates, random non-zero
 // inputs and initial state (S and conv windows), state carried over the calls.
@@ -496,7 +497,6 @@ TEST_F(CudaOps, KdaCoreMatchesCpuAcrossCalls) {
 // accumulation sqrt(d + C)·u ~ 1e-6. Decay factors are exp(G_t - G_i) <= 1 with G cumulated in f64,
 // so they add no cancellation error (see kda_chunked.cu). The exact path is held to the same 1e-5.
 TEST_F(CudaOps, KdaChunkedMatchesCpuRecurrence) {
-  ScopedEnv mode("WREN_CUDA_KDA", "chunked");
   std::mt19937 g(17);
   struct Case { int H, d, C; std::vector<int> Ts; };
   const std::vector<Case> cases = {
@@ -512,7 +512,7 @@ TEST_F(CudaOps, KdaChunkedMatchesCpuRecurrence) {
   for (const KdaGate gate_kind : {KdaGate::LowerBound, KdaGate::Softplus})  // K3, Kimi Linear
   for (const Case& c : cases) {
     const int H = c.H, d = c.d, K = 4, P = H * d;
-    ScopedEnv chunk("WREN_CUDA_KDA_CHUNK", std::to_string(c.C).c_str());
+    ScopedOptions chunk(*be_, CudaOptions{CudaKda::Chunked, c.C});
     KdaParams p{H, d, K, -5.f, 1e-5f, gate_kind};
     std::vector<HostWeight> ws;
     ws.reserve(6);
@@ -547,17 +547,19 @@ TEST_F(CudaOps, KdaChunkedMatchesCpuRecurrence) {
   }
 }
 
-TEST_F(CudaOps, KdaPathVariableIsChecked) {
-  ScopedEnv mode("WREN_CUDA_KDA", "fast");
-  KdaWeights w;  // never read: the variable is checked first
-  KdaState s{};
-  KdaParams p{1, 16, 4, -5.f, 1e-5f, KdaGate::LowerBound};
+TEST_F(CudaOps, KdaOptionsAreChecked) {
   try {
-    be_->kda_core(p, w, s, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 2, nullptr);
-    FAIL() << "WREN_CUDA_KDA=fast must be rejected";
+    parse_cuda_kda("fast", "--cuda-kda");
+    FAIL() << "--cuda-kda fast must be rejected";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("WREN_CUDA_KDA"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--cuda-kda"), std::string::npos) << e.what();
   }
+  const CudaOptions before = be_->options();
+  EXPECT_THROW(be_->set_options(CudaOptions{CudaKda::Chunked, 48}), Error);
+  EXPECT_EQ(be_->options().kda_chunk, before.kda_chunk) << "a refused option changes nothing";
+  EXPECT_THROW(CudaBackend(0, CudaOptions{CudaKda::Chunked, 8}), Error);
+  EXPECT_EQ(describe(CudaOptions{CudaKda::Chunked, 16}), "cuda kda chunked (chunk 16)");
+  EXPECT_EQ(describe(CudaOptions{}), "cuda kda recurrent");
 }
 
 // Speed of the two paths at K3 KDA sizes (96 heads × 128, conv 4, bounded gate) on prefill-sized
@@ -584,11 +586,11 @@ TEST_F(CudaOps, KdaChunkedVsRecurrentAtK3Sizes) {
     const auto z = random_vec(g, size_t(T) * P, -3.f, 3.f), beta = random_vec(g, size_t(T) * H, -3.f, 3.f);
     const auto gate = random_vec(g, size_t(T) * P, -3.f, 3.f);
     float *dq = dev(q), *dk = dev(k), *dv = dev(v), *dz = dev(z), *db = dev(beta), *dg = dev(gate);
-    std::vector<float> outs[2], states[2];
-    double ms[2] = {0, 0};
-    const char* modes[2] = {"recurrent", "chunked"};
-    for (int m = 0; m < 2; ++m) {
-      ScopedEnv mode("WREN_CUDA_KDA", modes[m]);
+    std::vector<float> outs[4], states[4];
+    double ms[4] = {0, 0, 0, 0};
+    const CudaOptions modes[4] = {kRecurrent, {CudaKda::Chunked, 16}, {CudaKda::Chunked, 32}, {CudaKda::Chunked, 64}};
+    for (int m = 0; m < 4; ++m) {
+      ScopedOptions mode(*be_, modes[m]);
       KdaState ds{dev(S0), dev(conv0)};
       float* dout = poisoned(size_t(T) * P);
       be_->kda_core(p, w, ds, dq, dk, dv, dz, db, dg, T, dout);  // the call checked below
@@ -605,12 +607,13 @@ TEST_F(CudaOps, KdaChunkedVsRecurrentAtK3Sizes) {
       std::sort(t.begin(), t.end());
       ms[m] = t[2];
     }
-    const char* C = std::getenv("WREN_CUDA_KDA_CHUNK");
-    std::printf("[ kda path ] K3 sizes H=96 d=128 T=%d: recurrent %.3f ms, chunked (C=%s) %.3f ms, ratio %.2fx\n", T,
-                ms[0], C ? C : "32", ms[1], ms[0] / ms[1]);
-    const std::string sh = shape({{"T", T}});
-    expect_close("kda_paths_out", sh, outs[1], outs[0], 1e-5);
-    expect_close("kda_paths_S", sh, states[1], states[0], 1e-5);
+    for (int m = 1; m < 4; ++m) {
+      std::printf("[ kda path ] K3 sizes H=96 d=128 T=%d: recurrent %.3f ms, chunked (C=%d) %.3f ms, ratio %.2fx\n", T,
+                  ms[0], modes[m].kda_chunk, ms[m], ms[0] / ms[m]);
+      const std::string sh = shape({{"T", T}, {"C", modes[m].kda_chunk}});
+      expect_close("kda_paths_out", sh, outs[m], outs[0], 1e-5);
+      expect_close("kda_paths_S", sh, states[m], states[0], 1e-5);
+    }
   }
 }
 

@@ -49,4 +49,19 @@ class ScopedEnv {
   std::string old_;
 };
 
+/// Gives a backend other options for one scope (set_options) and restores the previous ones:
+/// `ScopedOptions kda(*be, CudaOptions{CudaKda::Chunked, 16});`.
+template <class B, class O>
+class ScopedOptions {
+ public:
+  ScopedOptions(B& be, const O& o) : be_(be), old_(be.options()) { be.set_options(o); }
+  ~ScopedOptions() { be_.set_options(old_); }
+  ScopedOptions(const ScopedOptions&) = delete;
+  ScopedOptions& operator=(const ScopedOptions&) = delete;
+
+ private:
+  B& be_;
+  O old_;
+};
+
 }  // namespace wren::test

@@ -1,11 +1,12 @@
 // `wren validate`'s comparison (runtime/validate.h) and the forward's CPU fallback after a device
-// failure (Forward::set_fallback), on the golden k3-tiny-a model with CPU backends; the wrapped
+// failure (Runner::set_fallback, runtime/runner.h), on the golden k3-tiny-a model with CPU backends; the wrapped
 // backend plants bugs and faults. The CUDA fault-injection run is in cuda_model_test.cpp.
 #include <gtest/gtest.h>
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "model/forward.h"
+#include "runtime/runner.h"
 #include "runtime/validate.h"
 #include "test_util.h"
 #include "wrapped_backend.h"
@@ -82,7 +83,7 @@ TEST_F(Validate, FallbackAfterDeviceFailureIsBitIdentical) {
   const int steps = 6;
   // Greedy steps through a backend; returns the ids, final logits in *last, op counts in *ops
   // (after the prefill, in all).
-  auto greedy_via = [&](Forward& f, Backend& be, std::vector<float>* last, int* prefill_ops, const int* calls) {
+  auto greedy_via = [&](TokenStep& f, Backend& be, std::vector<float>* last, int* prefill_ops, const int* calls) {
     SequenceState st(be, f.config(), 64);
     std::vector<float> lg(f.config().vocab);
     f.run(st, prompt().data(), nullptr, int(prompt().size()), lg.data(), false);
@@ -117,7 +118,7 @@ TEST_F(Validate, FallbackAfterDeviceFailureIsBitIdentical) {
         throw DeviceError("injected device fault");
       }
     };
-    Forward f(*model_, dev);
+    Runner f(*model_, dev);
     int made = 0;
     f.set_fallback([&] {
       ++made;
@@ -143,12 +144,38 @@ TEST_F(Validate, WithoutFallbackTheDeviceErrorPropagates) {
   Forward f(*model_, dev);
   SequenceState st(dev, f.config(), 64);
   EXPECT_THROW(f.run(st, prompt().data(), nullptr, 3, nullptr, false), DeviceError);
+  Runner r(*model_, dev);  // the runner without a fallback: the same
+  SequenceState st2(dev, r.config(), 64);
+  EXPECT_THROW(r.run(st2, prompt().data(), nullptr, 3, nullptr, false), DeviceError);
+  EXPECT_FALSE(r.on_fallback());
+}
+
+// The token log the fallback replays is the runner's: each successful run appends its ids; the
+// forward pass alone is a pure step and keeps none. An x0 run makes the state unreplayable.
+TEST_F(Validate, RunnerKeepsTheTokenLogForwardDoesNot) {
+  CpuBackend be;
+  Runner r(*model_, be);
+  SequenceState st(be, r.config(), 64);
+  r.run(st, prompt().data(), nullptr, 3, nullptr, false);
+  r.run(st, prompt().data() + 3, nullptr, 1, nullptr, false);
+  const std::vector<int> p = prompt();
+  EXPECT_EQ(st.history(), std::vector<int>(p.begin(), p.begin() + 4));
+  EXPECT_TRUE(st.replayable());
+  std::vector<float> x0(size_t(r.config().hidden), 0.25f);
+  r.run(st, prompt().data(), x0.data(), 1, nullptr, false);
+  EXPECT_FALSE(st.replayable());
+
+  Forward f(*model_, be);
+  SequenceState plain(be, f.config(), 64);
+  f.run(plain, prompt().data(), nullptr, 3, nullptr, false);
+  EXPECT_TRUE(plain.history().empty());
+  EXPECT_EQ(plain.position(), 3);
 }
 
 TEST_F(Validate, BadInputIsNotAnsweredByFallback) {
   CpuBackend inner;
   test::WrappedBackend dev(inner);
-  Forward f(*model_, dev);
+  Runner f(*model_, dev);
   f.set_fallback([] { return std::unique_ptr<Backend>(std::make_unique<CpuBackend>()); });
   SequenceState st(dev, f.config(), 64);
   const int bad = 1 << 30;

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_options.h"
 
 namespace wren::bench {
 
@@ -54,6 +55,7 @@ struct LayersArgs {
   int kda = 3, mla = 1, experts = 896, distinct = 64, vocab = 16384, prompt = 1024, decode = 16, chunk = 32;
   uint64_t seed = 1;
   bool json = false;
+  CudaOptions cuda;  ///< --cuda-kda etc. (the CUDA backend)
 };
 void run_layers(const LayersArgs& a);
 

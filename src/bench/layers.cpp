@@ -242,9 +242,10 @@ void bench_layers(const LayersArgs& a) {
   const double gen_s = seconds_since(t0);
   progress(start, "random model built");
   t0 = clock_type::now();
-  auto be = make_backend(kind, model->weights);
+  auto be = make_backend(kind, model->weights, {}, "", a.cuda);
   const double upload_s = seconds_since(t0);
-  progress(start, std::string("backend ") + be->name() + " ready (weights uploaded)");
+  progress(start, std::string("backend ") + be->name() + " ready (weights uploaded)" +
+                      (kind == "cuda" ? "; " + describe(a.cuda) : std::string()));
   const Config& c = model->config;
   const double bw = copy_bandwidth(*be, a.preset == "k3" ? (size_t(1) << 28) : (size_t(1) << 22));
   progress(start, "copy bandwidth " + std::to_string(bw / 1e9) + " GB/s");
@@ -286,6 +287,7 @@ void bench_layers(const LayersArgs& a) {
                         {"host_syncs_per_token", counts.back().syncs}, {"no_graph_decode_ms", plain_s * 1e3},
                         {"no_graph_launches_per_token", plain.outside}, {"no_graph_host_syncs_per_token", plain.syncs},
                         {"prompt", a.prompt}, {"chunk", a.chunk}, {"ttft_s", ttft}, {"prefill_tok_s", a.prompt / ttft}};
+  if (kind == "cuda") out["options"] = describe(a.cuda);
   std::printf("wren bench: backend %s, preset %s (hidden %d, %d KDA + %d MLA layers, %d experts top-%d, "
               "%d distinct), copy bandwidth %.0f GB/s (read+write)\n",
               be->name(), a.preset.c_str(), c.hidden, a.kda, a.mla, c.n_experts, c.top_k,

@@ -80,7 +80,12 @@ void add_bench_layers(CLI::App* bench) {
   sub->add_option("--chunk", a->chunk, "Prefill chunk (default 32)")->check(positive());
   sub->add_option("--seed", a->seed, "Weight seed (default 1)");
   sub->add_flag("--json", a->json, "Also print the numbers as one JSON object");
-  sub->callback([a] { bench::run_layers(*a); });
+  auto cuda = std::make_shared<CudaFlags>();
+  cuda->add_to(sub);
+  sub->callback([a, cuda] {
+    a->cuda = cuda->backend();
+    bench::run_layers(*a);
+  });
 }
 
 void add_bench_tokenizer(CLI::App* bench) {

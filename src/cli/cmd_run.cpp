@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/run_options.h"
 #include "core/error.h"
+#include "core/hash.h"
 #include "core/sizes.h"
 #include "runtime/chat_format.h"
 #include "runtime/f32_file.h"
@@ -120,6 +121,7 @@ void run(RunArgs& a) {
   opts.max_new_tokens = a.common.n;
   opts.stop_ids = c.eos_ids;
   opts.sampling = a.common.sampling;
+  opts.hash_logits = a.json;
   ForwardHooks hooks;
   if (!a.x0.empty()) {
     x0 = read_f32(a.x0, size_t(T) * c.hidden, "--x0 (f32 [T, D] with T = " + std::to_string(T) +
@@ -175,7 +177,7 @@ void run(RunArgs& a) {
   if (a.json) {
     nlohmann::json js = {{"prompt_tokens", stats.prompt_tokens}, {"generated_tokens", stats.generated_tokens},
                          {"prefill_s", stats.prefill_s}, {"ttft_s", stats.ttft_s}, {"decode_s", stats.decode_s},
-                         {"peak_rss_bytes", peak_rss_bytes()}};
+                         {"peak_rss_bytes", peak_rss_bytes()}, {"logits_fnv1a64", hex64(stats.logits_fnv1a64)}};
     if (ExpertStore* s = e.store()) {
       const ExpertStoreStats& x = s->stats();
       js["experts"] = {{"hits", x.hits}, {"misses", x.misses}, {"hit_rate", x.hit_rate()},

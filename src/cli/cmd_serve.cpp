@@ -21,6 +21,7 @@ namespace {
 struct ServeArgs {
   EngineOptions engine;
   CpuFlags cpu;  ///< the same CPU engine flags as `wren run` (threads, --isa, --quant, --mx-act)
+  CudaFlags cuda;  ///< and the same CUDA ones (--cuda-kda ...)
   server::ServerOptions server;
 };
 
@@ -67,7 +68,8 @@ void serve(ServeArgs& a) {
   signal(SIGPIPE, SIG_IGN);                   // a client that hangs up is a failed write, not a crash
   a.engine.plan = a.cpu.plan();
   a.engine.cpu = a.cpu.backend();
-  std::fprintf(stderr, "wren: %s\n", describe(a.engine.cpu, a.engine.plan).c_str());
+  a.engine.cuda = a.cuda.backend();
+  print_run_header(a.engine.backend, a.engine.cpu, a.engine.plan, a.engine.cuda);
   Engine e(a.engine);
   check(e.has_tokenizer(), "wren serve needs a model with a tokenizer (tiktoken.model in " + e.dir() + ")");
   a.server.model_id = model_id(a.engine.model_dir);
@@ -100,6 +102,7 @@ void add_serve(CLI::App& app) {
   sub->add_flag("--cpu-fallback,!--no-cpu-fallback", a->engine.cpu_fallback,
                 "On a GPU failure, say so and continue on the CPU (default) or stop with the error");
   a->cpu.add_to(sub);
+  a->cuda.add_to(sub);
   sub->add_flag("--check-finite", a->engine.check_finite,
                 "Check every layer's output for NaN/Inf and name the first layer that produced one (slower)");
   sub->add_option("--max-queue", a->server.max_queue, "Requests allowed to wait behind the running one (503 beyond)")

@@ -23,6 +23,7 @@ using json = nlohmann::json;
 struct ValidateArgs {
   EngineOptions engine;
   CpuFlags cpu;
+  CudaFlags cuda;
   std::vector<std::string> prompts;
   int greedy = 8;
   double tolerance = 1e-4;
@@ -93,11 +94,13 @@ void validate(const ValidateArgs& a) {
   ref_o.announce = false;
   cand_o.plan = a.cpu.plan();
   cand_o.cpu = a.cpu.backend();
+  cand_o.cuda = a.cuda.backend();
   cand_o.cpu_fallback = false;  // a failure must show, not be papered over
   Engine ref(ref_o);
   Engine cand(cand_o);
   const std::string be = cand.backend().name();
-  const std::string what = be == "cpu" ? "cpu (" + describe(cand_o.cpu, cand_o.plan) + ")" : be + " (exact f32)";
+  const std::string what = be == "cpu" ? "cpu (" + describe(cand_o.cpu, cand_o.plan) + ")"
+                                       : be + " (" + describe(cand_o.cuda) + "; weights " + cand_o.plan.describe() + ")";
   std::vector<NamedPrompt> prompts = prompts_for(a, ref);
   json report = {{"model", ref.dir()}, {"reference", "cpu exact f32, scalar reference kernels"}, {"candidate", what}, {"tolerance", a.tolerance}};
   bool ok = true;
@@ -165,6 +168,7 @@ void add_validate(CLI::App& app) {
   sub->add_option("--ctx", a->engine.ctx, "Context capacity in tokens")->check(positive());
   sub->add_flag("--json", a->json, "Print JSON");
   a->cpu.add_to(sub);
+  a->cuda.add_to(sub);
   sub->callback([a] { validate(*a); });
 }
 

@@ -3,9 +3,11 @@
 #include "cli/commands.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 
 #include "core/error.h"
+#include "runtime/backend_factory.h"
 
 namespace wren::cli {
 
@@ -43,6 +45,30 @@ std::string describe(const CpuOptions& o, const QuantPlan& p) {
   return std::string("cpu ") + cpu::isa_name(o.isa) + ", " + std::to_string(o.threads) + " thread" +
          (o.threads == 1 ? "" : "s") + "; weights " + p.describe() + "; experts mxfp4 x " +
          (o.mx_int8_act ? "int8" : "f32") + " activations";
+}
+
+void CudaFlags::add_to(CLI::App* sub) {
+  sub->add_option("--cuda-kda", kda,
+                  "CUDA: KDA path for prefill: recurrent (default, the CPU's order, exact) or chunked (fast)");
+  sub->add_option("--cuda-kda-chunk", kda_chunk, "CUDA: chunk length of --cuda-kda chunked: 16, 32 (default) or 64")
+      ->check(CLI::IsMember({16, 32, 64}));
+  sub->add_option("--cuda-fault-at", fault_at, "Test hook: CUDA kernel launch N fails (exercises the CPU fallback)")
+      ->group("");  // hidden: a test hook, documented in docs/backends.md
+}
+
+CudaOptions CudaFlags::backend() const {
+  CudaOptions o;
+  o.kda = parse_cuda_kda(kda, "--cuda-kda");
+  o.kda_chunk = kda_chunk;
+  o.fault_at = fault_at;
+  check_cuda_options(o, "--cuda-kda-chunk");
+  return o;
+}
+
+void print_run_header(const std::string& backend, const CpuOptions& cpu, const QuantPlan& plan,
+                      const CudaOptions& cuda) {
+  std::fprintf(stderr, "wren: %s\n", describe(cpu, plan).c_str());
+  if (resolve_backend(backend) == "cuda") std::fprintf(stderr, "wren: %s\n", describe(cuda).c_str());
 }
 
 }  // namespace wren::cli

@@ -1,11 +1,13 @@
-// The CPU engine flags shared by `wren run` and `wren bench`: threads, kernel level, dense-weight
-// formats (--quant presets and per-class overrides) and the MXFP4 activation mode.
+// The engine flags shared by `wren run`, `chat`, `serve`, `validate` and `bench`: the CPU ones
+// (threads, kernel level, dense-weight formats: --quant presets and per-class overrides, the MXFP4
+// activation mode) and the CUDA ones (KDA path, the fault-injection test hook).
 #pragma once
 #include <CLI/CLI.hpp>
 #include <array>
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_options.h"
 #include "model/quant.h"
 
 namespace wren::cli {
@@ -27,5 +29,22 @@ struct CpuFlags {
 
 /// One line for the run header: "cpu avx512 x2 threads; weights attn=q4 ...; experts mxfp4 x f32".
 std::string describe(const CpuOptions& o, const QuantPlan& p);
+
+struct CudaFlags {
+  std::string kda = "recurrent";  ///< --cuda-kda: recurrent | chunked
+  int kda_chunk = 32;             ///< --cuda-kda-chunk: 16 | 32 | 64
+  uint64_t fault_at = 0;          ///< --cuda-fault-at (test hook, not in --help)
+
+  /// Registers --cuda-kda, --cuda-kda-chunk and --cuda-fault-at on `sub`.
+  void add_to(CLI::App* sub);
+  /// The backend options. Throws wren::Error on bad values.
+  CudaOptions backend() const;
+};
+
+/// The run header on stderr: the CPU line (the backend, or the fallback of a GPU run) and, when
+/// `backend` resolves to cuda, the CUDA line ("wren: cuda kda recurrent"). Throws wren::Error when
+/// `backend` cannot be used (resolve_backend).
+void print_run_header(const std::string& backend, const CpuOptions& cpu, const QuantPlan& plan,
+                      const CudaOptions& cuda);
 
 }  // namespace wren::cli

@@ -27,6 +27,7 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
   sub->add_flag("--cpu-fallback,!--no-cpu-fallback", engine.cpu_fallback,
                 "On a GPU failure, say so and continue on the CPU (default) or stop with the error");
   cpu.add_to(sub);
+  cuda.add_to(sub);
   sub->add_flag("--check-finite", engine.check_finite,
                 "Check every layer's output for NaN/Inf and name the first layer that produced one (slower)");
   sub->add_option("--ctx", engine.ctx, "Context capacity in tokens (MLA cache size)")->check(positive());
@@ -36,7 +37,8 @@ EngineOptions CommonArgs::engine_options() const {
   EngineOptions o = engine;
   o.plan = cpu.plan();
   o.cpu = cpu.backend();
-  std::fprintf(stderr, "wren: %s\n", describe(o.cpu, o.plan).c_str());
+  o.cuda = cuda.backend();
+  print_run_header(o.backend, o.cpu, o.plan, o.cuda);
   return o;
 }
 

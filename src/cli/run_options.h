@@ -16,8 +16,10 @@ struct CommonArgs {
   bool think = true;
   std::string system;
   CpuFlags cpu;
+  CudaFlags cuda;
   void add_to(CLI::App* sub, float default_temperature);
-  /// The engine options with the CPU flags resolved (throws wren::Error on bad names).
+  /// The engine options with the CPU and CUDA flags resolved (throws wren::Error on bad names);
+  /// prints the run header.
   EngineOptions engine_options() const;
 };
 

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 
 #include "core/error.h"
@@ -41,6 +40,13 @@ struct Forward::Buffers {
   float *rlog, *lat, *ys, *lsum, *lnorm;
   std::vector<int> ids;               // host [T, k]
   std::vector<float> wts;             // host [T, k]
+  // Host bookkeeping of the routed MoE and the mixes, sized once here so that a step allocates
+  // nothing: expert -> its (token * k + slot) entries (each reserved for T), the chunk's unique
+  // experts in first-use order, one batch's (expert, in row, out row) triples, the mix entries.
+  std::vector<std::vector<int>> uses;
+  std::vector<int> unique, in_rows, out_rows;
+  std::vector<const ExpertRef*> refs;
+  std::vector<const float*> entries;
   // Head
   float *hnorm, *logits;
 };
@@ -58,6 +64,8 @@ Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts, Expe
   check(opts_.max_chunk >= 1, "--chunk must be at least 1");
   buf_ = std::make_unique<Buffers>(&be_);
   buf_->plan(c, opts_.max_chunk);
+  for (int i = 0; i < n_layers_; ++i)
+    if (c.layers[i].ffn == Ffn::MoE) step_moe_.push_back({routed_params(i), &model.weights.layers[i].moe});
 }
 
 size_t Forward::workspace_bytes(const Config& c, int max_chunk) {
@@ -86,7 +94,14 @@ void Forward::Buffers::plan(const Config& c, size_t T) {
   const size_t io = c.expert_io();
   b.rlog = b.make(T * c.n_experts), b.lat = b.make(T * io);
   b.ys = b.make(T * c.top_k * io), b.lsum = b.make(T * io), b.lnorm = b.make(T * io);
-  if (b.be) b.ids.resize(T * c.top_k), b.wts.resize(T * c.top_k);  // counting only: allocate nothing
+  if (b.be) {  // host only (workspace_bytes counts device buffers and must allocate nothing)
+    b.ids.resize(T * c.top_k), b.wts.resize(T * c.top_k);
+    b.uses.resize(c.n_experts);
+    for (auto& u : b.uses) u.reserve(T);
+    b.unique.reserve(T * c.top_k), b.in_rows.reserve(T * c.top_k), b.out_rows.reserve(T * c.top_k);
+    b.refs.reserve(T * c.top_k);
+    b.entries.reserve(c.max_mix_entries() + 1);
+  }
   b.hnorm = b.make(T * D), b.logits = b.make(T * size_t(c.vocab));
 }
 
@@ -125,34 +140,7 @@ void Forward::check_rows(const float* host, int T, size_t width, int pos0, const
 
 void Forward::run(SequenceState& st, const int* ids, const float* x0, int T, float* logits,
                   bool all_logits, const ForwardHooks* hooks) {
-  if (fallback_) return run_fallback(st, ids, x0, T, logits, all_logits, hooks);
   check(&st.backend() == &be_, "forward: the sequence state belongs to another backend");
-  try {
-    run_here(st, ids, x0, T, logits, all_logits, hooks);
-  } catch (const DeviceError& e) {
-    if (!make_fallback_ || !st.replayable() || x0) throw;
-    std::fprintf(stderr, "wren: the %s backend failed: %s\nwren: continuing on the CPU from here on "
-                         "(each sequence's state is rebuilt there from its tokens)\n", be_.name(), e.what());
-    fallback_be_ = make_fallback_();
-    fallback_ = std::make_unique<Forward>(model_, *fallback_be_, opts_, experts_);
-    run_fallback(st, ids, x0, T, logits, all_logits, hooks);
-  }
-}
-
-void Forward::run_fallback(SequenceState& st, const int* ids, const float* x0, int T, float* logits,
-                           bool all_logits, const ForwardHooks* hooks) {
-  if (&st.backend() != fallback_be_.get()) {  // rebuild the state on the fallback backend
-    check(st.replayable(), "forward: this sequence was fed embeddings (x0), so its state cannot be rebuilt on the "
-                           "fallback backend after the device failed");
-    const std::vector<int> history = st.history();
-    st.move_to(*fallback_be_);
-    if (!history.empty()) fallback_->run(st, history.data(), nullptr, int(history.size()), nullptr, false);
-  }
-  fallback_->run(st, ids, x0, T, logits, all_logits, hooks);
-}
-
-void Forward::run_here(SequenceState& st, const int* ids, const float* x0, int T, float* logits,
-                       bool all_logits, const ForwardHooks* hooks) {
   const size_t V = cfg_.vocab, D = cfg_.hidden;
   if (x0) {
     const size_t n = size_t(T) * D, at = first_non_finite(x0, n);
@@ -165,23 +153,22 @@ void Forward::run_here(SequenceState& st, const int* ids, const float* x0, int T
     float* out = logits == nullptr ? nullptr : all_logits ? logits + t0 * V : last ? logits : nullptr;
     chunk(st, ids + t0, x0 ? x0 + t0 * D : nullptr, n, t0, out, all_logits, hooks);
   }
-  st.record(ids, T, x0 == nullptr);
 }
 
 void Forward::chunk(SequenceState& st, const int* ids, const float* x0, int T, int t0,
                     float* logits, bool all_logits, const ForwardHooks* hooks) {
-  // One decode step = one graph submission when nothing in it needs the host (see graph_step).
-  const bool graph = graph_step(T, x0, hooks) && be_.graph_begin();
+  // The backend may record the whole step (CUDA: one decode graph) from what it needs of the host.
+  const bool recorded = be_.step_begin(step_info(T, x0, hooks));
   try {
-    chunk_ops(st, ids, x0, T, t0, logits, all_logits, hooks, graph);
+    chunk_ops(st, ids, x0, T, t0, logits, all_logits, hooks, recorded);
   } catch (...) {
-    if (graph) be_.graph_abort();
+    if (recorded) be_.step_abort();
     throw;
   }
 }
 
 void Forward::chunk_ops(SequenceState& st, const int* ids, const float* x0, int T, int t0, float* logits,
-                        bool all_logits, const ForwardHooks* hooks, bool graph) {
+                        bool all_logits, const ForwardHooks* hooks, bool recorded) {
   Buffers& b = *buf_;
   const Config& c = cfg_;
   const ModelWeights& w = model_.weights;
@@ -221,7 +208,7 @@ void Forward::chunk_ops(SequenceState& st, const int* ids, const float* x0, int 
   }
   st.advance(T);
   const int rows = logits ? head(n_blocks, T, all_logits) : 0;
-  if (graph) be_.graph_launch();
+  if (recorded) be_.step_end();
   if (logits) {
     be_.to_host(b.logits, size_t(rows) * c.vocab, logits);
     check_rows(logits, rows, c.vocab, st.position() - (all_logits ? T : 1), "the logits");
@@ -236,13 +223,15 @@ void Forward::check_sub(const float* dev, int T, int pos0, int layer, const char
   check_rows(h.data(), T, D, pos0, "the layer " + std::to_string(layer) + " " + block + " output");
 }
 
-bool Forward::graph_step(int T, const float* x0, const ForwardHooks* hooks) {
-  if (!opts_.graph || opts_.check_finite || T != 1 || x0 || (hooks && (hooks->trace || hooks->dump || hooks->before_layer))) return false;
-  if (cfg_.expert_format != ExpertFormat::MXFP4) return false;  // dense experts route on the host
-  for (int i = 0; i < n_layers_; ++i)
-    if (cfg_.layers[i].ffn == Ffn::MoE && !be_.routed_moe_on_device(routed_params(i), model_.weights.layers[i].moe))
-      return false;
-  return true;
+StepInfo Forward::step_info(int T, const float* x0, const ForwardHooks* hooks) const {
+  StepInfo s;
+  s.tokens = T;
+  s.may_record = opts_.graph;
+  s.host_midway = opts_.check_finite || x0 || (hooks && (hooks->trace || hooks->dump || hooks->before_layer)) ||
+                  cfg_.expert_format != ExpertFormat::MXFP4;  // dense experts route on the host
+  s.moe = step_moe_.data();
+  s.n_moe = int(step_moe_.size());
+  return s;
 }
 
 RoutedMoeParams Forward::routed_params(int layer) const {
@@ -260,7 +249,8 @@ void Forward::pre_mix(const DenseWeight& w, const std::vector<float*>& blocks, i
     be_.copy(b.P, T * D, b.mixed);
     return;
   }
-  std::vector<const float*> entries(blocks.begin(), blocks.begin() + n_blocks);
+  std::vector<const float*>& entries = b.entries;
+  entries.assign(blocks.begin(), blocks.begin() + n_blocks);
   entries.push_back(b.P);
   be_.attnres_mix(entries.data(), int(entries.size()), T, int(D), w, cfg_.rms_eps, b.mixed);
 }
@@ -358,8 +348,16 @@ void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int
     for (int j = 0; j < T * K; ++j) b.wts[j] *= c.routed_scale;
   // Each unique expert once over the chunk (batch union); outputs land per (token, slot) so the
   // weighted sum below runs in slot order whatever the grouping or the source's visiting order.
-  std::vector<std::vector<int>> uses(c.n_experts);  // expert -> (token * K + slot) entries
-  std::vector<int> unique;
+  std::vector<std::vector<int>>& uses = b.uses;  // expert -> (token * K + slot) entries, all empty here
+  std::vector<int>& unique = b.unique;
+  unique.clear();
+  struct EmptyUses {  // leave `uses` empty again on every way out (an expert read may throw)
+    std::vector<std::vector<int>>& uses;
+    const std::vector<int>& touched;
+    ~EmptyUses() {
+      for (int e : touched) uses[e].clear();
+    }
+  } empty_uses{uses, unique};
   for (int j = 0; j < T * K; ++j) {
     if (uses[b.ids[j]].empty()) unique.push_back(b.ids[j]);
     uses[b.ids[j]].push_back(j);
@@ -374,8 +372,8 @@ void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int
         be_.gemm(ref.d2, b.act, 1, b.ys + size_t(j) * io);
       }
   } else {
-    std::vector<const ExpertRef*> refs;
-    std::vector<int> in_rows, out_rows;
+    std::vector<const ExpertRef*>& refs = b.refs;
+    std::vector<int>&in_rows = b.in_rows, &out_rows = b.out_rows;
     experts_->visit_batches(layer, unique, [&](const int* ids, const ExpertRef* const* views, int n) {
       // Every expert the source hands over at once in one call (so the backend can run them
       // concurrently), each with all its tokens adjacent: the backend streams it once for them.

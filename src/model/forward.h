@@ -39,8 +39,8 @@ struct ForwardHooks {
 struct ForwardOptions {
   int max_chunk = 32;  ///< tokens per layer-major chunk
   int layers = -1;     ///< run only the first N layers (-1 = all)
-  /// Record each single-token step (no x0, no hooks) into one backend graph when the backend has
-  /// graphs and every MoE layer's experts run on the device (Backend::routed_moe_on_device).
+  /// Let the backend record each step (Backend::step_begin; CUDA: a single-token step with
+  /// every MoE layer routed on the device becomes one graph). False = every op runs as it comes.
   bool graph = true;
   /// Strict mode (`--check-finite`): after each layer's mixer and FFN, copy the activations to the
   /// host and throw naming the first layer and sub-block that produced a NaN or an infinity. Costs a
@@ -48,58 +48,65 @@ struct ForwardOptions {
   bool check_finite = false;
 };
 
-/// Runs tokens through the model; owns the activation workspace (allocated once, sized from the
-/// config and max_chunk).
-class Forward {
+/// Something that consumes tokens into a sequence state: the forward pass itself (Forward), or the
+/// engine's runner that adds the CPU fallback after a device failure (runtime/runner.h).
+class TokenStep {
+ public:
+  virtual ~TokenStep() = default;
+  /// Consumes T tokens at the state's position. `ids` [T] (always needed); `x0` host [T, D]
+  /// replaces the embedding rows when non-null. `logits` host: [T, V] when `all_logits`, else
+  /// [V] for the last token; may be null. Throws wren::Error on bad ids or a full context.
+  virtual void run(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
+                   bool all_logits, const ForwardHooks* hooks = nullptr) = 0;
+  /// The backend new sequence states belong on (the one the next run uses).
+  virtual Backend& backend() = 0;
+  virtual const Config& config() const = 0;
+  /// Layers each run goes through (ForwardOptions::layers).
+  virtual int layers_run() const = 0;
+};
+
+/// Runs tokens through the model on one backend: a pure step (no retry, no fallback: errors
+/// propagate). Owns the activation workspace (allocated once, sized from the config and max_chunk).
+class Forward final : public TokenStep {
  public:
   /// `experts` supplies the routed MXFP4 experts; null = read them through the shard mappings.
   Forward(const Model& model, Backend& backend, ForwardOptions opts = {},
           ExpertSource* experts = nullptr);
-  ~Forward();
+  ~Forward() override;
   Forward(const Forward&) = delete;
   Forward& operator=(const Forward&) = delete;
 
-  /// Consumes T tokens at the state's position. `ids` [T] (always needed); `x0` host [T, D]
-  /// replaces the embedding rows when non-null. `logits` host: [T, V] when `all_logits`, else
-  /// [V] for the last token; may be null. Throws wren::Error on bad ids, a full context, a
-  /// non-finite x0 value, or logits holding a NaN or an infinity (never returns garbage).
+  /// TokenStep::run on this forward's backend. A DeviceError from the backend propagates (the
+  /// engine's runner decides what follows); the state is then partly advanced and must be rebuilt.
+  /// Also throws wren::Error on a non-finite x0 value or logits holding a NaN or an infinity
+  /// (never returns garbage; --check-finite names the layer).
   void run(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
-           bool all_logits, const ForwardHooks* hooks = nullptr);
+           bool all_logits, const ForwardHooks* hooks = nullptr) override;
 
-  /// Makes device failures survivable: when the backend throws DeviceError, the forward says so
-  /// once on stderr, creates the backend `make` returns (the CPU), rebuilds the failed call's state
-  /// there by running its token history again, repeats the call, and runs every later call there
-  /// (other states move on their next call). A state fed through x0 cannot move: the DeviceError
-  /// propagates. Without a fallback, errors propagate.
-  void set_fallback(std::function<std::unique_ptr<Backend>()> make) { make_fallback_ = std::move(make); }
-  /// True once the forward runs on its fallback backend.
-  bool on_fallback() const { return fallback_ != nullptr; }
-
-  int layers_run() const { return n_layers_; }
+  int layers_run() const override { return n_layers_; }
   /// Bytes of activation workspace a Forward with this config and chunk allocates.
   static size_t workspace_bytes(const Config& c, int max_chunk);
-  const Config& config() const { return cfg_; }
-  /// The backend calls run on now: the fallback once a device failed, else the one given.
-  Backend& backend() { return fallback_ ? *fallback_be_ : be_; }
+  const Config& config() const override { return cfg_; }
+  Backend& backend() override { return be_; }
+  /// The ExpertSource this forward reads routed experts from.
+  ExpertSource* experts() const { return experts_; }
+  const Model& model() const { return model_; }
+  const ForwardOptions& options() const { return opts_; }
 
  private:
   struct Buffers;
-  void run_here(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
-                bool all_logits, const ForwardHooks* hooks);
-  void run_fallback(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
-                    bool all_logits, const ForwardHooks* hooks);
   void chunk(SequenceState& st, const int* ids, const float* x0, int T, int t0, float* logits,
              bool all_logits, const ForwardHooks* hooks);
-  /// The body of chunk(); `graph` = the ops are being recorded (launch before reading logits).
+  /// The body of chunk(); `recorded` = the backend records the step (step_end before the logits).
   void chunk_ops(SequenceState& st, const int* ids, const float* x0, int T, int t0, float* logits,
-                 bool all_logits, const ForwardHooks* hooks, bool graph);
+                 bool all_logits, const ForwardHooks* hooks, bool recorded);
   void kda_layer(const LayerWeights& l, KdaState& s, int T);
   void mla_layer(const LayerWeights& l, MlaCache& c, int T);
   void dense_mlp(const LayerWeights& l, int T);
   void moe(int layer, const MoeWeights& m, int T);
   /// Final mix, norm and lm_head into the device logits; returns the number of rows computed.
   int head(int n_entries, int T, bool all_logits);
-  bool graph_step(int T, const float* x0, const ForwardHooks* hooks);
+  StepInfo step_info(int T, const float* x0, const ForwardHooks* hooks) const;
   RoutedMoeParams routed_params(int layer) const;
   void dump(const ForwardHooks* h, int layer, int t0, int T);
   /// Throws naming `what`, the token position (pos0 + row) and element of the first non-finite value
@@ -119,10 +126,8 @@ class Forward {
   std::unique_ptr<Buffers> buf_;
   std::unique_ptr<ExpertSource> own_experts_;  ///< the mapped source when none was given
   ExpertSource* experts_;
-  std::function<std::unique_ptr<Backend>()> make_fallback_;
-  std::unique_ptr<Backend> fallback_be_;
-  std::unique_ptr<Forward> fallback_;  ///< the same forward on fallback_be_, once a step failed
-  std::vector<float> check_buf_;       ///< host copy for --check-finite
+  std::vector<StepMoeLayer> step_moe_;  ///< the MoE layers with MXFP4 experts (for step_begin)
+  std::vector<float> check_buf_;        ///< host copy for --check-finite
 };
 
 }  // namespace wren

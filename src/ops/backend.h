@@ -51,6 +51,24 @@ struct RoutedMoeParams {
   float b1 = 0, b2 = 0;     ///< SiTU bounds
 };
 
+/// One MoE layer of a step, as Backend::step_begin sees it.
+struct StepMoeLayer {
+  RoutedMoeParams params;
+  const MoeWeights* weights = nullptr;
+};
+
+/// What one forward step (one chunk of one Forward::run call) asks of the host, for
+/// Backend::step_begin.
+struct StepInfo {
+  int tokens = 0;            ///< T of the chunk
+  bool may_record = true;    ///< the caller allows recording (ForwardOptions::graph)
+  /// The host takes part midway: embeddings given (x0), validation hooks reading or writing
+  /// activations, or routed experts chosen on the host (dense experts).
+  bool host_midway = false;
+  const StepMoeLayer* moe = nullptr;  ///< the step's MoE layers with routed MXFP4 experts
+  int n_moe = 0;
+};
+
 /// The ops. All are synchronous from the caller's view; T >= 1 tokens in original order.
 class Backend {
  public:
@@ -140,16 +158,22 @@ class Backend {
     return false;
   }
 
-  // ---- decode graphs (one submission per decode step) ----
-  /// Starts recording the ops that follow instead of running them. False when the backend has no
-  /// graphs (the ops then run as usual). While recording no op may wait for the host: no to_host,
-  /// from_host, router_topk or host-routed experts (the backend throws if one does).
-  virtual bool graph_begin() { return false; }
-  /// Ends the recording and submits the recorded ops once (queued like any op; a later to_host
-  /// waits for them). Throws wren::Error when the graph cannot be built or launched.
-  virtual void graph_launch() {}
-  /// Ends a recording that failed midway and discards it. Never throws.
-  virtual void graph_abort() noexcept {}
+  // ---- step bracket (a backend may record a whole step, e.g. as one CUDA graph) ----
+  /// Called by the forward pass before the ops of each chunk. A backend that can record the ops
+  /// that follow instead of running them (and submit them at once in step_end) returns true;
+  /// the default runs every op as it comes and returns false. `s` says what the step needs from
+  /// the host, so the backend decides without knowing the model. While recording no op may wait
+  /// for the host: no to_host, from_host, router_topk or host-routed experts (the backend throws
+  /// if one does).
+  virtual bool step_begin(const StepInfo& s) {
+    (void)s;
+    return false;
+  }
+  /// Ends a step that step_begin recorded and submits its ops once (queued like any op; a later
+  /// to_host waits for them). Throws wren::Error when the recording cannot be built or launched.
+  virtual void step_end() {}
+  /// Ends a recorded step that failed midway and discards it. Never throws.
+  virtual void step_abort() noexcept {}
 };
 
 }  // namespace wren

@@ -25,15 +25,15 @@ class SequenceState {
   int position() const { return position_; }  ///< tokens consumed so far
   /// The backend that owns the buffers.
   Backend& backend() const { return *be_; }
-  /// Ids consumed so far, in order (Forward::run records them): enough to rebuild the state on
-  /// another backend by running them again.
+  /// Ids consumed so far, in order (the engine's Runner records them, runtime/runner.h): enough
+  /// to rebuild the state on another backend by running them again.
   const std::vector<int>& history() const { return history_; }
   /// False once a run replaced embeddings (x0): such a state cannot be rebuilt from its ids.
   bool replayable() const { return replayable_; }
   /// Appends n consumed ids to the history (x0 runs pass replayable = false).
   void record(const int* ids, int n, bool replayable);
   /// Frees the buffers and allocates zeroed ones on `be`: an empty sequence (position 0, empty
-  /// history) that the caller refills by running the old history (CPU fallback, forward.h).
+  /// history) that the caller refills by running the old history (CPU fallback, runtime/runner.h).
   void move_to(Backend& be);
   int capacity() const { return capacity_; }
   void advance(int n) { position_ += n; }

@@ -42,20 +42,23 @@ std::string resolve_backend(const std::string& name) {
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
-                                      const CpuOptions& cpu, const std::string& vram_experts) {
+                                      const CpuOptions& cpu, const std::string& vram_experts,
+                                      const CudaOptions& cuda) {
+  check_cuda_options(cuda, "--cuda-kda-chunk");
   const std::string kind = resolve_backend(name);
   uint64_t budget = 0;  // default: all that fit with a margin
   if (vram_experts == "all") budget = ~uint64_t(0);
   else if (!vram_experts.empty()) budget = parse_size(vram_experts, "--vram-experts");
 #ifdef WREN_HAVE_CUDA
   if (kind == "cuda") {
-    auto be = std::make_unique<CudaBackend>();
+    auto be = std::make_unique<CudaBackend>(0, cuda);
     be->set_vram_expert_budget(budget == ~uint64_t(0) ? CudaBackend::kAllExperts : budget);
     be->upload(weight_list(weights));
     return be;
   }
 #else
   (void)budget;
+  (void)cuda;
 #endif
   return std::make_unique<CpuBackend>(cpu);
 }

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_options.h"
 #include "model/weights.h"
 #include "ops/backend.h"
 #include "ops/expert_source.h"
@@ -26,8 +27,10 @@ std::string resolve_backend(const std::string& name);
 /// `cpu` configures the CPU backend (threads, kernel level, MXFP4 activation mode).
 /// `vram_experts` (CUDA, --vram-experts): device memory for routed experts, "" = all that fit
 /// with a margin, "all", or a size ("2G", "500M"); experts beyond it stream from the host.
+/// `cuda` configures the CUDA backend (KDA path, the fault-injection test hook).
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
-                                      const CpuOptions& cpu = {}, const std::string& vram_experts = "");
+                                      const CpuOptions& cpu = {}, const std::string& vram_experts = "",
+                                      const CudaOptions& cuda = {});
 
 /// True when `be` reads routed experts from an ExpertSource during the forward pass (the CPU
 /// backend; the CUDA backend when its VRAM expert budget does not hold every expert), so a

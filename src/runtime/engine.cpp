@@ -45,14 +45,16 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   dir_ = o.model_dir.empty() ? ensure_default_model(default_vocab_file()) : o.model_dir;
   model_ = load_model(dir_, o.plan);
   check_sizes(o, model_->config, backend);
-  be_ = make_backend(backend, model_->weights, o.cpu, o.vram_experts);
+  be_ = make_backend(backend, model_->weights, o.cpu, o.vram_experts, o.cuda);
   // The store serves the CPU backend, and the CUDA backend's VRAM tier when its budget does not
   // hold every expert (disk -> host store -> VRAM slots); with all experts in VRAM it is not needed.
   if (model_->config.expert_format == ExpertFormat::MXFP4 && backend_streams_experts(*be_)) {
     store_ = open_expert_store(model_->weights, model_->config, o.expert_cache, o.direct, o.announce);
     set_backend_host_tier(*be_, store_.get());
   }
-  fwd_ = std::make_unique<Forward>(*model_, *be_, ForwardOptions{.max_chunk = o.chunk, .layers = o.layers, .check_finite = o.check_finite}, store_.get());
+  fwd_ = std::make_unique<Runner>(
+      *model_, *be_, ForwardOptions{.max_chunk = o.chunk, .layers = o.layers, .check_finite = o.check_finite},
+      store_.get());
   if (backend != "cpu" && o.cpu_fallback) {
     const CpuOptions cpu = o.cpu;
     fwd_->set_fallback([this, cpu] { return make_backend("cpu", model_->weights, cpu); });

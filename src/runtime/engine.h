@@ -7,10 +7,12 @@
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
+#include "backends/cuda/cuda_options.h"
 #include "model/forward.h"
 #include "model/quant.h"
 #include "ops/backend.h"
 #include "runtime/expert_store.h"
+#include "runtime/runner.h"
 #include "tokenizer/tokenizer.h"
 
 namespace wren {
@@ -25,8 +27,9 @@ struct EngineOptions {
   int chunk = 32, layers = -1, ctx = 4096;
   QuantPlan plan;                  ///< dense-weight formats (--quant; default exact f32)
   CpuOptions cpu;                  ///< CPU backend: threads, kernel level, MXFP4 activations
+  CudaOptions cuda;                ///< CUDA backend: KDA path, the fault-injection test hook
   bool announce = true;            ///< print the expert-cache line on stderr
-  bool cpu_fallback = true;        ///< on a GPU failure, continue on the CPU (Forward::set_fallback)
+  bool cpu_fallback = true;        ///< on a GPU failure, continue on the CPU (Runner::set_fallback)
   bool check_finite = false;       ///< --check-finite: per-layer NaN/Inf checks (ForwardOptions)
 };
 
@@ -42,7 +45,8 @@ class Engine {
 
   const Model& model() const { return *model_; }
   const Config& config() const { return model_->config; }
-  Forward& forward() { return *fwd_; }
+  /// The step front ends run tokens through: the forward pass with the CPU fallback policy.
+  Runner& forward() { return *fwd_; }
   Backend& backend() { return fwd_->backend(); }  ///< the CPU once a GPU failure made it fall back
   ExpertStore* store() { return store_.get(); }
   /// The tokenizer, or throws wren::Error saying the snapshot has none.
@@ -58,7 +62,7 @@ class Engine {
   std::unique_ptr<Model> model_;
   std::unique_ptr<Backend> be_;
   std::unique_ptr<ExpertStore> store_;
-  std::unique_ptr<Forward> fwd_;
+  std::unique_ptr<Runner> fwd_;
   std::optional<Tokenizer> tok_;
 };
 

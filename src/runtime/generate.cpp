@@ -5,10 +5,11 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "core/hash.h"
 
 namespace wren {
 
-std::vector<int> generate(Forward& fwd, SequenceState& state, const std::vector<int>& prompt,
+std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vector<int>& prompt,
                           const GenerateOptions& opts, GenerateStats* stats,
                           const std::function<void(int)>& on_token) {
   using clock = std::chrono::steady_clock;
@@ -32,7 +33,9 @@ std::vector<int> generate(Forward& fwd, SequenceState& state, const std::vector<
     fwd.run(state, prompt.data(), opts.x0, T, logits.data(), false, opts.hooks);
   }
   const auto t1 = clock::now();
+  uint64_t hash = kFnv1a64Offset;
   for (int n = 0; n < opts.max_new_tokens; ++n) {
+    if (opts.hash_logits) hash = fnv1a64(logits.data(), logits.size() * sizeof(float), hash);
     const int id = sampler.sample(logits.data(), V);
     if (n == 0) st.ttft_s = secs(clock::now() - t0);
     out.push_back(id);
@@ -45,6 +48,7 @@ std::vector<int> generate(Forward& fwd, SequenceState& state, const std::vector<
     if (last) break;
   }
   st.generated_tokens = int(out.size());
+  if (opts.hash_logits) st.logits_fnv1a64 = hash;
   st.prefill_s = secs(t1 - t0);
   st.decode_s = secs(clock::now() - t1);
   if (stats) *stats = st;

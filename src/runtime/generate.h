@@ -22,6 +22,7 @@ struct GenerateOptions {
   const float* x0 = nullptr;  ///< host [prompt, D]: rows replacing the prompt's embeddings
   float* prompt_logits = nullptr;  ///< host [prompt, V]: teacher-forced logits, when non-null
   const ForwardHooks* hooks = nullptr;  ///< validation hooks for the prompt pass
+  bool hash_logits = false;  ///< fill GenerateStats::logits_fnv1a64
 };
 
 /// Timings of one generation, in seconds.
@@ -30,16 +31,20 @@ struct GenerateStats {
   double prefill_s = 0, decode_s = 0, ttft_s = 0;
   bool stopped = false;    ///< ended on a stop id
   bool cancelled = false;  ///< ended by `cancel`
+  /// With GenerateOptions::hash_logits: FNV-1a 64 (core/hash.h) over the bytes of every logits
+  /// row a token was sampled from, in order (the prompt's last position, then each decode step;
+  /// f32 [V] each). Equal hashes = bit-identical logits; 0 when not asked.
+  uint64_t logits_fnv1a64 = 0;
 };
 
 /// Prefills `prompt` into `state` (which may already hold a prefix) and decodes up to
 /// max_new_tokens, calling `on_token` for each new id. Returns the generated ids.
-std::vector<int> generate(Forward& fwd, SequenceState& state, const std::vector<int>& prompt,
+std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vector<int>& prompt,
                           const GenerateOptions& opts, GenerateStats* stats = nullptr,
                           const std::function<void(int)>& on_token = {});
 
 /// generate() with greedy sampling (the default options): kept for the validation paths.
-inline std::vector<int> generate_greedy(Forward& fwd, SequenceState& state, const std::vector<int>& prompt,
+inline std::vector<int> generate_greedy(TokenStep& fwd, SequenceState& state, const std::vector<int>& prompt,
                                         const GenerateOptions& opts, GenerateStats* stats = nullptr,
                                         const std::function<void(int)>& on_token = {}) {
   return generate(fwd, state, prompt, opts, stats, on_token);

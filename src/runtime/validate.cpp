@@ -20,7 +20,7 @@ struct LayerInputs {
 int argmax(const float* x, size_t n) { return int(std::max_element(x, x + n) - x); }
 
 /// Greedy continuation of `ids`; margins (top-1 minus top-2) when asked.
-std::vector<int> greedy(Forward& f, const std::vector<int>& ids, int ctx, int n, std::vector<float>* margins) {
+std::vector<int> greedy(TokenStep& f, const std::vector<int>& ids, int ctx, int n, std::vector<float>* margins) {
   const size_t V = f.config().vocab;
   SequenceState st(f.backend(), f.config(), ctx);
   std::vector<float> logits(V);
@@ -53,7 +53,7 @@ double rel_l2(const float* a, const float* b, size_t n) {
   return std::sqrt(num / den);
 }
 
-PromptCheck validate_prompt(Forward& ref, Forward& cand, const std::vector<int>& ids, int ctx, int n_greedy,
+PromptCheck validate_prompt(TokenStep& ref, TokenStep& cand, const std::vector<int>& ids, int ctx, int n_greedy,
                             float near_tie) {
   const Config& c = ref.config();
   check(cand.config().hidden == c.hidden && cand.config().vocab == c.vocab && cand.layers_run() == ref.layers_run(),

@@ -38,7 +38,7 @@ struct PromptCheck {
 /// injection replays the reference's per-chunk layer inputs). `greedy` = continuation length;
 /// `near_tie` = the margin under which a greedy step is a near-tie (golden README: 0.02).
 /// Throws wren::Error when the two forwards' layer calls do not line up.
-PromptCheck validate_prompt(Forward& ref, Forward& cand, const std::vector<int>& ids, int ctx, int greedy,
+PromptCheck validate_prompt(TokenStep& ref, TokenStep& cand, const std::vector<int>& ids, int ctx, int greedy,
                             float near_tie = 0.02f);
 
 /// ‖a − b‖ / ‖b‖ over n values, in f64 (0 when both are zero).

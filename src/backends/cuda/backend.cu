@@ -69,13 +69,20 @@ void* CudaBackend::Impl::scratch(cuda::Scratch& s, size_t n) {
 
 void CudaBackend::Impl::launched(const char* what) {
   ++(capturing ? stats.graph_kernels : stats.launches);
-  if (fault_at != 0 && stats.launches + stats.graph_kernels == fault_at)
-    throw DeviceError(std::string("CUDA backend: ") + what + ": injected fault at launch " + std::to_string(fault_at) +
-                      " (WREN_CUDA_FAULT_AT)");
+  if (opts.fault_at != 0 && stats.launches + stats.graph_kernels == opts.fault_at)
+    throw DeviceError(std::string("CUDA backend: ") + what + ": injected fault at launch " +
+                      std::to_string(opts.fault_at) + " (--cuda-fault-at)");
   check_cuda(cudaGetLastError(), what);
 }
 
-void CudaBackend::inject_fault(uint64_t at_launch) { impl_->fault_at = at_launch; }
+void CudaBackend::inject_fault(uint64_t at_launch) { impl_->opts.fault_at = at_launch; }
+
+const CudaOptions& CudaBackend::options() const { return impl_->opts; }
+
+void CudaBackend::set_options(const CudaOptions& o) {
+  check_cuda_options(o, "CUDA backend options");
+  impl_->opts = o;
+}
 
 void CudaBackend::Impl::sync(const char* what) {
   if (capturing)
@@ -86,7 +93,9 @@ void CudaBackend::Impl::sync(const char* what) {
 
 // ---- lifetime ----
 
-CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
+CudaBackend::CudaBackend(int device, const CudaOptions& options) : impl_(std::make_unique<Impl>()) {
+  check_cuda_options(options, "CUDA backend options");
+  impl_->opts = options;
   std::string why;
   if (!cuda_device_available(&why)) throw Error("no CUDA device: " + why);
   int n = 0;
@@ -98,7 +107,6 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
   check_cuda(cudaStreamCreateWithFlags(&impl_->stream, cudaStreamNonBlocking), "cudaStreamCreate");
   check_cuda(cudaDeviceGetAttribute(&impl_->max_smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device),
              "cudaDeviceGetAttribute(MaxSharedMemoryPerBlockOptin)");
-  if (const char* f = std::getenv("WREN_CUDA_FAULT_AT"); f && *f) impl_->fault_at = std::strtoull(f, nullptr, 10);
 }
 
 CudaBackend::~CudaBackend() {

@@ -28,6 +28,7 @@
 #include <memory>
 #include <string>
 
+#include "backends/cuda/cuda_options.h"
 #include "ops/backend.h"
 #include "ops/expert_source.h"
 
@@ -51,11 +52,12 @@ struct CudaStats {
   uint64_t expert_calls = 0;     ///< expert_ffn calls
 };
 
-/// The CUDA implementation of Backend. Construction selects the device and creates the compute
-/// stream; throws wren::Error("no CUDA device: ...") when there is none.
+/// The CUDA implementation of Backend. Construction selects the device, creates the compute
+/// stream and fixes the options (cuda_options.h); throws wren::Error("no CUDA device: ...") when
+/// there is none, or naming the option when one is invalid.
 class CudaBackend final : public Backend {
  public:
-  explicit CudaBackend(int device = 0);
+  explicit CudaBackend(int device = 0, const CudaOptions& options = {});
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -90,8 +92,13 @@ class CudaBackend final : public Backend {
   void synchronize();
   /// Fault injection (tests of the CPU fallback): the kernel launch numbered `at_launch` (counting
   /// from 1 over the backend's life, as CudaStats::launches) throws DeviceError; 0 turns it off.
-  /// The environment variable WREN_CUDA_FAULT_AT=N sets it at construction.
+  /// CudaOptions::fault_at (--cuda-fault-at) sets it at construction.
   void inject_fault(uint64_t at_launch);
+  /// The options in force (fault_at as last set).
+  const CudaOptions& options() const;
+  /// Replaces the options from the next op on (tests and benchmarks switch KDA paths in one
+  /// process); throws wren::Error naming the option when one is invalid.
+  void set_options(const CudaOptions& o);
 
   float* alloc(size_t n) override;
   void release(float* p) override;
@@ -124,12 +131,18 @@ class CudaBackend final : public Backend {
   bool routed_moe(const RoutedMoeParams& p, const MoeWeights& m, const float* logits, const float* z, int T,
                   float* ys, float* out) override;
   bool routed_moe_on_device(const RoutedMoeParams& p, const MoeWeights& m) override;
+  /// Records a single-token step as one decode graph when nothing in it needs the host: T = 1, no
+  /// host work midway, recording allowed, and every MoE layer routed on the device
+  /// (routed_moe_on_device); otherwise false and the ops run one by one.
+  bool step_begin(const StepInfo& s) override;
+  void step_end() override { graph_launch(); }
+  void step_abort() noexcept override { graph_abort(); }
   /// Stream capture (relaxed mode) of the compute stream; the first launch instantiates the
   /// graph, later launches update it in place (cudaGraphExecUpdate) or re-instantiate when the
   /// update is refused, so arguments baked into kernels (cache length, token id) are always fresh.
-  bool graph_begin() override;
-  void graph_launch() override;
-  void graph_abort() noexcept override;
+  bool graph_begin();
+  void graph_launch();
+  void graph_abort() noexcept;
 
   struct Impl;  ///< device, stream, weight map, scratch, counters (cuda_common.cuh)
 

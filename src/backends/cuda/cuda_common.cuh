@@ -91,7 +91,7 @@ struct CudaBackend::Impl {
   float* pinned_w = nullptr;    ///< pinned host staging for router weights
   size_t pinned_len = 0;        ///< entries in each pinned buffer
   CudaStats stats;
-  uint64_t fault_at = 0;        ///< fault injection: the launch count that fails (0 = never)
+  CudaOptions opts;             ///< options (opts.fault_at: the launch count that fails, 0 = never)
   bool free_failed = false;     ///< a cudaFree failure was reported (report once)
   uint64_t generation = 1;      ///< bumped by every upload (invalidates LayerTables)
   std::unordered_map<const MoeWeights*, cuda::LayerTable> tables;  ///< routed_moe expert tables

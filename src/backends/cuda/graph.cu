@@ -1,5 +1,6 @@
-// CUDA backend: decode graphs. The forward pass brackets one single-token step with graph_begin()
-// and graph_launch(); every op in between is recorded by stream capture (relaxed mode, so a
+// CUDA backend: decode graphs. The forward pass brackets each step with step_begin() and step_end();
+// a single-token step that needs nothing from the host becomes graph_begin() ... graph_launch(), and
+// every op in between is recorded by stream capture (relaxed mode, so a
 // scratch buffer may still grow with cudaMalloc) instead of running. The step is re-recorded every
 // time, because kernels bake per-step values into their arguments (the MLA cache length, the token
 // id, scratch addresses); the executable graph is then updated in place with cudaGraphExecUpdate
@@ -10,6 +11,13 @@
 namespace wren {
 
 using cuda::check_cuda;
+
+bool CudaBackend::step_begin(const StepInfo& s) {
+  if (!s.may_record || s.tokens != 1 || s.host_midway) return false;
+  for (int i = 0; i < s.n_moe; ++i)
+    if (!routed_moe_on_device(s.moe[i].params, *s.moe[i].weights)) return false;
+  return graph_begin();
+}
 
 bool CudaBackend::graph_begin() {
   Impl& m = *impl_;

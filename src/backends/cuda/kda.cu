@@ -14,11 +14,11 @@
 // chunked form of kda_chunked.cu (parallel within a chunk of C tokens; same results up to f32
 // rounding, not bit-identical). Selection per call:
 // - T = 1 (decode): always the token kernel.
-// - T > 1: environment variable WREN_CUDA_KDA = "recurrent" (the default: the token kernel for
-//   every T, exact mode) or "chunked" (fast mode, gpu-backend.md §2.14); WREN_CUDA_KDA_CHUNK = 16, 32 or 64 (default 32) asks for the chunk length
-//   (smaller when d is too large for its shared memory; the token kernel when even 16 does not fit).
-//   Any other value is an error naming the variable. Read on every call (a getenv, negligible next
-//   to the launch), so tests and benchmarks can switch paths in one process.
+// - T > 1: the backend option CudaOptions::kda (--cuda-kda) = Recurrent (the default: the token
+//   kernel for every T, exact mode) or Chunked (fast mode, gpu-backend.md §2.14); kda_chunk
+//   (--cuda-kda-chunk) = 16, 32 or 64 (default 32) asks for the chunk length (smaller when d is too
+//   large for its shared memory; the token kernel when even 16 does not fit). Options are fixed at
+//   construction (CudaBackend::set_options changes them between calls: tests, benchmarks).
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -133,22 +133,10 @@ __global__ void kda_kernel(KdaArgs a) {
 }
 
 /// Chunk length the chunked path should use for this call, or 0 for the token kernel (see the
-/// header). Throws wren::Error on a bad WREN_CUDA_KDA / WREN_CUDA_KDA_CHUNK value.
-int chunk_for_call(int T, int d, int max_smem) {
-  if (T <= 1) return 0;
-  const char* mode = std::getenv("WREN_CUDA_KDA");
-  const std::string m = mode ? mode : "";
-  if (m.empty() || m == "recurrent") return 0;  // exact mode by default (gpu-backend.md §2.14)
-  if (m != "chunked")
-    throw Error("WREN_CUDA_KDA: '" + m + "' is not a KDA path (expected 'chunked' or 'recurrent')");
-  int want = 32;
-  if (const char* c = std::getenv("WREN_CUDA_KDA_CHUNK"); c && *c) {
-    const std::string v = c;
-    if (v != "16" && v != "32" && v != "64")
-      throw Error("WREN_CUDA_KDA_CHUNK: '" + v + "' is not a chunk length (expected 16, 32 or 64)");
-    want = std::atoi(c);
-  }
-  return cuda::kda_chunk_fit(d, want, max_smem);
+/// header).
+int chunk_for_call(int T, int d, int max_smem, const CudaOptions& o) {
+  if (T <= 1 || o.kda == CudaKda::Recurrent) return 0;  // exact mode by default (gpu-backend.md §2.14)
+  return cuda::kda_chunk_fit(d, o.kda_chunk, max_smem);
 }
 
 }  // namespace
@@ -183,7 +171,7 @@ void CudaBackend::kda_core(const KdaParams& p, const KdaWeights& w, KdaState& s,
   if (p.head_dim < 1 || p.head_dim > 1024)
     throw Error("CUDA backend: kda_core: head_dim " + std::to_string(p.head_dim) + " (supported: 1..1024)");
   if (p.conv_kernel < 1) throw Error("CUDA backend: kda_core: conv kernel must be >= 1");
-  if (const int C = chunk_for_call(T, p.head_dim, m.max_smem_optin); C > 0) {
+  if (const int C = chunk_for_call(T, p.head_dim, m.max_smem_optin, m.opts); C > 0) {
     cuda::KdaChunkArgs c{};
     fill_kda_args(c, m, p, w, s, q, k, v, z, beta, gate, T, out);
     cuda::kda_chunked(m, c, C);

@@ -1,0 +1,49 @@
+// The engine's step with the CPU fallback (see runner.h).
+#include "runtime/runner.h"
+
+#include <cstdio>
+#include <vector>
+
+#include "core/error.h"
+
+namespace wren {
+
+Runner::Runner(const Model& model, Backend& backend, ForwardOptions opts, ExpertSource* experts)
+    : fwd_(model, backend, opts, experts) {}
+
+Runner::~Runner() = default;
+
+void Runner::run(SequenceState& st, const int* ids, const float* x0, int T, float* logits, bool all_logits,
+                 const ForwardHooks* hooks) {
+  if (fallback_) return run_fallback(st, ids, x0, T, logits, all_logits, hooks);
+  check(&st.backend() == &fwd_.backend(), "forward: the sequence state belongs to another backend");
+  try {
+    fwd_.run(st, ids, x0, T, logits, all_logits, hooks);
+  } catch (const DeviceError& e) {
+    if (!make_fallback_ || !st.replayable() || x0) throw;
+    std::fprintf(stderr, "wren: the %s backend failed: %s\nwren: continuing on the CPU from here on "
+                         "(each sequence's state is rebuilt there from its tokens)\n", fwd_.backend().name(), e.what());
+    fallback_be_ = make_fallback_();
+    fallback_ = std::make_unique<Forward>(fwd_.model(), *fallback_be_, fwd_.options(), fwd_.experts());
+    return run_fallback(st, ids, x0, T, logits, all_logits, hooks);
+  }
+  st.record(ids, T, x0 == nullptr);
+}
+
+void Runner::run_fallback(SequenceState& st, const int* ids, const float* x0, int T, float* logits,
+                          bool all_logits, const ForwardHooks* hooks) {
+  if (&st.backend() != fallback_be_.get()) {  // rebuild the state on the fallback backend
+    check(st.replayable(), "forward: this sequence was fed embeddings (x0), so its state cannot be rebuilt on the "
+                           "fallback backend after the device failed");
+    const std::vector<int> history = st.history();
+    st.move_to(*fallback_be_);
+    if (!history.empty()) {
+      fallback_->run(st, history.data(), nullptr, int(history.size()), nullptr, false);
+      st.record(history.data(), int(history.size()), true);
+    }
+  }
+  fallback_->run(st, ids, x0, T, logits, all_logits, hooks);
+  st.record(ids, T, x0 == nullptr);
+}
+
+}  // namespace wren

@@ -1,0 +1,46 @@
+// The engine's step: a Forward plus the policy around it. After a device failure (DeviceError)
+// the runner says so once on stderr, creates the fallback backend (the CPU), rebuilds the failed
+// sequence's state there by running its token log again, repeats the call, and runs every later
+// call there (other states move on their next call). The token log (SequenceState::history) is
+// kept here: each successful run appends its ids. The forward pass itself stays a pure step.
+#pragma once
+#include <functional>
+#include <memory>
+
+#include "model/forward.h"
+
+namespace wren {
+
+class Runner final : public TokenStep {
+ public:
+  /// As Forward's constructor (the runner owns its Forward).
+  Runner(const Model& model, Backend& backend, ForwardOptions opts = {}, ExpertSource* experts = nullptr);
+  ~Runner() override;
+
+  /// Makes device failures survivable (see the top of this file): `make` returns the fallback
+  /// backend, called once on the first failure. A state fed through x0 cannot be rebuilt: then
+  /// the DeviceError propagates, as it does without a fallback.
+  void set_fallback(std::function<std::unique_ptr<Backend>()> make) { make_fallback_ = std::move(make); }
+  /// True once the runner runs on its fallback backend.
+  bool on_fallback() const { return fallback_ != nullptr; }
+
+  /// Forward::run on the current backend, then appends ids to the state's token log.
+  void run(SequenceState& state, const int* ids, const float* x0, int T, float* logits, bool all_logits,
+           const ForwardHooks* hooks = nullptr) override;
+  /// The backend calls run on now: the fallback once a device failed, else the one given.
+  Backend& backend() override { return fallback_ ? *fallback_be_ : fwd_.backend(); }
+  const Config& config() const override { return fwd_.config(); }
+  int layers_run() const override { return fwd_.layers_run(); }
+  /// The forward pass on the backend given at construction.
+  Forward& forward() { return fwd_; }
+
+ private:
+  void run_fallback(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
+                    bool all_logits, const ForwardHooks* hooks);
+  Forward fwd_;
+  std::function<std::unique_ptr<Backend>()> make_fallback_;
+  std::unique_ptr<Backend> fallback_be_;
+  std::unique_ptr<Forward> fallback_;  ///< the same forward on fallback_be_, once a step failed
+};
+
+}  // namespace wren
