@@ -5,7 +5,8 @@ SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 PKGS=(build-essential cmake ninja-build pkg-config ccache
       nlohmann-json3-dev libcli11-dev libpcre2-dev libcpp-httplib-dev
-      libgtest-dev libgmock-dev libbenchmark-dev libedit-dev)
+      libgtest-dev libgmock-dev libbenchmark-dev libedit-dev
+      clang libclang-rt-14-dev)  # clang + libFuzzer runtime: scripts/fuzz.sh
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 # Node.js and npm: by command, since a Node.js from another source (which bundles npm and

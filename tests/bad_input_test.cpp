@@ -23,6 +23,7 @@
 #include "runtime/generate.h"
 #include "synth/synth.h"
 #include "test_util.h"
+#include "wrapped_backend.h"
 
 namespace wren {
 namespace {
@@ -37,6 +38,8 @@ const std::string kQ = kPfx + "model.layers.1.self_attn.q_proj.weight";  // BF16
 const std::string kDt = kPfx + "model.layers.1.self_attn.dt_bias";       // F32 [128]
 const std::string kPacked = kPfx + expert_name(2, 3) + ".w1.weight_packed";  // U8 [64, 32]
 const std::string kScale = kPfx + expert_name(2, 3) + ".w2.weight_scale";    // U8 [64, 2]
+const std::string kNorm0 = kPfx + "model.layers.0.input_layernorm.weight";    // BF16 [128]
+const std::string kEmbed = kPfx + "model.embed_tokens.weight";                // BF16 [4352, 128]
 
 // ---------------------------------------------------------------- files and checkpoints
 
@@ -212,6 +215,7 @@ struct BadCase {
   std::string name;
   std::function<Words(const std::string& dir)> breaks;
   Words want;
+  bool inspect = true;  ///< `wren inspect` (headers only, no weights read) must refuse it too
 };
 void PrintTo(const BadCase& c, std::ostream* os) { *os << c.name; }
 
@@ -237,6 +241,23 @@ BadCase header_case(std::string name, const std::string& tensor,
             return Words{shard_of(dir, tensor)};
           },
           std::move(want)};
+}
+
+/// A case that writes the little-endian element `bytes` at element `at` (-1: every element) of
+/// `tensor`'s data; the load (not `wren inspect`, which reads no weights) must refuse it.
+BadCase nonfinite_case(std::string name, const std::string& tensor, int at, std::vector<uint8_t> bytes, Words want) {
+  BadCase c = header_case(
+      std::move(name), tensor,
+      [tensor, at, bytes](ShardFile& s) {
+        const uint64_t b = s.begin(tensor), e = s.end(tensor), k = bytes.size();
+        for (uint64_t i = at < 0 ? 0 : uint64_t(at); i < (e - b) / k; ++i) {
+          for (uint64_t j = 0; j < k; ++j) s.data[b + i * k + j] = char(bytes[j]);
+          if (at >= 0) break;
+        }
+      },
+      std::move(want));
+  c.inspect = false;
+  return c;
 }
 
 /// A case that rewrites the raw bytes of the shard holding kQ.
@@ -332,6 +353,34 @@ std::vector<BadCase> config_cases() {
                   {"text_config.linear_attn_config.head_dim", "[1, 512]", "found 1024"}),
       config_case("model_type_other", {{"model_type", "deepseek_v3"}},
                   {"config.json: model_type", "\"deepseek_v3\"", na, "\"kimi_k3\""}),
+      // Issue #19: values that parse as numbers but become Inf (or a wrong sign) in f32.
+      config_case("situ_beta_1e300", text({{"activation_situ_beta", 1e300}}),
+                  {"text_config.activation_situ_beta", "finite in f32", "1e+300"}),
+      config_case("situ_linear_beta_zero", text({{"activation_situ_linear_beta", 0}}),
+                  {"text_config.activation_situ_linear_beta", "positive number"}),
+      config_case("rms_norm_eps_1e300", text({{"rms_norm_eps", 1e300}}),
+                  {"text_config.rms_norm_eps", "at most 1", "1e+300"}),
+      config_case("rms_norm_eps_underflows", text({{"rms_norm_eps", 1e-60}}),
+                  {"text_config.rms_norm_eps", "positive number"}),
+      config_case("gate_lower_bound_minus_1e300", linear({{"gate_lower_bound", -1e300}}),
+                  {"text_config.linear_attn_config.gate_lower_bound", "finite in f32", "-1e+300"}),
+      config_case("eos_beyond_vocab", {{"eos_token_id", 5000}},
+                  {"config.json: eos_token_id", "[0, 4351]", "vocab_size 4352", "found 5000"}),
+      config_case("eos_list_beyond_vocab", {{"eos_token_id", {4098, 4352}}},
+                  {"config.json: eos_token_id", "[0, 4351]", "found [4098,4352]"}),
+      config_case("bos_beyond_vocab", {{"bos_token_id", 4352}},
+                  {"config.json: bos_token_id", "[0, 4351]", "found 4352"}),
+      config_case("aliases_disagree", text({{"num_local_experts", 8}}),
+                  {"text_config.num_experts = 16", "text_config.num_local_experts = 8", "different values"}),
+      {"more_layers_than_config",
+       [](const std::string& dir) {  // a fifth layer's norm in the index
+         const std::string extra = kPfx + "model.layers.4.input_layernorm.weight";
+         const std::string from = kPfx + "model.layers.3.input_layernorm.weight";
+         edit_json(index_path(dir), [&](json& j) { j["weight_map"][extra] = shard_of(dir, from); });
+         return Words{};
+       },
+       {"model.safetensors.index.json", "model.layers.4.input_layernorm.weight", "layer 4",
+        "num_hidden_layers 4"}},
   };
 }
 
@@ -365,6 +414,13 @@ std::vector<BadCase> tensor_cases() {
                   {"tensor '" + kPacked + "'", "dtype F32, expected U8 (MXFP4 e2m1 pairs)"}),
       header_case("expert_scale_as_i8", kScale, [](ShardFile& s) { s.header[kScale]["dtype"] = "I8"; },
                   {"tensor '" + kScale + "'", "dtype I8, expected U8 (MXFP4 ue8m0 scales)"}),
+      // Issue #19: non-finite weights are refused at load (one scan over the upcast floats).
+      nonfinite_case("bf16_nan_in_layer0_norm", kNorm0, 5, {0xc0, 0x7f},
+                     {"tensor '" + kNorm0 + "'", "element 5 (row 0, column 5) is nan", "finite"}),
+      nonfinite_case("embedding_all_inf", kEmbed, -1, {0x80, 0x7f},
+                     {"tensor '" + kEmbed + "'", "element 0 (row 0, column 0) is inf", "finite"}),
+      nonfinite_case("f32_neg_inf_in_dt_bias", kDt, 9, {0x00, 0x00, 0x80, 0xff},
+                     {"tensor '" + kDt + "'", "element 9", "is -inf"}),
   };
 }
 
@@ -456,6 +512,8 @@ std::vector<BadCase> index_cases() {
        {"model.safetensors.index.json names shard 'model-00077-of-000099.safetensors'", "which does not exist"}},
       {"index_names_path", point_q_to("../model-00001-of-000099.safetensors"),
        {"model.safetensors.index.json", "weight_map['" + kQ + "']", "is not a plain file name"}},
+      {"index_names_dot", point_q_to("."),
+       {"model.safetensors.index.json", "weight_map['" + kQ + "'] = '.'", "is not a plain file name"}},
       {"index_not_json",
        [](const std::string& dir) {
          write_bytes(index_path(dir), "{\"weight_map\": {");
@@ -497,6 +555,12 @@ TEST_P(BadInputCheckpoint, RefusedWithClearError) {
   expect_words(msg, want);
   expect_right_shard(d.path(), msg);
   expect_cli_error(d.path(), want);
+  if (bc.inspect) {  // the validator reads headers only and must find the same fault
+    std::string out;
+    const int rc = test::run_wren("inspect --model " + d.path(), &out);
+    EXPECT_GT(rc, 0) << "wren inspect exit " << rc << ":\n" << out;
+    expect_words(out, want);
+  }
 }
 
 std::string case_name(const ::testing::TestParamInfo<BadCase>& info) { return info.param.name; }
@@ -510,12 +574,12 @@ INSTANTIATE_TEST_SUITE_P(BadInputIndex, BadInputCheckpoint, ::testing::ValuesIn(
 
 /// Sets ue8m0 scale byte (row, group) of `part` ("w1"/"w2"/"w3") to 255 in every expert of `layer`.
 void poison_scales(const std::string& dir, const Config& c, int layer, const std::string& part, int row,
-                   int group) {
+                   int group, uint8_t byte = 255) {
   const int cols = part == "w2" ? c.moe_inter : c.latent;
   for (int e = 0; e < c.n_experts; ++e) {
     const std::string name = kPfx + expert_name(layer, e) + "." + part + ".weight_scale";
     ShardFile s = shard_holding(dir, name);
-    s.data.at(s.begin(name) + size_t(row) * (cols / mxfp4::kGroup) + group) = char(255);
+    s.data.at(s.begin(name) + size_t(row) * (cols / mxfp4::kGroup) + group) = char(byte);
     s.save();
   }
 }
@@ -578,6 +642,169 @@ TEST(BadInputScale, ByteFfInSplitExpertNamesNoWrongShard) {
   for (int e = 0; e < c.n_experts; ++e) names.push_back(kPfx + expert_name(2, e) + ".w3.weight_scale");
   move_to_new_shard(d.path(), names, "model-00099-of-000099.safetensors");
   expect_scale_error(d.path(), kScaleWant);
+}
+
+// Issue #19: byte 254 (2^127) is a valid ue8m0 code, but times the e2m1 values 2..6 it overflows
+// f32 to Inf; bytes 253 and 254 are refused like 255, when the expert is first read.
+TEST(BadInputScale, Byte254OverflowsAndIsRefused) {
+  CaseDir d("scale254");
+  poison_scales(d.path(), load_config(d.path()), 2, "w1", 3, 0, 254);
+  expect_scale_error(d.path(), {"tensor '" + kPfx + "model.layers.2.block_sparse_moe.experts.", ".w1.weight_scale'",
+                                "row 3, group 0", "scale byte 254", "overflows f32"});
+}
+
+// ---------------------------------------------------------------- non-finite values at run time
+
+/// The base checkpoint, loaded once.
+const Model& base_model() {
+  static const std::unique_ptr<Model> m = load_model(base_checkpoint());
+  return *m;
+}
+
+// Issue #19: NaN in --x0 rows is refused naming row and column (it would only give NaN logits).
+TEST(BadInputNonFinite, X0WithNanNamesRowAndColumn) {
+  const Model& m = base_model();
+  CpuBackend be;
+  Forward fwd(m, be);
+  SequenceState st(be, m.config, 16);
+  const int D = m.config.hidden, ids[2] = {4096, 976};
+  std::vector<float> x0(2 * D);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd;
+  for (float& v : x0) v = nd(rng);
+  std::vector<float> logits(m.config.vocab);
+  EXPECT_NO_THROW(fwd.run(st, ids, x0.data(), 2, logits.data(), false));
+  x0[D + 7] = std::nanf("");
+  SequenceState st2(be, m.config, 16);
+  expect_words(error_of([&] { fwd.run(st2, ids, x0.data(), 2, logits.data(), false); }),
+               {"x0", "row 1, column 7", "NaN", "finite"});
+}
+
+/// Runs 3 prompt tokens then 2 decode steps with a NaN planted into the output of the `nth`
+/// (0-based) call of op `op`; returns the error.
+std::string planted_nan_error(const char* op, int nth, bool check_finite) {
+  const Model& m = base_model();
+  CpuBackend inner;
+  test::WrappedBackend be(inner);
+  int calls = 0;
+  be.after = [&](const char* name, float* out, size_t n) {
+    if (std::strcmp(name, op) == 0 && calls++ == nth && n > 3) out[3] = std::nanf("");
+  };
+  ForwardOptions o;
+  o.check_finite = check_finite;
+  Forward fwd(m, be, o);
+  SequenceState st(be, m.config, 16);
+  GenerateOptions g;
+  g.max_new_tokens = 3;
+  return error_of([&] { generate_greedy(fwd, st, {4096, 976, 2328}, g); });
+}
+
+// The logits are checked every step in every mode: a NaN that appears anywhere is an error, never
+// a token (NaN logits made greedy pick id 0 and print "!!"). Strict mode names the layer.
+TEST(BadInputNonFinite, NanInsideTheForwardIsCaughtAtTheLogits) {
+  // kda_core runs once per KDA layer per chunk: the prompt chunk covers layers 0-2 (calls 0-2),
+  // the first decode step calls 3-5. Call 4 = layer 1 at the first decode step (position 3).
+  expect_words(planted_nan_error("kda_core", 4, false),
+               {"NaN in the logits at token position 3", "run again with --check-finite"});
+  expect_words(planted_nan_error("kda_core", 4, true), {"NaN in the layer 1 KDA output", "token position 3",
+                                                         "found by --check-finite"});
+  expect_words(planted_nan_error("kda_core", 1, true), {"layer 1 KDA output", "token position 0"});
+  // An FFN: expert_ffn / situ_glu outputs feed the MoE; the dense MLP is layer 0.
+  expect_words(planted_nan_error("situ_glu", 0, true), {"NaN in the layer 0 dense MLP output"});
+}
+
+// The control: a clean run raises no false alarm in either mode.
+TEST(BadInputNonFinite, CleanRunPassesBothModes) {
+  for (bool strict : {false, true}) {
+    const Model& m = base_model();
+    CpuBackend be;
+    ForwardOptions o;
+    o.check_finite = strict;
+    Forward fwd(m, be, o);
+    SequenceState st(be, m.config, 16);
+    GenerateOptions g;
+    g.max_new_tokens = 4;
+    EXPECT_NO_THROW(generate_greedy(fwd, st, {4096, 976, 2328}, g)) << "strict " << strict;
+  }
+}
+
+// ---------------------------------------------------------------- engine options vs the config
+
+/// `wren run` with `args` on `dir` fails with every word of `want` (and no crash).
+void expect_run_error(const std::string& dir, const std::string& args, const Words& want) {
+  std::string out;
+  const int rc = test::run_wren("run --model " + dir + " " + args, &out);
+  EXPECT_GT(rc, 0) << args << ": exit " << rc << ":\n" << out;
+  EXPECT_NE(out.find("wren: error: "), std::string::npos) << out;
+  EXPECT_EQ(out.find("bad_alloc"), std::string::npos) << out;
+  EXPECT_EQ(out.find("runtime error"), std::string::npos) << out;
+  expect_words(out, want);
+}
+
+TEST(BadInputOptions, LayersCtxChunkAndCacheBeyondWhatExists) {
+  const std::string& dir = base_checkpoint();
+  const std::string ids = "--ids 4096,976 -n 1 ";
+  expect_run_error(dir, ids + "--layers 5", {"--layers 5", "only 4 layers", "num_hidden_layers"});
+  expect_run_error(dir, ids + "--ctx 2000000", {"--ctx 2000000", "1048576 positions", "max_position_embeddings"});
+  expect_run_error(dir, ids + "--chunk 2147483647", {"--chunk 2147483647", "need", "GB of memory", "GB activation workspace", "is available"});
+  expect_run_error(dir, ids + "--expert-cache 1e30", {"--expert-cache", "'1e30'", "beyond 2^64"});
+  std::string out;
+  EXPECT_EQ(test::run_wren("run --model " + dir + " " + ids + "--layers 4", &out), 0) << out;
+}
+
+TEST(BadInputOptions, CtxBeyondMaxPositionEmbeddings) {
+  CaseDir d("maxpos");
+  edit_json(d.path() + "/config.json", [](json& j) { j["text_config"]["max_position_embeddings"] = 256; });
+  expect_run_error(d.path(), "--ids 4096,976 -n 1 --ctx 512",
+                   {"--ctx 512", "256 positions", "max_position_embeddings"});
+  std::string out;
+  EXPECT_EQ(test::run_wren("run --model " + d.path() + " --ids 4096,976 -n 1 --ctx 256", &out), 0) << out;
+}
+
+/// A private copy of the golden checkpoint (its files, not its reference outputs).
+class GoldenCopy {
+ public:
+  explicit GoldenCopy(const std::string& tag) : dir_(test::temp_dir("golden-" + tag)) {
+    for (const auto& e : fs::directory_iterator(test::golden_dir()))
+      if (e.is_regular_file()) fs::copy_file(e.path(), dir_ + "/" + e.path().filename().string());
+  }
+  ~GoldenCopy() {
+    std::error_code ec;
+    fs::remove_all(dir_, ec);
+  }
+  const std::string& path() const { return dir_; }
+
+ private:
+  std::string dir_;
+};
+
+// Issue #19: a number nlohmann cannot hold (1e400) in tokenizer_config.json names the file.
+TEST(BadInputTokenizer, NumberOverflowInTokenizerConfigNamesTheFile) {
+  GoldenCopy g("tokcfg");
+  std::string cfg = read_bytes(g.path() + "/tokenizer_config.json");
+  cfg.insert(cfg.find('{') + 1, "\"model_max_length\": 1e400, ");
+  write_bytes(g.path() + "/tokenizer_config.json", cfg);
+  expect_run_error(g.path(), "hello -n 1", {"tokenizer_config.json", "not valid JSON", "number overflow"});
+}
+
+// A special token id the model has no embedding row for is refused naming both files.
+TEST(BadInputTokenizer, SpecialIdBeyondTheVocabulary) {
+  GoldenCopy g("special");
+  edit_json(g.path() + "/tokenizer_config.json", [](json& j) {
+    j["added_tokens_decoder"]["4352"] = {{"content", "<|extra|>"}, {"special", true}};
+  });
+  expect_run_error(g.path(), "hello -n 1", {"tokenizer_config.json", "'<|extra|>'", "id 4352", "vocab_size 4352"});
+}
+
+// One rule for `wren run` and the server: an empty text is a valid prompt ([BOS] alone; in chat
+// mode an empty user message); no prompt at all is refused before the model loads.
+TEST(BadInputOptions, EmptyPromptIsValidNoPromptIsNot) {
+  std::string out;
+  EXPECT_EQ(test::run_wren("run --model " + test::golden_dir() + " '' -n 2 --json", &out), 0) << out;
+  EXPECT_NE(out.find("\"prompt_ids\":[4096]"), std::string::npos) << out;
+  EXPECT_EQ(test::run_wren("run --model " + test::golden_dir() + " '' --chat -n 2", &out), 0) << out;
+  EXPECT_GT(test::run_wren("run --model /nonexistent -n 2", &out), 0);
+  EXPECT_NE(out.find("give either a text prompt or --ids"), std::string::npos) << out;  // before loading
 }
 
 // ---------------------------------------------------------------- header fuzzing

@@ -8,6 +8,7 @@
 #include "core/sizes.h"
 #include "io/checkpoint.h"
 #include "model/forward.h"
+#include "model/load.h"
 #include "model/tensor_table.h"
 #include "ops/state.h"
 #include "runtime/default_model.h"
@@ -35,6 +36,7 @@ void inspect(const InspectArgs& a) {
   const std::string dir = a.dir.empty() ? ensure_default_model(default_vocab_file()) : a.dir;
   Checkpoint ck(dir);
   const Config& c = ck.config();
+  check_layer_count(ck, c);
   std::printf("model: %s\n", dir.c_str());
   std::printf("layers: %d (%d KDA, %d %sMLA), hidden %d, vocab %d\n", c.n_layers, c.count(Mixer::KDA),
               c.count(Mixer::MLA), c.mla_out_gate ? "gated " : "", c.hidden, c.vocab);
@@ -66,6 +68,7 @@ void inspect(const InspectArgs& a) {
   uint64_t expert_bytes = 0, resident_f32 = 0;
   for_each_tensor(c, w, [&](const TensorSpec& s) {
     const TensorRef r = ck.require(s.name, s.alt_name);
+    check_tensor(r, s);  // the validator: every stored shape and dtype against the config
     bytes_by_dtype[dtype_name(r.info->dtype)] += r.info->nbytes;
     int64_t n = 1;
     for (int64_t d : s.shape) n *= d;

@@ -31,6 +31,7 @@ struct RunArgs {
   std::string prompt, ids, trace, logits, x0, dump_dir;
   int dump_layer = -1, dump_token = 0;
   bool json = false, chat = false;
+  bool has_prompt = false;  ///< the positional prompt was given (possibly "": an empty prompt is valid)
 };
 
 std::vector<int> parse_ids(const std::string& s) {
@@ -53,8 +54,7 @@ std::vector<int> parse_ids(const std::string& s) {
 
 /// The prompt ids: --ids as given; raw text as [BOS] + text (docs/model.md#decisions, item 1); --chat as XTML.
 std::vector<int> prompt_ids(const RunArgs& a, Engine& e) {
-  check(a.ids.empty() != a.prompt.empty(), "give either a text prompt or --ids, not both and not neither");
-  if (!a.ids.empty()) return parse_ids(a.ids);
+  if (!a.has_prompt) return parse_ids(a.ids);
   std::string text = a.prompt;
   if (text == "-") text.assign(std::istreambuf_iterator<char>(std::cin), {});
   const Tokenizer& tok = e.tokenizer();
@@ -115,6 +115,9 @@ void on_run_sigint(int) {
 }
 
 void run(RunArgs& a) {
+  // One rule with the server: an empty text is a valid prompt (raw: just [BOS]; --chat: an empty
+  // user message); giving neither a prompt nor --ids, or both, is an error, found before loading.
+  check(a.has_prompt != !a.ids.empty(), "give either a text prompt or --ids, not both and not neither");
   Engine e(a.common.engine_options());
   const Config& c = e.config();
   const std::vector<int> prompt = prompt_ids(a, e);
@@ -226,7 +229,10 @@ void add_run(CLI::App& app) {
   sub->add_option("--dump-layer", a->dump_layer, "Layer whose five vectors are dumped")->check(non_negative());
   sub->add_option("--dump-token", a->dump_token, "Prompt position to dump (default 0)");
   sub->add_option("--dump-dir", a->dump_dir, "Folder for nrm_attn/att/nrm_mlp/mlp/hidden .f32 files");
-  sub->callback([a] { run(*a); });
+  sub->callback([a, sub] {
+    a->has_prompt = sub->count("prompt") > 0;
+    run(*a);
+  });
 }
 
 }  // namespace wren::cli

@@ -128,6 +128,8 @@ void add_serve(CLI::App& app) {
                 "On a GPU failure, say so and continue on the CPU (default) or stop with the error");
   a->cpu.add_to(sub);
   a->cuda.add_to(sub);
+  sub->add_flag("--check-finite", a->engine.check_finite,
+                "Check every layer's output for NaN/Inf and name the first layer that produced one (slower)");
   sub->add_option("--max-queue", a->server.max_queue, "Requests allowed to wait behind the running one (503 beyond)")
       ->check(positive());
   sub->add_option("--max-body", a->server.max_body, "Largest request body in bytes (413 beyond; default 1 MiB)")

@@ -33,6 +33,8 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
                 "Fail instead of taking a backend's slow fallback (e.g. CUDA routing the MoE on the host)");
   cpu.add_to(sub);
   cuda.add_to(sub);
+  sub->add_flag("--check-finite", engine.check_finite,
+                "Check every layer's output for NaN/Inf and name the first layer that produced one (slower)");
   sub->add_option("--ctx", engine.ctx, "Context capacity in tokens (MLA cache size)")->check(positive());
 }
 

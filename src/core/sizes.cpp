@@ -33,6 +33,8 @@ uint64_t parse_size(const std::string& s, const std::string& what) {
   else mult = -1;
   check(end != s.c_str() && mult > 0 && v >= 0 && std::isfinite(v),
         what + ": '" + s + "' is not a size (expected e.g. 8G, 512M, 300K or a byte count)");
+  // The double -> uint64 cast is undefined at 2^64 and beyond: refuse such sizes (no machine has them).
+  check(v * mult < 18446744073709551616.0, what + ": '" + s + "' is beyond 2^64 bytes (16 EiB)");
   return uint64_t(v * mult);
 }
 

@@ -28,7 +28,7 @@ Checkpoint::Checkpoint(const std::string& dir) : dir_(dir), config_(load_config(
     for (const auto& [name, file] : idx["weight_map"].items()) {
       check(file.is_string(), index_path_ + ": weight_map['" + name + "'] must be a file name");
       const std::string fname = file.get<std::string>();
-      check(fname.find('/') == std::string::npos && fname != ".." && !fname.empty(),
+      check(fname.find('/') == std::string::npos && fname != ".." && fname != "." && !fname.empty(),
             index_path_ + ": weight_map['" + name + "'] = '" + fname + "' is not a plain file name");
       weight_map_[name] = fname;
     }
@@ -49,6 +49,7 @@ const SafetensorsFile& Checkpoint::shard(const std::string& file) {
   if (it != shards_.end()) return *it->second;
   const std::string path = dir_ + "/" + file;
   check(fs::exists(path), index_path_ + " names shard '" + file + "', which does not exist in " + dir_);
+  check(fs::is_regular_file(path), index_path_ + " names shard '" + file + "', which is not a regular file in " + dir_);
   auto [ins, _] = shards_.emplace(file, std::make_unique<SafetensorsFile>(path));
   return *ins->second;
 }

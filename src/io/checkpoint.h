@@ -38,6 +38,10 @@ class Checkpoint {
   void release_pages() const;
   /// The name prefix the snapshot uses ("language_model." or "").
   const std::string& prefix() const { return prefix_; }
+  /// Every tensor the index lists: full name -> shard file name.
+  const std::map<std::string, std::string>& weight_map() const { return weight_map_; }
+  /// The index file (or the single model.safetensors) errors name.
+  const std::string& index_path() const { return index_path_; }
 
  private:
   const SafetensorsFile& shard(const std::string& file);

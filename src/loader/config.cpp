@@ -17,6 +17,11 @@ using nlohmann::json;
 
 namespace {
 
+constexpr double kF32Max = 3.4028234663852886e38;  // FLT_MAX
+constexpr int64_t kMaxLayers = 4096;                 // K3: 93 (docs/model.md#layers)
+constexpr int64_t kMaxExperts = 1 << 16;             // K3: 896 per layer
+constexpr int64_t kMaxExpertsTotal = int64_t(1) << 20;  // K3: 83328 in all
+
 /// Typed, path-aware access to one JSON object of config.json; every error names file and key.
 class Reader {
  public:
@@ -58,6 +63,18 @@ class Reader {
     return has(key) ? number(key) : dflt;
   }
 
+  /// A number the engine uses as f32: it must lie in [lo, hi] (both finite) and stay finite and,
+  /// when `positive`, non-zero after rounding to f32 (1e300 would become Inf, 1e-50 zero).
+  float f32(const std::string& key, double lo, double hi, const std::string& expected) const {
+    const double v = number(key);
+    const float f = float(v);
+    if (!(v >= lo && v <= hi) || !std::isfinite(f) || (lo >= 0 && v > 0 && f == 0.f)) fail(key, expected);
+    return f;
+  }
+  float f32_or(const std::string& key, float dflt, double lo, double hi, const std::string& expected) const {
+    return has(key) ? f32(key, lo, hi, expected) : dflt;
+  }
+
   bool boolean(const std::string& key) const {
     const json& v = need(key, "true or false");
     if (!v.is_boolean()) fail(key, "true or false");
@@ -84,11 +101,18 @@ class Reader {
     return out;
   }
 
-  /// The first of `keys` present (Kimi Linear configs may use transformers' aliases), else the first.
+  /// The first of `keys` present (Kimi Linear configs may use transformers' aliases), else the
+  /// first. Two aliases present with different values are an error naming both.
   std::string alias(std::initializer_list<const char*> keys) const {
-    for (const char* k : keys)
-      if (has(k)) return k;
-    return *keys.begin();
+    const char* found = nullptr;
+    for (const char* k : keys) {
+      if (!has(k)) continue;
+      if (!found) found = k;
+      else if (obj_[k] != obj_[found])
+        throw Error(where(found) + " = " + json_brief(obj_[found]) + " and " + path_ + k + " = " +
+                    json_brief(obj_[k]) + " name the same setting with different values; keep one");
+    }
+    return found ? found : *keys.begin();
   }
 
   Reader child(const std::string& key) const {
@@ -134,7 +158,7 @@ void check_k3_flags(const Reader& t, Config& c) {
   t.string("moe_router_activation_func");
   if (!t.boolean("moe_renormalize")) t.unsupported("moe_renormalize", "true");
   c.latent_norm = t.boolean("latent_moe_use_norm");
-  const double scaling = t.number_or("routed_scaling_factor", 1.0);
+  const double scaling = t.f32_or("routed_scaling_factor", 1.f, 0, kF32Max, "a non-negative number finite in f32");
   if (!c.latent_norm && scaling != 1.0)
     t.unsupported("routed_scaling_factor",
                   "1.0, or any value while latent_moe_use_norm is true (the latent RMSNorm "
@@ -192,10 +216,23 @@ void derive_layers(const Reader& la, Config& c) {
                         i < c.first_dense ? Ffn::Dense : Ffn::MoE, false});
 }
 
-std::vector<int> eos_list(const Reader& r, const std::string& key) {
-  const json& v = r.need(key, "an integer or a list of integers");
-  if (v.is_number_integer()) return {v.get<int>()};
-  return r.int_list(key);
+/// eos_token_id: one id or a list, each a token of the vocabulary [0, vocab).
+std::vector<int> eos_list(const Reader& r, const std::string& key, int vocab) {
+  const std::string exp = "a token id in [0, " + std::to_string(vocab - 1) + "] or a list of them (vocab_size " +
+                          std::to_string(vocab) + ")";
+  const json& v = r.need(key, exp);
+  std::vector<int> ids;
+  if (v.is_number_integer()) {
+    if (v.get<int64_t>() < 0 || v.get<int64_t>() >= vocab) r.fail(key, exp);
+    ids = {v.get<int>()};
+  } else {
+    if (!v.is_array() || v.empty()) r.fail(key, exp);
+    for (const auto& e : v) {
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() >= vocab) r.fail(key, exp);
+      ids.push_back(e.get<int>());
+    }
+  }
+  return ids;
 }
 
 }  // namespace
@@ -216,12 +253,14 @@ namespace {
 /// Sizes and layout both families share.
 void parse_common(const Reader& root, const Reader& t, Config& c) {
   c.hidden = int(t.integer("hidden_size"));
-  c.n_layers = int(t.integer("num_hidden_layers"));
+  // Bounds far above any Kimi model, so that a typo cannot make the loader allocate per-layer and
+  // per-expert tables of billions of entries before the first tensor is checked.
+  c.n_layers = int(t.integer("num_hidden_layers", 1, kMaxLayers));
   c.vocab = int(t.integer("vocab_size"));
   c.first_dense = int(t.integer("first_k_dense_replace", 0, c.n_layers));
   c.dense_inter = c.first_dense > 0 ? int(t.integer("intermediate_size")) : 0;
-  c.rms_eps = float(t.number_or("rms_norm_eps", 1e-5));
-  if (!(c.rms_eps > 0)) t.fail("rms_norm_eps", "a positive number");
+  c.rms_eps = t.f32_or("rms_norm_eps", 1e-5f, 0, 1, "a positive number at most 1 (f32; the spec's value is 1e-5)");
+  if (!(c.rms_eps > 0)) t.fail("rms_norm_eps", "a positive number at most 1 (f32; the spec's value is 1e-5)");
   const std::string maxpos = t.alias({"max_position_embeddings", "model_max_length"});
   c.max_positions = t.integer_or(maxpos, int64_t(1) << 20, 1, INT64_MAX);
 
@@ -231,7 +270,11 @@ void parse_common(const Reader& root, const Reader& t, Config& c) {
   c.qk_extra = int(t.integer("qk_rope_head_dim", 0));
   c.v_head = int(t.integer("v_head_dim"));
 
-  c.n_experts = int(t.integer(t.alias({"num_experts", "num_local_experts"})));
+  const std::string experts = t.alias({"num_experts", "num_local_experts"});
+  c.n_experts = int(t.integer(experts, 1, kMaxExperts));
+  if (int64_t(c.n_experts) * c.n_layers > kMaxExpertsTotal)
+    t.fail(experts, "at most " + std::to_string(kMaxExpertsTotal) + " routed experts in all layers together (" +
+                        std::to_string(c.n_layers) + " layers)");
   c.top_k = int(t.integer(t.alias({"num_experts_per_token", "num_experts_per_tok"}), 1, c.n_experts));
   c.moe_inter = int(t.integer("moe_intermediate_size"));
   c.n_shared = int(t.integer(t.alias({"num_shared_experts", "n_shared_experts"}), 0));
@@ -241,9 +284,11 @@ void parse_common(const Reader& root, const Reader& t, Config& c) {
   c.kda_head_dim = int(la.integer("head_dim", 1, 512));
   c.conv_kernel = int(la.integer("short_conv_kernel_size"));
 
-  c.bos_id = int(root.has("bos_token_id") ? root.integer("bos_token_id", 0)
-                                          : t.integer("bos_token_id", 0));
-  c.eos_ids = root.has("eos_token_id") ? eos_list(root, "eos_token_id") : eos_list(t, "eos_token_id");
+  // Token ids: root first (where the published file has them), then text_config; in [0, vocab).
+  c.bos_id = int(root.has("bos_token_id") ? root.integer("bos_token_id", 0, c.vocab - 1)
+                                          : t.integer("bos_token_id", 0, c.vocab - 1));
+  c.eos_ids = root.has("eos_token_id") ? eos_list(root, "eos_token_id", c.vocab)
+                                       : eos_list(t, "eos_token_id", c.vocab);
   check_common_flags(t, root);
   derive_layers(la, c);
 }
@@ -255,15 +300,18 @@ void parse_k3(const Reader& root, const Reader& t, Config& c) {
   c.latent = int(t.integer("routed_expert_hidden_size"));
   if (c.moe_inter % mxfp4::kGroup) t.fail("moe_intermediate_size", "a multiple of 32 (MXFP4 groups)");
   if (c.latent % mxfp4::kGroup) t.fail("routed_expert_hidden_size", "a multiple of 32 (MXFP4 groups)");
-  c.situ_b1 = float(t.number("activation_situ_beta"));
-  c.situ_b2 = float(t.number("activation_situ_linear_beta"));
-  if (!(c.situ_b1 > 0)) t.fail("activation_situ_beta", "a positive number");
-  if (!(c.situ_b2 > 0)) t.fail("activation_situ_linear_beta", "a positive number");
+  // SiTU computes b·tanh(x/b): b must be positive and finite in f32 (Inf·tanh(x/Inf) is NaN).
+  const std::string pos = "a positive number finite in f32 (at most 3.4e38)";
+  c.situ_b1 = t.f32("activation_situ_beta", 0, kF32Max, pos);
+  c.situ_b2 = t.f32("activation_situ_linear_beta", 0, kF32Max, pos);
+  if (!(c.situ_b1 > 0)) t.fail("activation_situ_beta", pos);
+  if (!(c.situ_b2 > 0)) t.fail("activation_situ_linear_beta", pos);
 
   const Reader la = t.child("linear_attn_config");
   // Required for kimi_k3 (docs/model.md#open-points, 3: a silent default could build the wrong gate).
-  c.gate_lower_bound = float(la.number("gate_lower_bound"));
-  if (!(c.gate_lower_bound < 0)) la.fail("gate_lower_bound", "a negative number");
+  const std::string neg = "a negative number finite in f32 (at least -3.4e38)";
+  c.gate_lower_bound = la.f32("gate_lower_bound", -kF32Max, 0, neg);
+  if (!(c.gate_lower_bound < 0)) la.fail("gate_lower_bound", neg);
   if (!la.boolean("use_full_rank_gate"))
     la.unsupported("use_full_rank_gate", "true (kimi_k3 uses the full-rank output gate)");
   // A_log is stored zero-padded: [128] for 96 heads x 128 dims at K3, [32] for 4 x 32 in
@@ -273,7 +321,7 @@ void parse_k3(const Reader& root, const Reader& t, Config& c) {
   check_k3_flags(t, c);
   check_quantization(root, t);
   for (int i = 0; i < c.n_layers; ++i) c.layers[i].snapshot = i % c.attn_res_block == 0;
-  if (c.max_mix_entries() > 16)
+  if ((int64_t(c.n_layers) + c.attn_res_block - 1) / c.attn_res_block + 1 > 16)  // max_mix_entries, in int64
     t.fail("attn_res_block_size", "a block size giving at most 16 AttnRes entries (ceil(L/B)+1)");
 }
 
@@ -292,7 +340,8 @@ void parse_kimi_linear(const Reader& t, Config& c) {
   c.a_log_len = c.kda_heads;
   c.latent_norm = false;
   c.q_lora = t.has("q_lora_rank") ? int(t.integer("q_lora_rank")) : 0;
-  c.routed_scale = float(t.number_or("routed_scaling_factor", 2.446));  // transformers' default
+  c.routed_scale = t.f32_or("routed_scaling_factor", 2.446f, 0, kF32Max,  // transformers' default
+                            "a non-negative number finite in f32");
   const std::string renorm = t.alias({"moe_renormalize", "norm_topk_prob"});
   if (!t.boolean_or(renorm, true)) t.unsupported(renorm, "true (unnormalized routing weights are not implemented)");
   if (t.string("hidden_act") != "silu") t.unsupported("hidden_act", "\"silu\" (kimi_linear)");
@@ -311,6 +360,25 @@ void parse_kimi_linear(const Reader& t, Config& c) {
 
 }  // namespace
 
+/// Derived widths are ints (and index device buffers): each product or sum of config sizes must
+/// fit in int32. Checked in int64 before any of them is computed as int.
+void check_derived(const Reader& t, const Config& c) {
+  const int64_t heads = c.mla_heads;
+  const struct { const char* key; int64_t v; const char* what; } sums[] = {
+      {"linear_attn_config", int64_t(c.kda_heads) * c.kda_head_dim, "num_heads x head_dim"},
+      {"qk_nope_head_dim", int64_t(c.qk_nope) + c.qk_extra, "qk_nope_head_dim + qk_rope_head_dim"},
+      {"num_attention_heads", heads * (int64_t(c.qk_nope) + c.qk_extra), "num_attention_heads x q head dim"},
+      {"num_attention_heads", heads * (int64_t(c.qk_nope) + c.v_head), "num_attention_heads x (qk_nope + v_head_dim)"},
+      {"v_head_dim", heads * c.v_head, "num_attention_heads x v_head_dim"},
+      {"kv_lora_rank", int64_t(c.kv_lora) + c.qk_extra, "kv_lora_rank + qk_rope_head_dim"},
+      {"moe_intermediate_size", int64_t(c.moe_inter) * c.n_shared, "moe_intermediate_size x num_shared_experts"},
+      {"num_hidden_layers", int64_t(c.n_layers) + c.attn_res_block, "num_hidden_layers + attn_res_block_size"},
+      {"num_experts_per_token", int64_t(c.top_k) * std::max(c.hidden, c.latent), "top-k x expert width"},
+  };
+  for (const auto& s : sums)
+    if (s.v > INT32_MAX) t.fail(s.key, std::string("sizes whose ") + s.what + " fits in 32 bits (is " + std::to_string(s.v) + ")");
+}
+
 Config parse_config(const json& doc, const std::string& source) {
   if (!doc.is_object()) throw Error(source + ": expected a JSON object at the top level");
   const Reader root(doc, source, "");
@@ -321,6 +389,7 @@ Config parse_config(const json& doc, const std::string& source) {
   parse_common(root, t, c);
   if (mt == "kimi_k3") parse_k3(root, t, c);
   else parse_kimi_linear(t, c);
+  check_derived(t, c);
   return c;
 }
 

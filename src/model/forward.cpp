@@ -3,6 +3,7 @@
 #include "model/forward.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "core/error.h"
@@ -47,7 +48,9 @@ struct Forward::Buffers {
 Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts)
     : model_(model), cfg_(model.config), be_(backend), opts_(opts) {
   const Config& c = cfg_;
-  n_layers_ = opts.layers < 0 ? c.n_layers : std::min(opts.layers, c.n_layers);
+  check(opts.layers <= c.n_layers, "--layers " + std::to_string(opts.layers) + ": the model has only " +
+                                       std::to_string(c.n_layers) + " layers (num_hidden_layers)");
+  n_layers_ = opts.layers < 0 ? c.n_layers : opts.layers;
   check(opts_.max_chunk >= 1, "--chunk must be at least 1");
   buf_ = std::make_unique<Buffers>(&be_);
   buf_->plan(c, opts_.max_chunk);
@@ -87,10 +90,46 @@ void Forward::Buffers::plan(const Config& c, size_t T) {
 
 Forward::~Forward() = default;
 
+namespace {
+
+/// Index of the first NaN or ±Inf in v[0, n), or n when all are finite. The scan is an integer
+/// OR-reduction the compiler vectorizes (V floats per decode step: far below the lm_head GEMV).
+size_t first_non_finite(const float* v, size_t n) {
+  uint32_t bad = 0;
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, v + i, 4);
+    bad |= uint32_t((u & 0x7f800000u) == 0x7f800000u);  // exponent all ones
+  }
+  if (!bad) return n;
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i])) return i;
+  return n;
+}
+
+std::string value_str(float x) { return std::isnan(x) ? "NaN" : x > 0 ? "+Inf" : "-Inf"; }
+
+}  // namespace
+
+void Forward::check_rows(const float* host, int T, size_t width, int pos0, const std::string& what) const {
+  const size_t n = size_t(T) * width, at = first_non_finite(host, n);
+  if (at == n) return;
+  throw Error(value_str(host[at]) + " in " + what + " at token position " + std::to_string(pos0 + int(at / width)) +
+              ", element " + std::to_string(at % width) +
+              (opts_.check_finite ? std::string(" (found by --check-finite)")
+                                  : std::string("; run again with --check-finite to name the first layer that "
+                                                "produced it")));
+}
+
 void Forward::run(SequenceState& st, const int* ids, const float* x0, int T, float* logits,
                   bool all_logits, const ForwardHooks* hooks) {
   check(&st.backend() == &be_, "forward: the sequence state belongs to another backend");
   const size_t V = cfg_.vocab, D = cfg_.hidden;
+  if (x0) {
+    const size_t n = size_t(T) * D, at = first_non_finite(x0, n);
+    check(at == n, "x0 (the input embeddings) row " + std::to_string(at / D) + ", column " + std::to_string(at % D) +
+                       " is " + value_str(x0[at < n ? at : 0]) + "; every value must be finite");
+  }
   for (int t0 = 0; t0 < T; t0 += opts_.max_chunk) {
     const int n = std::min(opts_.max_chunk, T - t0);
     const bool last = t0 + n == T;
@@ -136,6 +175,7 @@ void Forward::chunk_ops(SequenceState& st, const int* ids, const float* x0, int 
     if (spec.mixer == Mixer::KDA) kda_layer(l, st.kda(i), T);
     else mla_layer(l, st.mla(i), T);
     be_.add(b.P, b.att, TD);
+    if (opts_.check_finite) check_sub(b.att, T, st.position(), i, spec.mixer == Mixer::KDA ? "KDA" : "MLA");
     pre_mix(l.mlp_mix, b.blocks, n_blocks, T);
     if (hooks && hooks->dump && i == hooks->dump_layer) dump(hooks, -1, t0, T);  // nrm_attn, att
     be_.rms_norm(b.mixed, T, int(D), l.post_norm, c.rms_eps, b.nrm);
@@ -143,6 +183,8 @@ void Forward::chunk_ops(SequenceState& st, const int* ids, const float* x0, int 
     else moe(i, l.moe, T);
     be_.add(b.P, b.ffn, TD);
     if (hooks && hooks->dump && i == hooks->dump_layer) dump(hooks, i, t0, T);  // nrm_mlp, mlp, hidden
+    if (opts_.check_finite)
+      check_sub(b.ffn, T, st.position(), i, spec.ffn == Ffn::Dense ? "dense MLP" : "MoE");
     if (hooks && hooks->trace)
       for (int t = 0; t < T; ++t)
         be_.to_host(b.P + t * D, D, hooks->trace + ((size_t(t0) + t) * n_layers_ + i) * D);
@@ -150,14 +192,25 @@ void Forward::chunk_ops(SequenceState& st, const int* ids, const float* x0, int 
   st.advance(T);
   const int rows = logits ? head(n_blocks, T, all_logits) : 0;
   if (recorded) be_.step_end();
-  if (logits) be_.to_host(b.logits, size_t(rows) * c.vocab, logits);
+  if (logits) {
+    be_.to_host(b.logits, size_t(rows) * c.vocab, logits);
+    check_rows(logits, rows, c.vocab, st.position() - (all_logits ? T : 1), "the logits");
+  }
+}
+
+void Forward::check_sub(const float* dev, int T, int pos0, int layer, const char* block) {
+  const size_t D = cfg_.hidden;
+  std::vector<float>& h = check_buf_;
+  h.resize(size_t(T) * D);
+  be_.to_host(dev, h.size(), h.data());
+  check_rows(h.data(), T, D, pos0, "the layer " + std::to_string(layer) + " " + block + " output");
 }
 
 StepInfo Forward::step_info(int T, const float* x0, const ForwardHooks* hooks) const {
   StepInfo s;
   s.tokens = T;
   s.may_record = opts_.graph;
-  s.host_midway = x0 || (hooks && (hooks->trace || hooks->dump || hooks->before_layer)) ||
+  s.host_midway = opts_.check_finite || x0 || (hooks && (hooks->trace || hooks->dump || hooks->before_layer)) ||
                   cfg_.expert_format != ExpertFormat::MXFP4;  // dense experts route on the host
   s.moe = step_moe_.data();
   s.n_moe = int(step_moe_.size());

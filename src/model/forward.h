@@ -41,6 +41,10 @@ struct ForwardOptions {
   /// Let the backend record each step (Backend::step_begin; CUDA: a single-token step with
   /// every MoE layer routed on the device becomes one graph). False = every op runs as it comes.
   bool graph = true;
+  /// Strict mode (`--check-finite`): after each layer's mixer and FFN, copy the activations to the
+  /// host and throw naming the first layer and sub-block that produced a NaN or an infinity. Costs a
+  /// device-to-host copy per sub-block (and turns graphs off); the logits are checked in any mode.
+  bool check_finite = false;
 };
 
 /// Something that consumes tokens into a sequence state: the forward pass itself (Forward), or the
@@ -72,6 +76,8 @@ class Forward final : public TokenStep {
 
   /// TokenStep::run on this forward's backend. A DeviceError from the backend propagates (the
   /// engine's runner decides what follows); the state is then partly advanced and must be rebuilt.
+  /// Also throws wren::Error on a non-finite x0 value or logits holding a NaN or an infinity
+  /// (never returns garbage; --check-finite names the layer).
   void run(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
            bool all_logits, const ForwardHooks* hooks = nullptr) override;
 
@@ -99,6 +105,11 @@ class Forward final : public TokenStep {
   StepInfo step_info(int T, const float* x0, const ForwardHooks* hooks) const;
   RoutedMoeParams routed_params(int layer) const;
   void dump(const ForwardHooks* h, int layer, int t0, int T);
+  /// Throws naming `what`, the token position (pos0 + row) and element of the first non-finite value
+  /// of host rows [T, width].
+  void check_rows(const float* host, int T, size_t width, int pos0, const std::string& what) const;
+  /// --check-finite: copies device rows [T, D] of one layer's sub-block output and checks them.
+  void check_sub(const float* dev, int T, int pos0, int layer, const char* block);
   void pre_mix(const DenseWeight& w, const std::vector<float*>& blocks, int n_blocks, int T);
   void glu(const float* g, const float* u, int T, int n, float* out);
   void routed_experts(int layer, const MoeWeights& m, const float* z, int T, float* out);
@@ -110,6 +121,7 @@ class Forward final : public TokenStep {
   int n_layers_;
   std::unique_ptr<Buffers> buf_;
   std::vector<StepMoeLayer> step_moe_;  ///< the MoE layers with MXFP4 experts (for step_begin)
+  std::vector<float> check_buf_;        ///< host copy for --check-finite
 };
 
 }  // namespace wren

@@ -1,6 +1,9 @@
 // Loading a checkpoint into ModelWeights through the tensor table (see load.h).
 #include "model/load.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <vector>
 
@@ -41,20 +44,44 @@ void upcast(const TensorRef& r, float* dst) {
   }
 }
 
+/// Throws naming the tensor and the element when `v[0, n)` (the upcast copy of a [rows, cols]
+/// tensor) holds a NaN or an infinity: a non-finite weight can only yield NaN logits (issue #19).
+/// One pass over floats just written, with a vectorizable test; the message is built on failure only.
+void check_finite(const float* v, size_t n, int64_t cols, const std::string& where) {
+  uint32_t bad = 0;  // an integer OR-reduction: the compiler vectorizes it
+  for (size_t i = 0; i < n; ++i) {
+    uint32_t u;
+    std::memcpy(&u, v + i, 4);
+    bad |= uint32_t((u & 0x7f800000u) == 0x7f800000u);  // exponent all ones: NaN or ±Inf
+  }
+  if (!bad) return;
+  for (size_t i = 0; i < n; ++i)
+    if (!std::isfinite(v[i])) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%g", double(v[i]));
+      const size_t c = cols > 0 ? size_t(cols) : 1;
+      throw Error(where + ": element " + std::to_string(i) + " (row " + std::to_string(i / c) + ", column " +
+                  std::to_string(i % c) + ") is " + buf + "; every weight must be a finite number");
+    }
+}
+
 /// Stores a float tensor in the format its class gets from `plan` (matrices only; vectors stay f32).
-void store_dense(ModelWeights& w, const TensorRef& r, const TensorSpec& s, const QuantPlan& plan) {
+void store_dense(ModelWeights& w, const TensorRef& r, const TensorSpec& s, const QuantPlan& plan,
+                 const std::string& where) {
   DenseWeight& d = *s.dense;
   const size_t n = r.info->nbytes / dtype_size(r.info->dtype);
   const WFormat f = d.rows > 1 ? plan.of(s.cls) : WFormat::F32;
   if (f == WFormat::F32) {
     float* dst = w.alloc(n);
     upcast(r, dst);
+    check_finite(dst, n, d.cols, where);
     d.dtype = DType::F32;
     d.data = dst;
     return;
   }
   std::vector<float> tmp(n);
   upcast(r, tmp.data());
+  check_finite(tmp.data(), n, d.cols, where);
   void* data = w.alloc((wformat_data_bytes(f, d.rows, d.cols) + 3) / 4);
   const size_t ns = wformat_scale_count(f, d.rows, d.cols);
   float* scale = ns ? w.alloc(ns) : nullptr;
@@ -67,19 +94,11 @@ void store_dense(ModelWeights& w, const TensorRef& r, const TensorSpec& s, const
 
 void load_tensor(Checkpoint& ck, ModelWeights& w, const TensorSpec& s, const QuantPlan& plan) {
   const TensorRef r = ck.require(s.name, s.alt_name);
-  const std::string where = r.file->path() + ": tensor '" + r.info->name + "'";
-  check(r.info->shape == s.shape,
-        where + ": shape " + shape_str(r.info->shape) + ", expected " + shape_str(s.shape));
+  check_tensor(r, s);
   if (!s.is_expert()) {
-    const DType t = r.info->dtype;
-    check(t == DType::BF16 || t == DType::F32 || t == DType::F16,
-          where + ": dtype " + dtype_name(t) + ", expected BF16, F16 or F32");
-    store_dense(w, r, s, plan);
+    store_dense(w, r, s, plan, r.file->path() + ": tensor '" + r.info->name + "'");
     return;
   }
-  check(r.info->dtype == DType::U8, where + ": dtype " + std::string(dtype_name(r.info->dtype)) +
-                                        ", expected U8 (MXFP4 " +
-                                        (s.kind == TensorKind::ExpertPacked ? "e2m1 pairs" : "ue8m0 scales") + ")");
   *s.bytes = r.data();
   ExpertRef& e = *s.expert;
   if (s.part == 0) {
@@ -102,10 +121,41 @@ void mix_vector(ModelWeights& w, const DenseWeight& norm, const DenseWeight& pro
 
 }  // namespace
 
+void check_tensor(const TensorRef& r, const TensorSpec& s) {
+  const std::string where = r.file->path() + ": tensor '" + r.info->name + "'";
+  check(r.info->shape == s.shape,
+        where + ": shape " + shape_str(r.info->shape) + ", expected " + shape_str(s.shape));
+  const DType t = r.info->dtype;
+  if (!s.is_expert()) {
+    check(t == DType::BF16 || t == DType::F32 || t == DType::F16,
+          where + ": dtype " + dtype_name(t) + ", expected BF16, F16 or F32");
+    return;
+  }
+  check(t == DType::U8, where + ": dtype " + std::string(dtype_name(t)) + ", expected U8 (MXFP4 " +
+                            (s.kind == TensorKind::ExpertPacked ? "e2m1 pairs" : "ue8m0 scales") + ")");
+}
+
+void check_layer_count(const Checkpoint& ck, const Config& c) {
+  const std::string stem = "model.layers.";
+  for (const auto& [name, _] : ck.weight_map()) {
+    const size_t at = name.find(stem);
+    if (at == std::string::npos || (at != 0 && at != ck.prefix().size()) || name.compare(0, at, ck.prefix()) != 0)
+      continue;  // not a text-model layer tensor (vision tower, projector, ...)
+    size_t i = at + stem.size(), n = 0;
+    int64_t layer = 0;
+    while (i < name.size() && name[i] >= '0' && name[i] <= '9' && n < 10) layer = layer * 10 + (name[i++] - '0'), ++n;
+    if (n == 0 || i >= name.size() || name[i] != '.') continue;
+    check(layer < c.n_layers, ck.index_path() + ": tensor '" + name + "' belongs to layer " + std::to_string(layer) +
+                                  ", but config.json has num_hidden_layers " + std::to_string(c.n_layers) +
+                                  " (layers 0.." + std::to_string(c.n_layers - 1) + "); the checkpoint and config disagree");
+  }
+}
+
 std::unique_ptr<Model> load_model(const std::string& dir, const QuantPlan& plan) {
   auto m = std::make_unique<Model>();
   m->ckpt = std::make_unique<Checkpoint>(dir);
   m->config = m->ckpt->config();
+  check_layer_count(*m->ckpt, m->config);
   ModelWeights& w = m->weights;
   for_each_tensor(m->config, w, [&](const TensorSpec& s) { load_tensor(*m->ckpt, w, s, plan); });
   m->plan = plan;

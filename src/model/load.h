@@ -24,4 +24,13 @@ struct Model {
 /// `plan` gives their class (default: all f32, the exact mode); vectors always stay f32.
 std::unique_ptr<Model> load_model(const std::string& dir, const QuantPlan& plan = {});
 
+struct TensorSpec;
+/// Checks a located tensor's stored shape and dtype against its table entry (header only, no
+/// weights read); throws naming the shard, the tensor, found and expected.
+void check_tensor(const TensorRef& r, const TensorSpec& s);
+
+/// Throws when the checkpoint index lists a text-model tensor of a layer at or beyond the config's
+/// num_hidden_layers (a silently ignored layer means checkpoint and config disagree).
+void check_layer_count(const Checkpoint& ck, const Config& c);
+
 }  // namespace wren

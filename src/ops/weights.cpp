@@ -2,6 +2,7 @@
 // (see weights.h).
 #include "ops/weights.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -58,19 +59,33 @@ void dequant_row(const DenseWeight& W, int64_t r, float* out) {
   }
 }
 
+/// Largest accepted ue8m0 byte: 6 · 2^(252-127) < FLT_MAX, while at byte 253 the e2m1 maximum 6
+/// overflows to Inf (6 · 2^126 > 2^128); 255 is NaN in OCP MX.
+constexpr uint8_t kMaxScale = 252;
+
 void validate_expert_scales(const ExpertRef& e) {
   const struct { const MxMatrix* m; const char* stem; } parts[] = {{&e.w1, "w1"}, {&e.w2, "w2"}, {&e.w3, "w3"}};
   // e.file is the shard of w1.weight_packed: name it only when all six tensors are stored there.
   const std::string file = e.contiguous ? e.file + ": " : "";
   for (const auto& p : parts) {
     const int groups = p.m->cols / mxfp4::kGroup;
-    // Fast path (this runs on an expert's first use, inside decode): no 255 byte anywhere.
-    if (!std::memchr(p.m->scale, mxfp4::kBadScale, size_t(p.m->rows) * groups)) continue;
+    const size_t n = size_t(p.m->rows) * groups;
+    // Fast path (this runs on an expert's first use, inside decode): the largest byte, vectorized.
+    uint8_t top = 0;
+    for (size_t i = 0; i < n; ++i) top = std::max(top, p.m->scale[i]);
+    if (top <= kMaxScale) continue;
     for (int r = 0; r < p.m->rows; ++r)
-      for (int g = 0; g < groups; ++g)
-        if (p.m->scale[size_t(r) * groups + g] == mxfp4::kBadScale)  // message built only on failure
-          throw Error(file + "tensor '" + e.name + "." + p.stem + ".weight_scale': row " + std::to_string(r) +
-                      ", group " + std::to_string(g) + ": ue8m0 scale byte 255 (NaN in OCP MX) is not a valid scale");
+      for (int g = 0; g < groups; ++g) {
+        const uint8_t b = p.m->scale[size_t(r) * groups + g];
+        if (b <= kMaxScale) continue;  // message built only on failure
+        const std::string why = b == mxfp4::kBadScale
+                                    ? "ue8m0 scale byte 255 (NaN in OCP MX) is not a valid scale"
+                                    : "ue8m0 scale byte " + std::to_string(b) + " (2^" + std::to_string(b - 127) +
+                                          ") overflows f32 with the e2m1 maximum 6 (bytes above " +
+                                          std::to_string(kMaxScale) + " are refused)";
+        throw Error(file + "tensor '" + e.name + "." + p.stem + ".weight_scale': row " + std::to_string(r) +
+                    ", group " + std::to_string(g) + ": " + why);
+      }
   }
 }
 

@@ -122,7 +122,8 @@ size_t wformat_scale_count(WFormat f, int64_t rows, int64_t cols);
 void dequant_row(const DenseWeight& W, int64_t r, float* out);
 
 /// Throws wren::Error naming the tensor, row and group if any ue8m0 scale byte of the expert's
-/// three matrices is 255 (NaN in OCP MX, never a valid scale).
+/// three matrices is 255 (NaN in OCP MX, never a valid scale) or 253/254 (2^126, 2^127: times the
+/// e2m1 maximum 6 the value overflows f32).
 void validate_expert_scales(const ExpertRef& e);
 
 }  // namespace wren

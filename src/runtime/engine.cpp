@@ -1,18 +1,50 @@
 // One loaded model ready to generate (see engine.h).
 #include "runtime/engine.h"
 
+#include <cstdio>
 #include <filesystem>
 
 #include "core/error.h"
+#include "core/sizes.h"
 #include "runtime/backend_factory.h"
 #include "runtime/default_model.h"
 
 namespace wren {
 
+namespace {
+
+std::string gb(double bytes) {
+  char buf[32];
+  if (bytes >= 1e9) std::snprintf(buf, sizeof buf, "%.2f GB", bytes / 1e9);
+  else std::snprintf(buf, sizeof buf, "%.1f MB", bytes / 1e6);
+  return buf;
+}
+
+}  // namespace
+
+void check_sizes(const EngineOptions& o, const Config& c, const std::string& backend) {
+  check(o.ctx <= c.max_positions, "--ctx " + std::to_string(o.ctx) + " exceeds the model's " +
+                                      std::to_string(c.max_positions) +
+                                      " positions (config.json: max_position_embeddings; 1048576 when absent)");
+  check(o.layers <= c.n_layers, "--layers " + std::to_string(o.layers) + ": the model has only " +
+                                    std::to_string(c.n_layers) + " layers (config.json: num_hidden_layers)");
+  // Host memory the first sequence and the activation workspace take (the CPU backend allocates
+  // both on the host; a GPU backend reports its own allocation failures).
+  if (backend != "cpu") return;
+  const double state = double(SequenceState::bytes_for(c, o.ctx));
+  const double work = double(Forward::workspace_bytes(c, o.chunk));
+  const double avail = double(available_memory());
+  check(avail == 0 || state + work <= avail,
+        "--ctx " + std::to_string(o.ctx) + " and --chunk " + std::to_string(o.chunk) + " need " + gb(state + work) +
+            " of memory (" + gb(state) + " sequence state, mostly the MLA cache; " + gb(work) +
+            " activation workspace), but only " + gb(avail) + " is available; lower --ctx or --chunk");
+}
+
 Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   const std::string backend = resolve_backend(o.backend);  // fail on a bad --backend before loading
   dir_ = o.model_dir.empty() ? ensure_default_model(default_vocab_file()) : o.model_dir;
   model_ = load_model(dir_, o.plan);
+  check_sizes(o, model_->config, backend);
   be_ = make_backend(backend, model_->weights, o.cpu, o.vram_experts, o.cuda);
   // The store serves the CPU backend, and the CUDA backend's VRAM tier when its budget does not
   // hold every expert (disk -> host store -> VRAM slots); with all experts in VRAM it is not needed.
@@ -21,12 +53,24 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
     store_ = open_expert_store(model_->weights, model_->config, o.expert_cache, o.direct, o.announce);
     be_->set_expert_source(store_.get());
   }
-  fwd_ = std::make_unique<Runner>(*model_, *be_, ForwardOptions{o.chunk, o.layers});
+  fwd_ = std::make_unique<Runner>(
+      *model_, *be_, ForwardOptions{.max_chunk = o.chunk, .layers = o.layers, .check_finite = o.check_finite});
   if (backend != "cpu" && o.cpu_fallback) {
     const CpuOptions cpu = o.cpu;
     fwd_->set_fallback([this, cpu] { return make_backend("cpu", model_->weights, cpu); });
   }
-  if (std::filesystem::exists(dir_ + "/tiktoken.model")) tok_ = Tokenizer::load(dir_);
+  if (std::filesystem::exists(dir_ + "/tiktoken.model")) {
+    tok_ = Tokenizer::load(dir_);
+    // A token the model has no embedding row for can be neither prompted nor generated.
+    const int V = model_->config.vocab;
+    if (tok_->vocab_size() > V) {
+      const std::string what = tok_->specials().empty() || tok_->specials().back().id < V
+                                   ? dir_ + "/tiktoken.model: " + std::to_string(tok_->n_ranks()) + " BPE ranks"
+                                   : dir_ + "/tokenizer_config.json: special token '" + tok_->specials().back().content +
+                                         "' has id " + std::to_string(tok_->specials().back().id) + ",";
+      throw Error(what + " beyond the model's vocabulary (config.json: vocab_size " + std::to_string(V) + ")");
+    }
+  }
 }
 
 const Tokenizer& Engine::tokenizer() const {

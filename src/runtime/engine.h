@@ -33,7 +33,13 @@ struct EngineOptions {
   /// --strict: a backend's slow fallback (e.g. CUDA routing the MoE on the host) is an error
   /// instead of a counted, logged-once slower path (Backend::set_strict).
   bool strict = false;
+  bool check_finite = false;       ///< --check-finite: per-layer NaN/Inf checks (ForwardOptions)
 };
+
+/// Throws wren::Error when the options cannot work with config `c`: --ctx beyond the model's
+/// max_position_embeddings, --layers beyond num_hidden_layers, or (CPU backend) --ctx/--chunk
+/// needing more host memory than /proc/meminfo says is available (both amounts in the message).
+void check_sizes(const EngineOptions& o, const Config& c, const std::string& backend);
 
 class Engine {
  public:

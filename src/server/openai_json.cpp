@@ -4,6 +4,8 @@
 #include <cmath>
 #include <limits>
 
+#include "loader/json_brief.h"  // bounded: dump() of a value nested 200k deep overflows the stack
+
 namespace wren::server {
 
 using nlohmann::json;
@@ -30,10 +32,10 @@ json parse_body(const std::string& body) {
 double number(const json& j, const char* key, double def, double lo, double hi) {
   if (!j.contains(key) || j[key].is_null()) return def;
   const json& v = j[key];
-  if (!v.is_number()) bad(key, std::string("'") + key + "' must be a number, got " + v.dump());
+  if (!v.is_number()) bad(key, std::string("'") + key + "' must be a number, got " + json_brief(v));
   const double d = v.get<double>();
   if (!(d >= lo && d <= hi))
-    bad(key, std::string("'") + key + "' must be in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " + v.dump());
+    bad(key, std::string("'") + key + "' must be in [" + json(lo).dump() + ", " + json(hi).dump() + "], got " + json_brief(v));
   return d;
 }
 
@@ -42,16 +44,16 @@ long long integer(const json& j, const char* key, long long def, long long lo, l
   if (!j.contains(key) || j[key].is_null()) return def;
   const json& v = j[key];
   if (!v.is_number_integer())
-    bad(key, std::string("'") + key + "' must be an integer, got " + v.dump());
+    bad(key, std::string("'") + key + "' must be an integer, got " + json_brief(v));
   const long long i = v.is_number_unsigned() && v.get<unsigned long long>() > (unsigned long long)hi ? hi + 1 : v.get<long long>();
   if (i < lo || i > hi)
-    bad(key, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + v.dump());
+    bad(key, std::string("'") + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " + json_brief(v));
   return i;
 }
 
 bool boolean(const json& j, const char* key, bool def) {
   if (!j.contains(key) || j[key].is_null()) return def;
-  if (!j[key].is_boolean()) bad(key, std::string("'") + key + "' must be true or false, got " + j[key].dump());
+  if (!j[key].is_boolean()) bad(key, std::string("'") + key + "' must be true or false, got " + json_brief(j[key]));
   return j[key].get<bool>();
 }
 
@@ -76,7 +78,7 @@ std::vector<std::string> stop_list(const json& j) {
       out.push_back(s.get<std::string>());
     }
   } else {
-    bad("stop", "'stop' must be a string or a list of strings, got " + v.dump());
+    bad("stop", "'stop' must be a string or a list of strings, got " + json_brief(v));
   }
   if (out.size() > 4) bad("stop", "'stop' takes at most 4 strings");
   for (const std::string& s : out)
@@ -154,7 +156,7 @@ std::vector<ToolCall> tool_calls(const json& m, const std::string& p) {
 std::vector<ChatMessage> messages(const json& j) {
   if (!j.contains("messages")) bad("messages", "'messages' is required");
   const json& ms = j["messages"];
-  if (!ms.is_array()) bad("messages", "'messages' must be a list of message objects, got " + ms.dump());
+  if (!ms.is_array()) bad("messages", "'messages' must be a list of message objects, got " + json_brief(ms));
   if (ms.empty()) bad("messages", "'messages' must not be empty");
   std::vector<ChatMessage> out;
   for (size_t i = 0; i < ms.size(); ++i) {

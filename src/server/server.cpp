@@ -202,7 +202,12 @@ int Server::max_tokens_for(const GenRequest& g, int prompt_len) const {
 }
 
 void Server::generate(const Request& req, Response& res, bool chat) {
-  GenRequest g = chat ? parse_chat_request(req.body, o_.model_id) : parse_completion_request(req.body, o_.model_id);
+  GenRequest g;
+  try {
+    g = chat ? parse_chat_request(req.body, o_.model_id) : parse_completion_request(req.body, o_.model_id);
+  } catch (const nlohmann::json::exception& e) {  // anything nlohmann throws on the body is the client's: 400
+    throw RequestError(400, std::string("the request body could not be read: ") + e.what(), "", "invalid_request");
+  }
   if (!g.seeded) g.sampling.seed = uint64_t(std::chrono::steady_clock::now().time_since_epoch().count());
   std::vector<int> prompt = prompt_ids(g);
   const int max_tokens = max_tokens_for(g, int(prompt.size()));

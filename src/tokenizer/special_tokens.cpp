@@ -30,6 +30,11 @@ SpecialToken parse_entry(const std::string& key, const json& value, int n_ranks,
   check(id.has_value(), where + ": key '" + key + "' is not a decimal token id");
   check(*id >= n_ranks, where + ": id " + key + " collides with the BPE ranks 0.." +
                             std::to_string(n_ranks - 1) + " of tiktoken.model");
+  // Specials follow the ranks; the tokenizer keeps a table from n_ranks to the largest id, so a
+  // far-away id would allocate gigabytes (K3 has 256 specials). 2^20 slots is ample.
+  check(int64_t(*id) - n_ranks < (int64_t(1) << 20),
+        where + ": id " + key + " lies more than 2^20 past the last BPE rank " + std::to_string(n_ranks - 1) +
+            " (specials follow the ranks)");
   check(value.is_object() && value.contains("content") && value["content"].is_string(),
         where + "[\"" + key + "\"]: expected an object with a string 'content'");
   SpecialToken t{*id, value["content"].get<std::string>()};
@@ -62,7 +67,7 @@ std::vector<SpecialToken> load_special_tokens(const std::string& path, int n_ran
   json j;
   try {
     j = json::parse(f);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {  // parse_error, and out_of_range for a number like 1e400
     throw Error(path + ": not valid JSON (" + e.what() + ")");
   }
   return parse_special_tokens(j, n_ranks, path);

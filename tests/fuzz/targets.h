@@ -1,0 +1,151 @@
+// The fuzz targets' bodies, shared by the libFuzzer executables (tests/fuzz/*_fuzz.cpp, built with
+// -DWREN_FUZZ=ON) and by the regular test suite, which replays every seed and regression input
+// through them (tests/fuzz_regressions_test.cpp). Each returns 0; bad input must end in
+// wren::Error (request parsers: RequestError or an nlohmann exception); anything else escapes.
+#pragma once
+#include <cstring>
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "io/checkpoint.h"
+#include "io/safetensors.h"
+#include "loader/config.h"
+#include "model/tensor_table.h"
+#include "ops/state.h"
+#include "server/openai_json.h"
+#include "tokenizer/special_tokens.h"
+#include "tokenizer/tiktoken_model.h"
+#include "tokenizer/tokenizer.h"
+#include "fuzz_util.h"
+
+#ifndef WREN_FUZZ_CONFIG
+#define WREN_FUZZ_CONFIG WREN_SOURCE_DIR "/tests/fuzz/corpus/config/golden-k3-tiny-a.json"
+#endif
+
+namespace wren::fuzz {
+
+// libFuzzer target: a whole safetensors file (8-byte length, JSON header, data section), opened
+// through SafetensorsFile exactly as a shard is; also the header text alone through
+// parse_safetensors_header with a data-section size taken from the first input bytes.
+inline int safetensors(const uint8_t* data, size_t size) {
+  static const std::string path = fuzz::scratch_dir() + "/shard.safetensors";
+  fuzz::write_file(path, data, size);
+  try {
+    SafetensorsFile f(path);
+    for (const auto& [name, t] : f.tensors()) {
+      const uint8_t* p = f.data(t);
+      if (t.nbytes) (void)*(volatile const uint8_t*)(p + t.nbytes - 1);  // every tensor lies in the mapping
+    }
+  } catch (const Error&) {
+  }
+  if (size >= 8) {
+    uint64_t data_size = 0;
+    std::memcpy(&data_size, data, 8);
+    try {
+      parse_safetensors_header(std::string(reinterpret_cast<const char*>(data) + 8, size - 8), 8 + size,
+                               data_size % (uint64_t(1) << 40), "fuzz.safetensors");
+    } catch (const Error&) {
+    }
+  }
+  return 0;
+}
+
+// libFuzzer target: config.json through parse_config (as load_config parses it), then every size
+// derived from an accepted config: the tensor table's shapes, the state and workspace sizes, the
+// expert bytes (signed overflow there is undefined behaviour UBSan reports).
+inline int config(const uint8_t* data, size_t size) {
+  const nlohmann::json doc = nlohmann::json::parse(data, data + size, nullptr, false);
+  if (doc.is_discarded()) return 0;
+  try {
+    const Config c = parse_config(doc, "config.json");
+    // The table walk visits 6 tensors per expert: bounded here so that a large (valid) config does
+    // not run into libFuzzer's timeout; the shape arithmetic is the same at any size.
+    if (int64_t(c.n_layers) * c.n_experts > 4096) return 0;
+    ModelWeights w;
+    uint64_t elems = 0;
+    for_each_tensor(c, w, [&](const TensorSpec& s) {
+      uint64_t n = 1;
+      for (int64_t d : s.shape) n *= uint64_t(d);
+      elems += n;
+    });
+    (void)elems;
+    (void)SequenceState::bytes_for(c, 4096);
+    (void)c.expert_bytes();
+    (void)c.max_mix_entries();
+  } catch (const Error&) {
+  }
+  return 0;
+}
+
+// libFuzzer target: model.safetensors.index.json, opened by Checkpoint next to a valid config.json
+// (the seed corpus's golden config, copied in once), then every tensor the table asks for looked up.
+inline int index(const uint8_t* data, size_t size) {
+  static const std::string dir = [] {
+    const std::string d = fuzz::scratch_dir() + "/ckpt";
+    std::filesystem::create_directories(d);
+    std::filesystem::copy_file(WREN_FUZZ_CONFIG, d + "/config.json",
+                               std::filesystem::copy_options::overwrite_existing);
+    return d;
+  }();
+  fuzz::write_file(dir + "/model.safetensors.index.json", data, size);
+  try {
+    Checkpoint ck(dir);
+    ModelWeights w;  // the golden config: 10 layers x 16 experts
+    for_each_tensor(ck.config(), w, [&](const TensorSpec& s) { (void)ck.find(s.name); });
+  } catch (const Error&) {
+  }
+  return 0;
+}
+
+// libFuzzer target: tokenizer_config.json through load_special_tokens (file read, JSON parse, the
+// added_tokens_decoder table) and a Tokenizer built from those specials over a small rank table.
+inline int tokenizer_config(const uint8_t* data, size_t size) {
+  static const std::string path = fuzz::scratch_dir() + "/tokenizer_config.json";
+  fuzz::write_file(path, data, size);
+  try {
+    std::string ranks;  // 256 single-byte ranks, as tiktoken.model lines "base64 rank"
+    static const char* b64 = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    for (int b = 0; b < 256; ++b) {
+      const char c0 = b64[b >> 2], c1 = b64[(b & 3) << 4];
+      ranks += std::string{c0, c1, '=', '='} + " " + std::to_string(b) + "\n";
+    }
+    std::vector<SpecialToken> sp = load_special_tokens(path, 256);
+    Tokenizer tok(parse_tiktoken_model(ranks, "ranks"), std::move(sp));
+    (void)tok.encode("hello <|im_end|> world", SpecialMode::Allowed);
+  } catch (const Error&) {
+  }
+  return 0;
+}
+
+// libFuzzer target: tiktoken.model text through parse_tiktoken_model, then a Tokenizer over the
+// ranks it accepted encoding and decoding a short text.
+inline int tiktoken(const uint8_t* data, size_t size) {
+  try {
+    RankTable r = parse_tiktoken_model(std::string_view(reinterpret_cast<const char*>(data), size), "tiktoken.model");
+    Tokenizer tok(std::move(r), {});
+    const std::vector<int> ids = tok.encode("Hello, world! 123 ab");
+    (void)tok.decode(ids);
+  } catch (const Error&) {
+  }
+  return 0;
+}
+
+// libFuzzer target: an HTTP request body through the OpenAI parsers of `wren serve` (chat and text
+// completions). Allowed outcomes are a request, a RequestError (the 4xx the server sends), or an
+// nlohmann exception (Server::generate answers those with 400 too); anything else is a crash.
+inline int openai_request(const uint8_t* data, size_t size) {
+  const std::string body(reinterpret_cast<const char*>(data), size);
+  for (bool chat : {true, false}) {
+    try {
+      const server::GenRequest r = chat ? server::parse_chat_request(body, "k3-tiny-a")
+                                        : server::parse_completion_request(body, "k3-tiny-a");
+      (void)r;
+    } catch (const server::RequestError&) {
+    } catch (const nlohmann::json::exception&) {
+    }
+  }
+  return 0;
+}
+
+}  // namespace wren::fuzz
