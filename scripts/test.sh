@@ -11,3 +11,6 @@ ctest --test-dir build --output-on-failure -j"$(nproc)"
 bash scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug -DWREN_SANITIZE=ON -DWREN_CUDA=OFF -DWREN_WERROR=ON
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
   ctest --test-dir build-asan --output-on-failure -j"$(nproc)"
+# The libFuzzer targets (clang, ASan + UBSan): saved regressions replayed, then 10 s per parser
+# from the seed corpus (tests/fuzz/); longer runs: scripts/fuzz.sh 60 (docs/reliability.md).
+bash scripts/fuzz.sh 10

@@ -208,10 +208,14 @@ TEST(Cli, VersionTokensDetokenizeAndInspectSaysAllExpertsFit) {
 // statistics line (exit 0); a server-less check with the golden model and a long generation.
 TEST(Cli, CtrlCDuringRunPrintsTheStatistics) {
   std::string out;
+  const std::string dir = test::temp_dir("ctrlc");
+  // Interrupt as soon as the model is loaded (the start-up line about the expert cache is on
+  // stderr): greedy decoding of this prompt meets EOS after ~1,400 tokens, ~1.5 s on an idle
+  // machine, so a fixed sleep raced with the end of the generation.
   const std::string cmd = "bash -c '" + std::string(WREN_BINARY) + " run " + model_arg() +
-                          " --ctx 8192 -n 8000 Hello > /dev/null 2> " + test::temp_dir("ctrlc") +
-                          "/err & p=$!; sleep 2; kill -INT $p; wait $p; echo rc=$?'";
-  const std::string dir = cmd.substr(cmd.find("2> ") + 3, cmd.find("/err") - cmd.find("2> ") - 3);
+                          " --ctx 8192 -n 8000 Hello > /dev/null 2> " + dir +
+                          "/err & p=$!; for i in $(seq 400); do grep -q \"expert cache\" " + dir +
+                          "/err && break; sleep 0.02; done; sleep 0.1; kill -INT $p; wait $p; echo rc=$?'";
   FILE* p = popen(cmd.c_str(), "r");
   ASSERT_TRUE(p);
   char buf[256];
