@@ -8,6 +8,7 @@ void add_bench(CLI::App& app) {
   bench->require_subcommand(1);
   add_bench_experts(bench);
   add_bench_layers(bench);
+  add_bench_prefill(bench);
   add_bench_cpu(bench);
   add_bench_tokenizer(bench);
 }

@@ -1,0 +1,124 @@
+// `wren bench prefill`: prefill tok/s of a checkpoint at several prompt lengths in one process (the
+// model loads once), for the side-by-side comparison with transformers + fla (bench/gpu_vs_fla.sh).
+// Each length: random ids (fixed seed), one untimed warm-up prefill, then the median of --repeat
+// timed prefills, each on a fresh sequence: host clock around Forward::run (all chunks, then the
+// last position's logits copied to the host, so the device work is complete).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "cli/commands.h"
+#include "cli/run_options.h"
+#include "core/error.h"
+#include "backends/factory.h"
+#include "model/state.h"
+#include "runtime/engine.h"
+
+namespace wren::cli {
+
+namespace {
+
+struct PrefillArgs {
+  EngineOptions engine;
+  CpuFlags cpu;
+  std::string prompts = "512,4096,16384";
+  int repeat = 3;
+  int also_exact = 0;  ///< GPU: then one exact-mode prefill of this many tokens (chunk 32), same process
+  uint64_t seed = 1;
+  bool json = false;
+};
+
+std::vector<int> parse_lengths(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    check(!item.empty() && end && *end == '\0' && v >= 1 && v <= (1 << 22),
+          "--prompts: '" + item + "' is not a prompt length in 1..4194304");
+    out.push_back(int(v));
+  }
+  check(!out.empty(), "--prompts: give at least one length");
+  return out;
+}
+
+void bench_prefill(PrefillArgs& a) {
+  const std::vector<int> lengths = parse_lengths(a.prompts);
+  a.engine.plan = a.cpu.plan();
+  a.engine.cpu = a.cpu.backend();
+  a.engine.ctx = std::max(a.engine.ctx, *std::max_element(lengths.begin(), lengths.end()) + 8);
+  a.engine.cpu_fallback = false;
+  a.engine.announce = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  Engine e(a.engine);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const std::string gpu = describe_gpu(e, a.engine);
+  std::fprintf(stderr, "wren bench prefill: %s loaded in %.1f s; backend %s%s%s; %s\n", e.dir().c_str(), load_s,
+               e.backend().name(), gpu.empty() ? "" : ", ", gpu.c_str(), describe(a.engine.cpu, a.engine.plan).c_str());
+  nlohmann::json out = {{"model", e.dir()}, {"backend", e.backend().name()}, {"load_s", load_s},
+                        {"gpu_precision", gpu_precision_name(a.engine.gpu_precision)}, {"chunk", e.chunk()}};
+  const int V = e.config().vocab;
+  std::vector<float> logits(V);
+  std::printf("%-8s %12s %12s\n", "tokens", "prefill_s", "tok/s");
+  for (int n : lengths) {
+    std::mt19937 g(uint32_t(a.seed) + uint32_t(n));
+    std::vector<int> ids(n);
+    for (int& id : ids) id = int(g() % unsigned(V));
+    std::vector<double> t;
+    for (int r = 0; r <= a.repeat; ++r) {
+      auto st = e.new_sequence();
+      const auto p0 = std::chrono::steady_clock::now();
+      e.forward().run(*st, ids.data(), nullptr, n, logits.data(), false);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
+      if (r > 0 || a.repeat == 0) t.push_back(s);  // r = 0 is the warm-up
+    }
+    std::sort(t.begin(), t.end());
+    const double med = t[t.size() / 2];
+    std::printf("%-8d %12.4f %12.1f\n", n, med, n / med);
+    out["runs"].push_back({{"tokens", n}, {"prefill_s", med}, {"tok_s", n / med}, {"times_s", t}});
+  }
+  if (a.also_exact > 0 && std::string(e.backend().name()) != "cpu") {
+    // The exact mode on the same loaded weights (the "before" number, same run): chunk 32.
+    set_backend_gpu_precision(e.backend(), GpuPrecision::Exact);
+    Forward fwd(e.model(), e.backend(), ForwardOptions{32, -1});
+    const int n = a.also_exact;
+    std::mt19937 g(uint32_t(a.seed) + uint32_t(n));
+    std::vector<int> ids(n);
+    for (int& id : ids) id = int(g() % unsigned(V));
+    SequenceState st(e.backend(), e.config(), n + 8);
+    const auto p0 = std::chrono::steady_clock::now();
+    fwd.run(st, ids.data(), nullptr, n, logits.data(), false);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
+    std::printf("%-8d %12.4f %12.1f   (gpu precision exact, chunk 32, one run)\n", n, s, n / s);
+    out["exact"] = {{"tokens", n}, {"prefill_s", s}, {"tok_s", n / s}};
+    set_backend_gpu_precision(e.backend(), a.engine.gpu_precision);
+  }
+  if (a.json) std::printf("%s\n", out.dump().c_str());
+}
+
+}  // namespace
+
+void add_bench_prefill(CLI::App* bench) {
+  auto a = std::make_shared<PrefillArgs>();
+  CLI::App* sub = bench->add_subcommand("prefill", "Prefill tok/s of a checkpoint at several prompt lengths (model loaded once)");
+  sub->add_option("--model", a->engine.model_dir, "Snapshot folder (default: the built-in random-weight model)");
+  sub->add_option("--backend", a->engine.backend, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub->add_option("--prompts", a->prompts, "Comma-separated prompt lengths (default 512,4096,16384)");
+  sub->add_option("--repeat", a->repeat, "Timed prefills per length after one warm-up (default 3)")->check(non_negative());
+  sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (default: the backend's)")->check(positive());
+  sub->add_option("--vram-experts", a->engine.vram_experts, "CUDA: device memory for routed experts (default: all that fit)");
+  sub->add_option("--seed", a->seed, "Seed of the random prompt ids");
+  sub->add_option("--also-exact", a->also_exact, "GPU: then one exact-mode prefill of N tokens on the same weights")
+      ->check(non_negative());
+  add_gpu_precision(sub, a->engine.gpu_precision);
+  a->cpu.add_to(sub);
+  sub->add_flag("--json", a->json, "Also print the numbers as one JSON object");
+  sub->callback([a] { bench_prefill(*a); });
+}
+
+}  // namespace wren::cli
