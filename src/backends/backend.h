@@ -49,6 +49,7 @@ struct RoutedMoeParams {
   int io = 0;               ///< expert input/output width (latent for LatentMoE, hidden for plain)
   float routed_scale = 1;   ///< routed_scaling_factor applied to the renormalized weights
   float b1 = 0, b2 = 0;     ///< SiTU bounds
+  bool silu = false;        ///< the GLU is SiLU (Kimi Linear) rather than SiTU(b1, b2)
 };
 
 /// The ops. All are synchronous from the caller's view; T >= 1 tokens in original order.
@@ -122,7 +123,7 @@ class Backend {
   virtual void weighted_sum(const float* ys, const float* weights, int m, int n, float* y) = 0;
 
   // ---- coarse ops a backend may take over (default: not handled) ----
-  /// Routed MXFP4 experts inside the backend (spec §4.4 steps 2-5): router σ + bias top-k on
+  /// Routed experts inside the backend (MXFP4; dense experts too where the backend says so) (spec §4.4 steps 2-5): router σ + bias top-k on
   /// logits [T, E] (router_topk's rule), weights × routed_scale, every selected expert of every
   /// token on z [T, io], out [T, io] = Σ_slot w · expert(z) in slot order; ys [T·k, io] is
   /// workspace. Must give what router_topk + expert_ffn_batch + weighted_sum give. Returns false,

@@ -42,7 +42,8 @@ std::string resolve_backend(const std::string& name) {
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
-                                      const CpuOptions& cpu, const std::string& vram_experts) {
+                                      const CpuOptions& cpu, const std::string& vram_experts,
+                                      GpuPrecision precision) {
   const std::string kind = resolve_backend(name);
   uint64_t budget = 0;  // default: all that fit with a margin
   if (vram_experts == "all") budget = ~uint64_t(0);
@@ -51,11 +52,12 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
   if (kind == "cuda") {
     auto be = std::make_unique<CudaBackend>();
     be->set_vram_expert_budget(budget == ~uint64_t(0) ? CudaBackend::kAllExperts : budget);
+    be->set_precision(precision);
     be->upload(weights);
     return be;
   }
 #else
-  (void)budget;
+  (void)budget, (void)precision;
 #endif
   return std::make_unique<CpuBackend>(cpu);
 }
@@ -66,6 +68,29 @@ bool backend_streams_experts(Backend& be) {
 #endif
   (void)be;
   return true;
+}
+
+double gpu_bf16_peak_tflops(Backend& be) {
+#ifdef WREN_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) return cuda->bf16_peak_tflops();
+#endif
+  (void)be;
+  return 0;
+}
+
+void set_backend_gpu_precision(Backend& be, GpuPrecision p) {
+#ifdef WREN_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) cuda->set_precision(p);
+#endif
+  (void)be, (void)p;
+}
+
+uint64_t device_free_bytes(Backend& be) {
+#ifdef WREN_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) return cuda->free_device_bytes();
+#endif
+  (void)be;
+  return 0;
 }
 
 void set_backend_host_tier(Backend& be, ExpertSource* source) {

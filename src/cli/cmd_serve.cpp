@@ -69,6 +69,7 @@ void serve(ServeArgs& a) {
   a.engine.cpu = a.cpu.backend();
   std::fprintf(stderr, "wren: %s\n", describe(a.engine.cpu, a.engine.plan).c_str());
   Engine e(a.engine);
+  if (const std::string g = describe_gpu(e, a.engine); !g.empty()) std::fprintf(stderr, "wren: %s\n", g.c_str());
   check(e.has_tokenizer(), "wren serve needs a model with a tokenizer (tiktoken.model in " + e.dir() + ")");
   a.server.model_id = model_id(a.engine.model_dir);
   a.server.ctx = a.engine.ctx;
@@ -94,6 +95,7 @@ void add_serve(CLI::App& app) {
   sub->add_option("--vram-experts", a->engine.vram_experts,
                   "CUDA: device memory for routed experts, e.g. 2G, 500M, all (default: all that fit)");
   sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(positive());
+  add_gpu_precision(sub, a->engine.gpu_precision);
   sub->add_option("--ctx", a->engine.ctx, "Context limit per request in tokens (prompt + max_tokens)")->check(positive());
   sub->add_option("--backend", a->engine.backend, "Op backend: cpu, cuda, or auto (cuda when built in and a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));

@@ -3,8 +3,23 @@
 #include "cli/commands.h"
 
 #include <cstdio>
+#include <map>
+#include <string>
 
 namespace wren::cli {
+
+void add_gpu_precision(CLI::App* sub, GpuPrecision& p) {
+  sub->add_option("--gpu-precision", p,
+                  "CUDA numerics: fast (default: prefill on tensor cores, BF16 operands, f32 accumulation) or "
+                  "exact (the f32 path, bit-stable across chunk sizes)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, GpuPrecision>{{"exact", GpuPrecision::Exact},
+                                                                              {"fast", GpuPrecision::Fast}}));
+}
+
+std::string describe_gpu(Engine& e, const EngineOptions& o) {
+  if (std::string(e.backend().name()) == "cpu") return "";
+  return std::string("gpu precision ") + gpu_precision_name(o.gpu_precision) + ", prefill chunk " + std::to_string(e.chunk());
+}
 
 void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
   sampling.temperature = default_temperature;
@@ -26,6 +41,7 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
   sub->add_flag("--cpu-fallback,!--no-cpu-fallback", engine.cpu_fallback,
                 "On a GPU failure, say so and continue on the CPU (default) or stop with the error");
   cpu.add_to(sub);
+  add_gpu_precision(sub, engine.gpu_precision);
   sub->add_option("--ctx", engine.ctx, "Context capacity in tokens (MLA cache size)")->check(positive());
 }
 

@@ -21,6 +21,11 @@ struct CommonArgs {
   EngineOptions engine_options() const;
 };
 
+/// Registers --gpu-precision exact|fast on `sub` (CUDA numerics; default fast).
+void add_gpu_precision(CLI::App* sub, GpuPrecision& p);
+/// The run-header line for the GPU side: "gpu precision fast, prefill chunk N" (or "" on the CPU).
+std::string describe_gpu(Engine& e, const EngineOptions& o);
+
 /// Prints the statistics line on stderr (prompt tokens, prefill tok/s, TTFT, decode tok/s, peak
 /// RSS) and the expert-store line when there is a store.
 void print_stats(const GenerateStats& s, Engine& e);

@@ -194,7 +194,8 @@ bool Forward::graph_step(int T, const float* x0, const ForwardHooks* hooks) {
 
 RoutedMoeParams Forward::routed_params(int layer) const {
   const Config& c = cfg_;
-  return RoutedMoeParams{layer, c.n_experts, c.top_k, c.expert_io(), c.routed_scale, c.situ_b1, c.situ_b2};
+  return RoutedMoeParams{layer,     c.n_experts, c.top_k, c.expert_io(), c.routed_scale, c.situ_b1, c.situ_b2,
+                         c.act == Activation::SiLU};
 }
 
 /// b.mixed = Mix(blocks + [P]) (AttnRes, spec §4.1), or P itself when there is nothing to mix:
@@ -298,8 +299,8 @@ void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int
   const Config& c = cfg_;
   const int K = c.top_k, io = c.expert_io();
   be_.gemm(m.router, b.nrm, T, b.rlog);
-  if (c.expert_format == ExpertFormat::MXFP4 && be_.routed_moe(routed_params(layer), m, b.rlog, z, T, b.ys, out))
-    return;  // routed on the device (same result as the host-routed path below)
+  if (be_.routed_moe(routed_params(layer), m, b.rlog, z, T, b.ys, out))
+    return;  // routed on the device (same result as the host-routed path below, up to the backend's precision mode)
   be_.router_topk(b.rlog, m.bias, T, c.n_experts, K, b.ids.data(), b.wts.data());
   if (c.routed_scale != 1.f)
     for (int j = 0; j < T * K; ++j) b.wts[j] *= c.routed_scale;

@@ -104,6 +104,7 @@ CudaBackend::CudaBackend(int device) : impl_(std::make_unique<Impl>()) {
 CudaBackend::~CudaBackend() {
   Impl& m = *impl_;
   if (m.stream) cudaStreamSynchronize(m.stream);
+  cuda::lt_destroy(m);
   for (cuda::Scratch* s : {&m.ids, &m.act, &m.scores, &m.router_ids, &m.router_w})
     if (s->ptr) cudaFree(s->ptr);
   for (void* a : m.arenas) cudaFree(a);
@@ -118,6 +119,15 @@ CudaBackend::~CudaBackend() {
 }
 
 CudaStats CudaBackend::stats() const { return impl_->stats; }
+
+void CudaBackend::set_precision(GpuPrecision p) { impl_->precision = p; }
+GpuPrecision CudaBackend::precision() const { return impl_->precision; }
+
+uint64_t CudaBackend::free_device_bytes() const {
+  size_t free = 0, total = 0;
+  check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free;
+}
 
 void CudaBackend::synchronize() { impl_->sync("synchronize"); }
 

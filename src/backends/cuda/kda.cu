@@ -14,7 +14,8 @@
 // chunked form of kda_chunked.cu (parallel within a chunk of C tokens; same results up to f32
 // rounding, not bit-identical). Selection per call:
 // - T = 1 (decode): always the token kernel.
-// - T > 1: environment variable WREN_CUDA_KDA = "recurrent" (the default: the token kernel for
+// - T > 1: the precision mode picks the path: exact = the token kernel, fast = chunked (C = 32).
+//   Test override: environment variable WREN_CUDA_KDA = "recurrent" (the token kernel for
 //   every T, exact mode) or "chunked" (fast mode, gpu-backend.md §2.14); WREN_CUDA_KDA_CHUNK = 16, 32 or 64 (default 32) asks for the chunk length
 //   (smaller when d is too large for its shared memory; the token kernel when even 16 does not fit).
 //   Any other value is an error naming the variable. Read on every call (a getenv, negligible next
@@ -134,10 +135,10 @@ __global__ void kda_kernel(KdaArgs a) {
 
 /// Chunk length the chunked path should use for this call, or 0 for the token kernel (see the
 /// header). Throws wren::Error on a bad WREN_CUDA_KDA / WREN_CUDA_KDA_CHUNK value.
-int chunk_for_call(int T, int d, int max_smem) {
+int chunk_for_call(int T, int d, int max_smem, GpuPrecision precision) {
   if (T <= 1) return 0;
   const char* mode = std::getenv("WREN_CUDA_KDA");
-  const std::string m = mode ? mode : "";
+  const std::string m = mode ? mode : (precision == GpuPrecision::Fast ? "chunked" : "");
   if (m.empty() || m == "recurrent") return 0;  // exact mode by default (gpu-backend.md §2.14)
   if (m != "chunked")
     throw Error("WREN_CUDA_KDA: '" + m + "' is not a KDA path (expected 'chunked' or 'recurrent')");
@@ -183,7 +184,7 @@ void CudaBackend::kda_core(const KdaParams& p, const KdaWeights& w, KdaState& s,
   if (p.head_dim < 1 || p.head_dim > 1024)
     throw Error("CUDA backend: kda_core: head_dim " + std::to_string(p.head_dim) + " (supported: 1..1024)");
   if (p.conv_kernel < 1) throw Error("CUDA backend: kda_core: conv kernel must be >= 1");
-  if (const int C = chunk_for_call(T, p.head_dim, m.max_smem_optin); C > 0) {
+  if (const int C = chunk_for_call(T, p.head_dim, m.max_smem_optin, m.precision); C > 0) {
     cuda::KdaChunkArgs c{};
     fill_kda_args(c, m, p, w, s, q, k, v, z, beta, gate, T, out);
     cuda::kda_chunked(m, c, C);

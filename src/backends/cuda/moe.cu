@@ -374,6 +374,7 @@ cuda::LayerTable& CudaBackend::Impl::table(const MoeWeights& mw, int layer) {
 
 bool CudaBackend::routed_moe_on_device(const RoutedMoeParams& p, const MoeWeights& m) {
   if (impl_->tier.active) return false;  // experts stream: the ids must come to the host
+  if (!m.experts.empty() && !m.experts[0].w1.packed) return false;  // dense experts (fast mode: no graph yet)
   const cuda::LayerTable& t = impl_->table(m, p.layer);
   return t.resident && t.io == p.io && t.E == p.n_experts;
 }
@@ -437,10 +438,14 @@ bool CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, con
     return true;
   }
   const cuda::LayerTable& t = m.table(mw, p.layer);
-  if (!t.resident || t.io != p.io || t.E != p.n_experts) return false;
+  const bool dense = !mw.experts.empty() && !mw.experts[0].w1.packed;
+  const bool mx_ok = t.resident && t.io == p.io && t.E == p.n_experts;
+  if (dense ? !cuda::grouped_moe_ok(m, p, mw, T, false) : !mx_ok) return false;
   const int k = p.top_k, pairs = T * k;
   if (T <= 0) return true;
-  if (pairs > 65535) return false;  // grid y limit: the host-routed path handles such chunks
+  // Fast mode: one grouped tensor-core GEMM per expert matrix (moe_grouped.cu).
+  const bool grouped = dense || cuda::grouped_moe_ok(m, p, mw, T, true);
+  if (pairs > 65535 && !grouped) return false;  // grid y limit: the host-routed path handles such chunks
   const size_t smem = router_smem(m, p.n_experts, k);
   ++m.stats.routed_moe_calls;
   int* dids = static_cast<int*>(m.scratch(m.router_ids, size_t(pairs) * sizeof(int)));
@@ -448,6 +453,7 @@ bool CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, con
   router_kernel<<<T, kRouterThreads, smem, m.stream>>>(logits, m.dense(mw.bias, "routed_moe (router bias)"),
                                                        p.n_experts, k, p.routed_scale, dids, dw);
   m.launched("routed_moe router kernel");
+  if (grouped && cuda::grouped_moe(m, p, mw, dense ? nullptr : t.dev, dids, dw, z, T, ys, out)) return true;
   float* act = static_cast<float*>(m.scratch(m.act, size_t(pairs) * t.inter * sizeof(float)));
   launch_mx_batch<true>(m, MxBatchArgs{t.dev, dids, z, act, k, t.inter, t.io, p.b1, p.b2}, pairs,
                         "routed_moe gate/up kernel");
