@@ -155,6 +155,7 @@ void validate(const ValidateArgs& a) {
   report["pass"] = ok;
   if (a.json) std::printf("%s\n", report.dump(1).c_str());
   else std::printf("\n%s: %zu prompt(s)\n", ok ? "PASS" : "FAIL", prompts.size());
+  std::fflush(stdout);  // the report before the error line on stderr (callers may merge the two)
   if (!ok) throw Error("validate: the candidate failed on at least one prompt (a layer or the logits over --tolerance, or "
                        "greedy steps differing before the first near-tie)");
 }

@@ -278,17 +278,28 @@ void lt_product(CudaBackend::Impl& m, const LtProduct& g, int tag) {
     it = s.product_algos.emplace(key, algo).first;
   }
   cublasLtMatmulAlgo_t algo = it->second;
-  cublasLtMatmulHeuristicResult_t chk{};
-  if (cublasLtMatmulAlgoCheck(s.handle, d.op, d.a, d.b, d.c, d.c, &algo, &chk) != CUBLAS_STATUS_SUCCESS ||
-      chk.workspaceSize > kWorkspace) {
-    if (!pick_product_algo(s, d, &algo))
-      throw DeviceError("CUDA backend: cuBLASLt: no algorithm for a batched BF16 product (tag " + std::to_string(tag) + ")");
-    ++s.fallback_algos;
-  }
   const float beta = 0.f;
-  check_lt(cublasLtMatmul(s.handle, d.op, &g.alpha, g.B, d.a, g.A, d.b, &beta, g.C, d.c, g.C, d.c, &algo, s.workspace,
-                          kWorkspace, m.stream),
-           "cublasLtMatmul (batched product)");
+  // The first call of a shape class checks the algorithm (cublasLtMatmulAlgoCheck); later calls
+  // (the per-expert products: thousands a layer) just run it and re-pick only if it is refused.
+  if (!s.product_checked.count(key)) {
+    cublasLtMatmulHeuristicResult_t chk{};
+    if (cublasLtMatmulAlgoCheck(s.handle, d.op, d.a, d.b, d.c, d.c, &algo, &chk) != CUBLAS_STATUS_SUCCESS ||
+        chk.workspaceSize > kWorkspace) {
+      if (!pick_product_algo(s, d, &algo))
+        throw DeviceError("CUDA backend: cuBLASLt: no algorithm for a batched BF16 product (tag " + std::to_string(tag) + ")");
+      ++s.fallback_algos;
+    } else {
+      s.product_checked.insert(key);
+    }
+  }
+  cublasStatus_t st = cublasLtMatmul(s.handle, d.op, &g.alpha, g.B, d.a, g.A, d.b, &beta, g.C, d.c, g.C, d.c, &algo,
+                                     s.workspace, kWorkspace, m.stream);
+  if (st != CUBLAS_STATUS_SUCCESS && pick_product_algo(s, d, &algo)) {
+    ++s.fallback_algos;
+    st = cublasLtMatmul(s.handle, d.op, &g.alpha, g.B, d.a, g.A, d.b, &beta, g.C, d.c, g.C, d.c, &algo, s.workspace,
+                        kWorkspace, m.stream);
+  }
+  check_lt(st, "cublasLtMatmul (batched product)");
   ++m.stats.lt_gemms;
   m.launched("cuBLASLt product");
 }

@@ -5,6 +5,8 @@
 #include <cublasLt.h>
 
 #include <map>
+#include <set>
+#include <vector>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -24,6 +26,7 @@ struct DenseExpertPtrs {
 struct DenseTable {
   DenseExpertPtrs* dev = nullptr;
   const void* first = nullptr;  ///< expert 0's host w1 when built (identity check: lesson 11)
+  std::vector<DenseExpertPtrs> host;  ///< the same table in host memory (per-expert products)
   int E = 0, inter = 0, io = 0;
 };
 
@@ -34,6 +37,7 @@ struct LtState {
   std::unordered_map<const void*, uint16_t*> bf16;  ///< device f32 weight -> its BF16 copy (owned)
   std::map<std::pair<int, int>, cublasLtMatmulAlgo_t> algos;  ///< (rows, cols) -> fixed algorithm
   std::map<std::tuple<int, int, int, int>, cublasLtMatmulAlgo_t> product_algos;  ///< lt_product's
+  std::set<std::tuple<int, int, int, int>> product_checked;  ///< keys whose algorithm ran once
   uint64_t fallback_algos = 0;  ///< calls whose T the fixed algorithm rejected
   std::unordered_map<const MoeWeights*, DenseTable> dense_tables;
   Scratch xb;    ///< BF16 activations of one GEMM

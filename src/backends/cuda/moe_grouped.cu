@@ -1,5 +1,13 @@
-// CUDA backend, fast precision mode: the routed experts of a chunk as one grouped GEMM per
-// expert matrix, on tensor cores (WMMA m16n16k16, BF16 operands, f32 accumulation).
+// CUDA backend, fast precision mode: the routed experts of a chunk on tensor cores (BF16 operands,
+// f32 accumulation), grouped by expert.
+//
+// Default path (run 15): after the sort below, the expert row counts come to the host (one sync
+// per layer), the pairs' inputs are gathered in expert order as BF16, and each touched expert runs
+// as cuBLASLt products on its contiguous rows: [gate | up] (MXFP4 experts decoded to BF16 scratch,
+// kDequantBatch at a time; dense experts from their BF16 copies), a GLU kernel, down; then a
+// scatter to ys [pair j, io] and the weighted sum in slot order. The algorithms are fixed per
+// shape class (lt_product), so a row's result does not depend on how many rows its expert has.
+// While a graph is being recorded (no host sync allowed) the single-launch WMMA kernels below run:
 //
 // After the router has written ids/weights [T·k] on the device (moe.cu):
 //  1. sort: one block counts the (token, slot) pairs per expert, lays the experts out in id order
@@ -212,6 +220,87 @@ __global__ void slot_sum_kernel(const float* __restrict__ ys, const float* __res
   }
 }
 
+// ---- per-expert cuBLASLt path (the default of the fast mode) ----
+
+constexpr int kDequantBatch = 8;  ///< MXFP4 experts decoded to BF16 scratch at a time
+
+struct ExpertList {
+  int id[kDequantBatch];
+  int n;
+};
+
+/// MXFP4 experts list.id[b] decoded to BF16 (exact): w13[b] = [w1; w3] [2·inter, io], w2[b] [io, inter].
+__global__ void mx_dequant_kernel(const ExpertPtrs* __restrict__ table, ExpertList list, int inter, int io,
+                                  __nv_bfloat16* __restrict__ w13, __nv_bfloat16* __restrict__ w2) {
+  const int b = blockIdx.y;
+  if (b >= list.n) return;
+  const ExpertPtrs p = table[list.id[b]];
+  const size_t c13 = size_t(io) / 16, c2 = size_t(inter) / 16;  // 16-value chunks per row
+  const size_t n13 = size_t(2) * inter * c13, n2 = size_t(io) * c2;
+  __nv_bfloat16* o13 = w13 + size_t(b) * 2 * inter * io;
+  __nv_bfloat16* o2 = w2 + size_t(b) * io * inter;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n13 + n2; i += size_t(gridDim.x) * blockDim.x) {
+    const uint8_t *pk, *sc;
+    __nv_bfloat16* out;
+    if (i < n13) {
+      const size_t r = i / c13, ch = i % c13;
+      const bool up = r >= size_t(inter);
+      const size_t row = up ? r - inter : r;
+      pk = (up ? p.p3 : p.p1) + row * (io / 2) + ch * 8;
+      sc = (up ? p.s3 : p.s1) + row * (io / 32) + ch / 2;
+      out = o13 + r * io + ch * 16;
+    } else {
+      const size_t j = i - n13, row = j / c2, ch = j % c2;
+      pk = p.p2 + row * (inter / 2) + ch * 8;
+      sc = p.s2 + row * (inter / 32) + ch / 2;
+      out = o2 + row * inter + ch * 16;
+    }
+    const uint2 raw = *reinterpret_cast<const uint2*>(pk);
+    const float s = mxfp4::scale_value(*sc);
+    const uint32_t words[2] = {raw.x, raw.y};
+    __align__(16) __nv_bfloat16 v[16];
+#pragma unroll
+    for (int w = 0; w < 2; ++w)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint32_t byte = (words[w] >> (8 * q)) & 0xFFu;
+        v[(w * 4 + q) * 2] = __float2bfloat16_rn(mxfp4::e2m1_value(uint8_t(byte & 0xF)) * s);
+        v[(w * 4 + q) * 2 + 1] = __float2bfloat16_rn(mxfp4::e2m1_value(uint8_t(byte >> 4)) * s);
+      }
+    reinterpret_cast<uint4*>(out)[0] = reinterpret_cast<const uint4*>(v)[0];
+    reinterpret_cast<uint4*>(out)[1] = reinterpret_cast<const uint4*>(v)[1];
+  }
+}
+
+/// zs[p, :] = bf16(z[order[p] / k, :]) (the pairs' inputs in expert order).
+__global__ void gather_rows_kernel(const float* __restrict__ z, const int* __restrict__ order, int pairs, int k, int io,
+                                   __nv_bfloat16* __restrict__ zs) {
+  const size_t n = size_t(pairs) * io;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t p = i / io, c = i % io;
+    zs[i] = __float2bfloat16_rn(z[size_t(order[p] / k) * io + c]);
+  }
+}
+
+/// act[p, c] = bf16(GLU(gu[p, c], gu[p, inter + c])) for rows [p0, p1).
+__global__ void glu_rows_kernel(const float* __restrict__ gu, int p0, int p1, int inter, int silu, float b1, float b2,
+                                __nv_bfloat16* __restrict__ act) {
+  const size_t n = size_t(p1 - p0) * inter;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t p = p0 + i / inter, c = i % inter;
+    const float g = gu[p * 2 * inter + c], u = gu[p * 2 * inter + inter + c];
+    act[p * inter + c] = __float2bfloat16_rn(silu ? g / (1.f + __expf(-g)) * u : situ_f(g, u, b1, b2));
+  }
+}
+
+/// ys[order[p], :] = y[p, :].
+__global__ void scatter_rows_kernel(const float* __restrict__ y, const int* __restrict__ order, int pairs, int io,
+                                    float* __restrict__ ys) {
+  const size_t n = size_t(pairs) * io;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    ys[size_t(order[i / io]) * io + i % io] = y[i];
+}
+
 /// The device table of `mw`'s dense experts as BF16 (converted once), or null when an expert is
 /// not f32/BF16 or the shapes do not fit the kernel.
 const DenseTable* dense_table(CudaBackend::Impl& m, const MoeWeights& mw, int io) {
@@ -244,6 +333,7 @@ const DenseTable* dense_table(CudaBackend::Impl& m, const MoeWeights& mw, int io
              "cudaMemcpyAsync (dense expert table)");
   m.sync("dense expert table");
   t.E = E, t.inter = inter, t.io = io;
+  t.host = std::move(host);
   return &t;
 }
 
@@ -276,6 +366,71 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
                "cudaFuncSetAttribute (grouped MoE sort)");
   sort_pairs_kernel<<<1, 1024, sort_smem, m.stream>>>(dids, pairs, E, order, ebase, tile_e, tile_m0, n_tiles);
   m.launched("routed_moe (fast) sort kernel");
+  if (!m.capturing) {  // per-expert cuBLASLt products (see the file comment)
+    std::vector<int> base(size_t(E) + 1);
+    check_cuda(cudaMemcpyAsync(base.data(), ebase, base.size() * sizeof(int), cudaMemcpyDeviceToHost, m.stream),
+               "cudaMemcpyAsync (expert row bases)");
+    m.sync("routed_moe (fast): expert row counts");
+    auto* zs = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.xb, size_t(pairs) * io));
+    gather_rows_kernel<<<grid_for(size_t(pairs) * io, 256), 256, 0, m.stream>>>(z, order, pairs, k, io, zs);
+    m.launched("routed_moe (fast) gather kernel");
+    float* gu = static_cast<float*>(m.scratch(s.mla[3], size_t(pairs) * 2 * inter * sizeof(float)));
+    auto* act16 = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.act, size_t(pairs) * inter));
+    float* y = static_cast<float*>(m.scratch(s.mla[5], size_t(pairs) * io * sizeof(float)));
+    std::vector<int> touched;
+    for (int e = 0; e < E; ++e)
+      if (base[e + 1] > base[e]) touched.push_back(e);
+    __nv_bfloat16 *w13 = nullptr, *w2 = nullptr;
+    if (table) {
+      const size_t per = size_t(3) * inter * io;
+      w13 = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.mla[4], size_t(kDequantBatch) * per));
+      w2 = w13 + size_t(kDequantBatch) * 2 * inter * io;
+    }
+    const std::vector<DenseExpertPtrs>& dhost = table ? std::vector<DenseExpertPtrs>() : dt->host;
+    for (size_t b0 = 0; b0 < touched.size(); b0 += kDequantBatch) {
+      const int nb = int(std::min<size_t>(kDequantBatch, touched.size() - b0));
+      if (table) {
+        ExpertList list{};
+        list.n = nb;
+        for (int i = 0; i < nb; ++i) list.id[i] = touched[b0 + i];
+        mx_dequant_kernel<<<dim3(256, unsigned(nb)), 256, 0, m.stream>>>(table, list, inter, io, w13, w2);
+        m.launched("routed_moe (fast) MXFP4 -> BF16 decode kernel");
+      }
+      for (int i = 0; i < nb; ++i) {
+        const int e = touched[b0 + i], p0 = base[e], ne = base[e + 1] - base[e];
+        LtProduct g1;
+        g1.M = ne, g1.K = io, g1.A = zs + size_t(p0) * io, g1.lda = io, g1.b_nk = true, g1.ldb = io;
+        g1.ldc = 2 * int64_t(inter);
+        if (table) {
+          g1.N = 2 * inter, g1.B = w13 + size_t(i) * 2 * inter * io, g1.C = gu + size_t(p0) * 2 * inter;
+          lt_product(m, g1, 10);
+        } else {
+          g1.N = inter, g1.B = dhost[e].w1, g1.C = gu + size_t(p0) * 2 * inter;
+          lt_product(m, g1, 12);
+          g1.B = dhost[e].w3, g1.C = gu + size_t(p0) * 2 * inter + inter;
+          lt_product(m, g1, 12);
+        }
+      }
+      const int r0 = base[touched[b0]], r1 = base[touched[b0 + nb - 1] + 1];
+      glu_rows_kernel<<<grid_for(size_t(r1 - r0) * inter, 256), 256, 0, m.stream>>>(gu, r0, r1, inter, p.silu ? 1 : 0,
+                                                                                   p.b1, p.b2, act16);
+      m.launched("routed_moe (fast) GLU kernel");
+      for (int i = 0; i < nb; ++i) {
+        const int e = touched[b0 + i], p0 = base[e], ne = base[e + 1] - base[e];
+        LtProduct g2;
+        g2.M = ne, g2.N = io, g2.K = inter, g2.A = act16 + size_t(p0) * inter, g2.lda = inter, g2.b_nk = true;
+        g2.B = table ? static_cast<const void*>(w2 + size_t(i) * io * inter) : static_cast<const void*>(dhost[e].w2);
+        g2.ldb = inter, g2.C = y + size_t(p0) * io, g2.ldc = io;
+        lt_product(m, g2, 11);
+      }
+    }
+    scatter_rows_kernel<<<grid_for(size_t(pairs) * io, 256), 256, 0, m.stream>>>(y, order, pairs, io, ys);
+    m.launched("routed_moe (fast) scatter kernel");
+    slot_sum_kernel<<<grid_for(size_t(T) * io, 256), 256, 0, m.stream>>>(ys, dw, k, io, T, out);
+    m.launched("routed_moe (fast) weighted-sum kernel");
+    ++m.stats.grouped_moe_calls;
+    return true;
+  }
   auto* act = static_cast<__nv_bfloat16*>(m.scratch(s.act, size_t(pairs) * inter * sizeof(uint16_t)));
   GroupArgs g{};
   g.mx = table, g.dense = dt ? dt->dev : nullptr;
