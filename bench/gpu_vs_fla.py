@@ -130,6 +130,9 @@ def main():
     used = fla_status(model)
     log(f"fla kernels in the transformers model module: {used if used else 'none (PyTorch fallbacks)'}")
     hf = time_hf(model, lengths, a.repeat, CONFIG["vocab_size"])
+    loaded = sorted(m for m in sys.modules if m.startswith("fla.ops") and m.count(".") == 2)
+    log(f"fla kernel modules loaded after the transformers runs: {loaded if loaded else 'none'}")
+    used = used or loaded
     del model
     torch.cuda.empty_cache()
     wren = {}
