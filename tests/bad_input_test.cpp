@@ -17,7 +17,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
 #include "core/mxfp4.h"
-#include "loader/safetensors.h"
+#include "io/safetensors.h"
 #include "model/load.h"
 #include "model/tensor_table.h"
 #include "runtime/generate.h"

@@ -22,7 +22,7 @@
 #include "model/forward.h"
 #include "model/load.h"
 #include "model/quant.h"
-#include "model/state.h"
+#include "ops/state.h"
 #include "test_util.h"
 #ifdef WREN_HAVE_CUDA
 #include "backends/cuda/cuda_backend.h"

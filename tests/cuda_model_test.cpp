@@ -14,13 +14,13 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
-#include "backends/factory.h"
+#include "io/safetensors.h"
+#include "model/load.h"
+#include "model/quant.h"
+#include "runtime/backend_factory.h"
 #include "runtime/expert_store.h"
 #include "runtime/generate.h"
 #include "synth/synth.h"
-#include "loader/safetensors.h"
-#include "model/load.h"
-#include "model/quant.h"
 #include "test_util.h"
 #ifdef WREN_HAVE_CUDA
 #include "backends/cuda/cuda_backend.h"
@@ -139,7 +139,7 @@ class CudaModel : public ::testing::Test {
     }
     golden_ = load_model(test::golden_dir()).release();
     be_ = new CudaBackend();
-    be_->upload(golden_->weights);
+    be_->upload(weight_list(golden_->weights));
   }
   static void TearDownTestSuite() {
     delete be_;
@@ -170,7 +170,7 @@ TEST(CudaModelQuant, GoldenPackedPresetsMatchCpu) {
   for (const char* preset : {"q8", "bf16", "default", "q4"}) {
     const auto m = load_model(test::golden_dir(), QuantPlan::preset(preset));
     CudaBackend be;
-    be.upload(m->weights);
+    be.upload(weight_list(m->weights));
     CpuBackend cpu;
     for (const GoldenCase& gc : golden_cases()) {
       const auto logits = logits_of(*m, be, gc.ids, 32);
@@ -418,7 +418,7 @@ TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
       store = std::make_unique<ExpertStore>(model->weights, c.expert_bytes(), so);
       be.set_host_tier(store.get());
     }
-    be.upload(model->weights);
+    be.upload(weight_list(model->weights));
     EXPECT_EQ(be.experts_streamed(), b.slots != 0) << b.name;
     EXPECT_EQ(be.stats().expert_slots, b.slots) << b.name;
     Forward fwd(*model, be, {32, -1});
@@ -450,7 +450,7 @@ TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
   // A budget below one expert is a clear error, not a crash.
   CudaBackend tiny;
   tiny.set_vram_expert_budget(slot / 2);
-  EXPECT_THROW(tiny.upload(model->weights), Error);
+  EXPECT_THROW(tiny.upload(weight_list(model->weights)), Error);
 }
 
 TEST_F(CudaModel, CliRunBackendCudaGivesGoldenContinuation) {
@@ -474,7 +474,7 @@ TEST_F(CudaModel, CliRunBackendCudaGivesGoldenContinuation) {
 TEST_F(CudaModel, FallbackAfterInjectedCudaFault) {
   const GoldenCase gc = golden_cases()[0];
   CudaBackend dev;
-  dev.upload(golden_->weights);
+  dev.upload(weight_list(golden_->weights));
   dev.inject_fault(600);  // a prefill of 8 tokens takes ~300 launches, a decode step ~330
   Forward fwd(*golden_, dev);
   fwd.set_fallback([] { return std::unique_ptr<Backend>(std::make_unique<CpuBackend>()); });
@@ -562,7 +562,7 @@ TEST_P(CudaGenerated, GreedyAndLogitsMatchCpu) {
   write_synthetic_checkpoint(k3 ? k3_heads_shape() : test::second_shape_config(), dir, o);
   auto m = load_model(dir);
   CudaBackend be;
-  be.upload(m->weights);
+  be.upload(weight_list(m->weights));
   CpuBackend cpu;
   const int V = m->config.vocab;
   const std::vector<int> lengths = k3 ? std::vector<int>{1, 33} : std::vector<int>{1, 7, 19, 33, 40};
@@ -590,10 +590,10 @@ INSTANTIATE_TEST_SUITE_P(Shapes, CudaGenerated, ::testing::Values(0, 1),
 TEST(CudaKimiLinear, GoldenLogitsAndGreedyMatchTransformers) {
   std::string why;
   if (!cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
-  const std::string dir = std::string(WREN_SOURCE_DIR) + "/../shared/golden/kimi-linear-tiny";
+  const std::string dir = test::kimi_linear_dir();
   auto m = load_model(dir);
   CudaBackend be;
-  be.upload(m->weights);
+  be.upload(weight_list(m->weights));
   SafetensorsFile ref(dir + "/reference.safetensors");
   auto ids_of = [&](const char* name) {
     const TensorInfo* t = ref.find(name);

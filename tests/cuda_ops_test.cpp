@@ -225,7 +225,7 @@ TEST_F(CudaOps, GemmMatchesCpu) {
   }
 }
 
-// gemm on packed weights (BF16 / Q8_ROW / Q4_G64, model/weights.h) against the CPU scalar reference
+// gemm on packed weights (BF16 / Q8_ROW / Q4_G64, ops/weights.h) against the CPU scalar reference
 // kernels rows_{bf16,q8,q4}_scalar on the same packed bytes. Weights quantized by quantize_matrix
 // from random non-zero f32; odd cols give a partial last q4 group and the unaligned (scalar-load)
 // paths. Tolerance rel-L2 1e-5: the decoded weights are identical, only the summation order differs

@@ -12,6 +12,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
+#include "core/sizes.h"
 #include "model/forward.h"
 #include "runtime/expert_store.h"
 #include "synth/synth.h"

@@ -1,4 +1,4 @@
-// End-to-end checks against ../shared/golden/k3-tiny-a (see its README): every trace row and the
+// End-to-end checks against tests/data/k3-tiny-a (see its README): every trace row and the
 // teacher-forced logits within rel-L2 1e-4, every argmax equal, the greedy continuation equal up
 // to the first near-tie, and decode after prefill equal to the teacher-forced pass.
 #include <gtest/gtest.h>

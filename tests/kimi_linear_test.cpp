@@ -1,5 +1,5 @@
 // Kimi Linear (`model_type: kimi_linear`) against transformers' reference data in
-// ../shared/golden/kimi-linear-tiny (spec kimi-linear.md §6): full forward, prefill-70-then-decode,
+// tests/data/kimi-linear-tiny (spec kimi-linear.md §6): full forward, prefill-70-then-decode,
 // token-by-token decode, the residual stream after layers 0-2, and the cached greedy generation.
 #include <gtest/gtest.h>
 
@@ -11,16 +11,16 @@
 #include <fstream>
 
 #include "core/error.h"
-#include "loader/safetensors.h"
+#include "io/safetensors.h"
 #include "reference_model.h"
-#include "synth/synth.h"
 #include "runtime/generate.h"
+#include "synth/synth.h"
 #include "test_util.h"
 
 namespace wren {
 namespace {
 
-std::string kl_dir() { return std::string(WREN_SOURCE_DIR) + "/../shared/golden/kimi-linear-tiny"; }
+std::string kl_dir() { return test::kimi_linear_dir(); }
 
 /// Reference tensors from reference.safetensors (F32 as floats, I64 ids as ints).
 struct Reference {

@@ -14,7 +14,11 @@
 
 namespace wren::test {
 
-std::string golden_dir() { return std::string(WREN_SOURCE_DIR) + "/../shared/golden/k3-tiny-a"; }
+std::string data_dir() { return std::string(WREN_SOURCE_DIR) + "/tests/data"; }
+
+std::string golden_dir() { return data_dir() + "/k3-tiny-a"; }
+
+std::string kimi_linear_dir() { return data_dir() + "/kimi-linear-tiny"; }
 
 std::string temp_dir(const std::string& tag) {
   static std::random_device rd;

@@ -8,8 +8,12 @@
 
 namespace wren::test {
 
-/// ../shared/golden/k3-tiny-a relative to the source tree.
+/// The repository's test data folder, tests/data (see its README: where each file came from).
+std::string data_dir();
+/// tests/data/k3-tiny-a: the small K3 checkpoint in the published layout, with golden outputs.
 std::string golden_dir();
+/// tests/data/kimi-linear-tiny: the small Kimi Linear checkpoint with transformers' outputs.
+std::string kimi_linear_dir();
 /// A fresh temporary directory (removed at process exit is not guaranteed; under /tmp).
 std::string temp_dir(const std::string& tag);
 /// ‖a − b‖ / ‖b‖.

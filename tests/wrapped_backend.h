@@ -4,7 +4,7 @@
 #pragma once
 #include <functional>
 
-#include "backends/backend.h"
+#include "ops/backend.h"
 
 namespace wren::test {
 

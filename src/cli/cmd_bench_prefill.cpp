@@ -14,8 +14,8 @@
 #include "cli/commands.h"
 #include "cli/run_options.h"
 #include "core/error.h"
-#include "backends/factory.h"
-#include "model/state.h"
+#include "runtime/backend_factory.h"
+#include "ops/state.h"
 #include "runtime/engine.h"
 
 namespace wren::cli {

@@ -5,10 +5,11 @@
 #include <memory>
 
 #include "cli/commands.h"
-#include "loader/checkpoint.h"
+#include "core/sizes.h"
+#include "io/checkpoint.h"
 #include "model/forward.h"
-#include "model/state.h"
 #include "model/tensor_table.h"
+#include "ops/state.h"
 #include "runtime/expert_store.h"
 
 namespace wren::cli {

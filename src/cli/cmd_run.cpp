@@ -13,6 +13,7 @@
 #include "cli/commands.h"
 #include "cli/run_options.h"
 #include "core/error.h"
+#include "core/sizes.h"
 #include "runtime/chat_format.h"
 #include "runtime/f32_file.h"
 #include "tokenizer/stream_decoder.h"

@@ -1,6 +1,7 @@
 // Flags shared by `wren run` and `wren chat`.
 #include "cli/run_options.h"
 #include "cli/commands.h"
+#include "core/sizes.h"
 
 #include <cstdio>
 #include <map>

@@ -15,12 +15,20 @@ inline std::string json_brief(const nlohmann::json& v) {
     if (x.is_array()) return std::string("[...]");
     if (x.is_object()) return std::string("{...}");
     std::string s = x.dump();
-    return s.size() > 80 ? s.substr(0, 77) + "..." : s;
+    if (s.size() > 80) {  // appended in place: GCC 12's -Wrestrict misfires on operator+ here
+      s.resize(77);
+      s += "...";
+    }
+    return s;
   };
   if (!v.is_array()) return scalar(v);
   std::string s = "[";
-  for (size_t i = 0; i < v.size() && i < 8; ++i) s += (i ? "," : "") + scalar(v[i]);
-  return s + (v.size() > 8 ? ",...]" : "]");
+  for (size_t i = 0; i < v.size() && i < 8; ++i) {
+    if (i) s += ',';
+    s += scalar(v[i]);
+  }
+  s += v.size() > 8 ? ",...]" : "]";
+  return s;
 }
 
 }  // namespace wren

@@ -47,7 +47,7 @@ struct Forward::Buffers {
 Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts, ExpertSource* experts)
     : model_(model), cfg_(model.config), be_(backend), opts_(opts), experts_(experts) {
   if (!experts_) {
-    own_experts_ = std::make_unique<MappedExperts>(model.weights);
+    own_experts_ = std::make_unique<MappedExperts>(weight_list(model.weights));
     experts_ = own_experts_.get();
   }
   const Config& c = cfg_;

@@ -6,10 +6,10 @@
 #include <memory>
 #include <vector>
 
-#include "backends/backend.h"
-#include "model/expert_source.h"
 #include "model/load.h"
-#include "model/state.h"
+#include "ops/backend.h"
+#include "ops/expert_source.h"
+#include "ops/state.h"
 
 namespace wren {
 

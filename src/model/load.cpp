@@ -123,20 +123,4 @@ std::unique_ptr<Model> load_model(const std::string& dir, const QuantPlan& plan)
   return m;
 }
 
-void validate_expert_scales(const ExpertRef& e) {
-  const struct { const MxMatrix* m; const char* stem; } parts[] = {{&e.w1, "w1"}, {&e.w2, "w2"}, {&e.w3, "w3"}};
-  // e.file is the shard of w1.weight_packed: name it only when all six tensors are stored there.
-  const std::string file = e.contiguous ? e.file + ": " : "";
-  for (const auto& p : parts) {
-    const int groups = p.m->cols / mxfp4::kGroup;
-    // Fast path (this runs on an expert's first use, inside decode): no 255 byte anywhere.
-    if (!std::memchr(p.m->scale, mxfp4::kBadScale, size_t(p.m->rows) * groups)) continue;
-    for (int r = 0; r < p.m->rows; ++r)
-      for (int g = 0; g < groups; ++g)
-        if (p.m->scale[size_t(r) * groups + g] == mxfp4::kBadScale)  // message built only on failure
-          throw Error(file + "tensor '" + e.name + "." + p.stem + ".weight_scale': row " + std::to_string(r) +
-                      ", group " + std::to_string(g) + ": ue8m0 scale byte 255 (NaN in OCP MX) is not a valid scale");
-  }
-}
-
 }  // namespace wren

@@ -3,7 +3,7 @@
 #include <memory>
 #include <string>
 
-#include "loader/checkpoint.h"
+#include "io/checkpoint.h"
 #include "model/quant.h"
 #include "model/weights.h"
 
@@ -23,8 +23,5 @@ struct Model {
 /// the mapping. Vision tensors are never touched. Dense matrices are then stored in the format
 /// `plan` gives their class (default: all f32, the exact mode); vectors always stay f32.
 std::unique_ptr<Model> load_model(const std::string& dir, const QuantPlan& plan = {});
-
-/// Checks every ue8m0 scale byte of one expert; throws naming tensor, row and group on 255.
-void validate_expert_scales(const ExpertRef& e);
 
 }  // namespace wren

@@ -11,7 +11,6 @@ namespace wren {
 
 namespace {
 
-constexpr const char* kFormatNames[kWFormats] = {"f32", "bf16", "q8", "q4"};
 constexpr const char* kClassNames[kWClasses] = {"vector", "attn",   "mla",  "dense", "shared",
                                                 "latent", "router", "head", "embed"};
 
@@ -43,12 +42,11 @@ void q4_group(const float* w, int n, uint8_t* out32, float* scale) {
 
 }  // namespace
 
-const char* wformat_name(WFormat f) { return kFormatNames[size_t(f)]; }
 const char* wclass_name(WClass c) { return kClassNames[size_t(c)]; }
 
 WFormat parse_wformat(const std::string& s, const std::string& what) {
   for (int i = 0; i < kWFormats; ++i)
-    if (s == kFormatNames[i]) return WFormat(i);
+    if (s == wformat_name(WFormat(i))) return WFormat(i);
   throw Error(what + ": '" + s + "' is not a weight format (expected f32, bf16, q8 or q4)");
 }
 
@@ -86,22 +84,6 @@ QuantPlan QuantPlan::preset(const std::string& name) {
   throw Error("--quant: '" + name + "' is not a preset (expected exact, bf16, q8, default or q4)");
 }
 
-size_t wformat_data_bytes(WFormat f, int64_t rows, int64_t cols) {
-  switch (f) {
-    case WFormat::F32: return size_t(rows * cols) * 4;
-    case WFormat::BF16: return size_t(rows * cols) * 2;
-    case WFormat::Q8_ROW: return size_t(rows * cols);
-    case WFormat::Q4_G64: return size_t(rows * ((cols + 63) / 64)) * 32;
-  }
-  return 0;
-}
-
-size_t wformat_scale_count(WFormat f, int64_t rows, int64_t cols) {
-  if (f == WFormat::Q8_ROW) return size_t(rows);
-  if (f == WFormat::Q4_G64) return size_t(rows * ((cols + 63) / 64));
-  return 0;
-}
-
 void quantize_matrix(const float* src, int64_t rows, int64_t cols, WFormat f, void* data, float* scale) {
   uint8_t* out = static_cast<uint8_t*>(data);
   const int64_t groups = (cols + 63) / 64;
@@ -121,34 +103,6 @@ void quantize_matrix(const float* src, int64_t rows, int64_t cols, WFormat f, vo
           q4_group(w + g * 64, int(std::min<int64_t>(64, cols - g * 64)), out + (r * groups + g) * 32,
                    scale + r * groups + g);
         break;
-    }
-  }
-}
-
-void dequant_row(const DenseWeight& W, int64_t r, float* out) {
-  const int64_t n = W.cols;
-  const uint8_t* d = static_cast<const uint8_t*>(W.data);
-  switch (W.format) {
-    case WFormat::F32: std::memcpy(out, W.f32() + r * n, size_t(n) * 4); break;
-    case WFormat::BF16:
-      for (int64_t c = 0; c < n; ++c) {
-        uint16_t h;
-        std::memcpy(&h, d + (r * n + c) * 2, 2);
-        out[c] = bf16_to_f32(h);
-      }
-      break;
-    case WFormat::Q8_ROW:
-      for (int64_t c = 0; c < n; ++c) out[c] = float(int8_t(d[r * n + c])) * W.scale[r];
-      break;
-    case WFormat::Q4_G64: {
-      const int64_t groups = W.q4_groups();
-      for (int64_t c = 0; c < n; ++c) {
-        const int64_t g = c / 64, j = c % 64;
-        const uint8_t b = d[(r * groups + g) * 32 + (j & 31)];
-        const int q = (j < 32 ? (b & 0xF) : (b >> 4)) - 8;
-        out[c] = float(q) * W.scale[r * groups + g];
-      }
-      break;
     }
   }
 }

@@ -1,6 +1,7 @@
 // Load-time formats of the dense weights: the per-class plan behind the --quant flags, the
-// quantizers (f32 [rows, cols] -> BF16 / Q8_ROW / Q4_G64, layouts in model/weights.h) and the
-// reference decode. The MXFP4 routed experts are never re-encoded (spec kimi-k3.md §5).
+// quantizers (f32 [rows, cols] -> BF16 / Q8_ROW / Q4_G64, layouts in ops/weights.h); the format
+// names, sizes and the reference decode are in ops/weights.h. The MXFP4 routed experts are never
+// re-encoded (spec kimi-k3.md §5).
 #pragma once
 #include <array>
 #include <string>
@@ -9,8 +10,7 @@
 
 namespace wren {
 
-/// Short names used by flags and run headers.
-const char* wformat_name(WFormat f);  ///< "f32", "bf16", "q8", "q4"
+/// Short names used by flags and run headers (wformat_name is in ops/weights.h).
 const char* wclass_name(WClass c);    ///< "vector", "attn", "mla", "dense", ...
 /// Parses "f32" | "bf16" | "q8" | "q4"; throws wren::Error naming `what` and the accepted values.
 WFormat parse_wformat(const std::string& s, const std::string& what);
@@ -36,16 +36,8 @@ struct QuantPlan {
   static QuantPlan preset(const std::string& name);
 };
 
-/// Bytes of `data` for a [rows, cols] matrix in format f (scales excluded).
-size_t wformat_data_bytes(WFormat f, int64_t rows, int64_t cols);
-/// Floats of `scale` for a [rows, cols] matrix in format f.
-size_t wformat_scale_count(WFormat f, int64_t rows, int64_t cols);
-
 /// Encodes f32 src [rows, cols] into format f. `data` gets wformat_data_bytes bytes, `scale`
 /// wformat_scale_count floats (may be null when that is 0). Round-to-nearest-even, deterministic.
 void quantize_matrix(const float* src, int64_t rows, int64_t cols, WFormat f, void* data, float* scale);
-
-/// Decodes row r of W into out[W.cols] (exact decode of the stored values; any format).
-void dequant_row(const DenseWeight& W, int64_t r, float* out);
 
 }  // namespace wren

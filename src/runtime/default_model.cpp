@@ -12,9 +12,6 @@
 #include "core/error.h"
 #include "synth/synth.h"
 
-#ifndef WREN_DATA_DIR
-#define WREN_DATA_DIR "data"
-#endif
 #ifndef WREN_SOURCE_DIR
 #define WREN_SOURCE_DIR "."
 #endif
@@ -89,7 +86,20 @@ std::string default_tokenizer_config() { return tokenizer_config().dump(1) + "\n
 
 std::string source_dir() { return WREN_SOURCE_DIR; }
 
-std::string default_vocab_file() { return std::string(WREN_DATA_DIR) + "/default-vocab.tiktoken"; }
+std::string data_dir() {
+  // Found from the executable, never from the source tree: <bin>/../share/wren once installed
+  // (cmake --install), <build>/share/wren in a build folder (CMake copies data/ there).
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    for (const fs::path& d : {exe.parent_path() / "share" / "wren", exe.parent_path().parent_path() / "share" / "wren"})
+      if (fs::is_directory(d, ec)) return d.string();
+    return (exe.parent_path().parent_path() / "share" / "wren").string();
+  }
+  return "share/wren";
+}
+
+std::string default_vocab_file() { return data_dir() + "/default-vocab.tiktoken"; }
 
 std::string ensure_default_model(const std::string& vocab_file) {
   const std::string dir = cache_root() + "/" + kName;

@@ -19,10 +19,17 @@ std::string cache_root();
 /// The default model's tokenizer_config.json text (the K3 specials after its 16,384 ranks).
 std::string default_tokenizer_config();
 
-/// The source tree this binary was built from (test tooling such as tests/tokenizer lives there).
+/// The source tree this binary was built from. Only the developer benchmark `wren bench tokenizer`
+/// uses it (its tiktoken oracle lives in tests/tokenizer); nothing a user runs needs it.
 std::string source_dir();
 
-/// The vocabulary file setup writes: <source tree>/data/default-vocab.tiktoken.
+/// Wren's read-only data folder, found from the executable's own path: `<prefix>/share/wren` for an
+/// installed binary (`<prefix>/bin/wren`), `<build>/share/wren` in a build folder (the build copies
+/// the repository's data/ there). Returns the installed location when neither exists.
+std::string data_dir();
+
+/// The default model's vocabulary: <data_dir()>/default-vocab.tiktoken (scripts/setup.sh writes it
+/// into data/; the build copies it).
 std::string default_vocab_file();
 
 }  // namespace wren

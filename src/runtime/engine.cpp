@@ -4,8 +4,8 @@
 #include <algorithm>
 #include <filesystem>
 
-#include "backends/factory.h"
 #include "core/error.h"
+#include "runtime/backend_factory.h"
 #include "runtime/default_model.h"
 
 namespace wren {

@@ -6,11 +6,11 @@
 #include <optional>
 #include <string>
 
-#include "backends/backend.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/gpu_precision.h"
-#include "model/quant.h"
 #include "model/forward.h"
+#include "model/quant.h"
+#include "ops/backend.h"
 #include "runtime/expert_store.h"
 #include "tokenizer/tokenizer.h"
 
@@ -21,7 +21,7 @@ struct EngineOptions {
   std::string model_dir;           ///< "" = the built-in default model
   std::string expert_cache;        ///< --expert-cache ("" = default budget)
   std::string direct = "auto";     ///< --direct
-  std::string backend = "auto";    ///< --backend: cpu, cuda or auto (backends/factory.h)
+  std::string backend = "auto";    ///< --backend: cpu, cuda or auto (runtime/backend_factory.h)
   std::string vram_experts;        ///< --vram-experts (CUDA): "" = all that fit, "all", or a size
   GpuPrecision gpu_precision = GpuPrecision::Fast;  ///< --gpu-precision (CUDA): fast (default) or exact
   int chunk = 0;                   ///< --chunk: tokens per layer-major pass; 0 = the backend's default

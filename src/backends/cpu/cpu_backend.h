@@ -1,4 +1,4 @@
-// The CPU backend: every op of backends/backend.h on the host, in f32 activations. Built with the
+// The CPU backend: every op of ops/backend.h on the host, in f32 activations. Built with the
 // default options it is the exact reference (scalar kernels, one thread); with a SIMD level and
 // threads it is the fast path, whose every output is still computed by one thread in a fixed
 // order, so results never depend on the thread count or the chunk size.
@@ -9,9 +9,9 @@
 #include <memory>
 #include <vector>
 
-#include "backends/backend.h"
 #include "backends/cpu/isa.h"
 #include "backends/cpu/thread_pool.h"
+#include "ops/backend.h"
 
 namespace wren {
 

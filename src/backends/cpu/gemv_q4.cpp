@@ -1,5 +1,5 @@
 // Dense GEMV/GEMM on Q4_G64 weights: y[t, r] = Σ_g scale[r, g] · Σ_{c in g} q[r, c] · x[t, c]
-// (see kernels.h). Layout (model/weights.h): per row ceil(cols/64) groups of 32 bytes; byte j of
+// (see kernels.h). Layout (ops/weights.h): per row ceil(cols/64) groups of 32 bytes; byte j of
 // a group holds column j (low nibble) and column j + 32 (high nibble) as q + 8; scale
 // [rows, groups] f32; a last partial group is zero-padded. x [T, cols] f32; y[t·ldy + r].
 // The nibble halves of a group are 32 consecutive columns each, so a kernel splits a group with

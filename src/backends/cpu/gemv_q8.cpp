@@ -1,5 +1,5 @@
 // Dense GEMV/GEMM on Q8_ROW weights: y[t, r] = scale[r] · Σ_c q[r, c] · x[t, c] (see kernels.h).
-// Layout: q [rows, cols] int8 row-major, scale [rows] f32 (model/weights.h); x [T, cols] f32;
+// Layout: q [rows, cols] int8 row-major, scale [rows] f32 (ops/weights.h); x [T, cols] f32;
 // y[t·ldy + r]. The int8 weights widen exactly to f32; the row scale is applied once at the end.
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/simd.h"

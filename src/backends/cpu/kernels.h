@@ -8,7 +8,7 @@
 #include <cstdint>
 
 #include "backends/cpu/isa.h"
-#include "model/weights.h"
+#include "ops/weights.h"
 
 namespace wren::cpu {
 

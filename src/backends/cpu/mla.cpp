@@ -12,7 +12,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/kernels.h"
 #include "core/error.h"
-#include "model/quant.h"
+#include "ops/weights.h"
 
 namespace wren {
 

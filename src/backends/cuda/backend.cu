@@ -7,7 +7,7 @@
 #include <cstring>
 
 #include "backends/cuda/cuda_common.cuh"
-#include "model/quant.h"
+#include "ops/weights.h"
 
 namespace wren {
 
@@ -225,28 +225,11 @@ void upload_pieces(CudaBackend::Impl& m, const std::vector<Piece>& pieces) {
 
 }  // namespace
 
-void CudaBackend::upload(const ModelWeights& w) {
+void CudaBackend::upload(const WeightList& w) {
   std::vector<Piece> p, experts;
-  for (const DenseWeight* d : {&w.embed, &w.final_norm, &w.out_res_norm, &w.out_res_proj, &w.out_mix, &w.lm_head})
-    add_dense(p, *d);
-  for (const LayerWeights& l : w.layers) {
-    for (const DenseWeight* d : {&l.input_norm, &l.post_norm, &l.attn_res_norm, &l.attn_res_proj,
-                                 &l.mlp_res_norm, &l.mlp_res_proj, &l.attn_mix, &l.mlp_mix})
-      add_dense(p, *d);
-    const KdaWeights& k = l.kda;
-    for (const DenseWeight* d : {&k.q, &k.k, &k.v, &k.q_conv, &k.k_conv, &k.v_conv, &k.f_a, &k.f_b,
-                                 &k.a_log, &k.dt_bias, &k.b, &k.g, &k.g_a, &k.g_b, &k.o_norm, &k.o})
-      add_dense(p, *d);
-    const MlaWeights& a = l.mla;
-    for (const DenseWeight* d : {&a.q, &a.q_a, &a.q_a_norm, &a.q_b, &a.kv_a, &a.kv_a_norm, &a.kv_b, &a.g, &a.o})
-      add_dense(p, *d);
-    for (const DenseWeight* d : {&l.mlp.gate, &l.mlp.up, &l.mlp.down}) add_dense(p, *d);
-    const MoeWeights& m = l.moe;
-    for (const DenseWeight* d : {&m.router, &m.bias, &m.down, &m.norm, &m.up, &m.shared_gate,
-                                 &m.shared_up, &m.shared_down})
-      add_dense(p, *d);
-    for (const ExpertRef& e : m.experts) add_expert(experts, e);
-  }
+  for (const DenseWeight* d : w.dense) add_dense(p, *d);
+  for (const std::vector<ExpertRef>* layer : w.experts)
+    for (const ExpertRef& e : *layer) add_expert(experts, e);
   upload_pieces(*impl_, p);
   // Routed experts: all resident when they fit the VRAM expert budget, else the tier's slots.
   uint64_t expert_bytes = 0;

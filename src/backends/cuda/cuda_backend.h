@@ -1,10 +1,10 @@
-// The CUDA backend: every op of backends/backend.h on one NVIDIA GPU (built for sm_90), with
+// The CUDA backend: every op of ops/backend.h on one NVIDIA GPU (built for sm_90), with
 // device-resident weights, activations and sequence state. Plain C++ header (no CUDA types), so
 // the factory, the CLI and the tests include it from ordinary .cpp files.
 //
 // Memory: every buffer from alloc() is device memory (cudaMalloc, never managed memory). Weights
 // are mirrored once by upload(): each DenseWeight's bytes as stored in its WFormat (f32, bf16,
-// int8 or Q4_G64 groups; model/weights.h) plus, for Q8_ROW / Q4_G64, its f32 scale array as a
+// int8 or Q4_G64 groups; ops/weights.h) plus, for Q8_ROW / Q4_G64, its f32 scale array as a
 // second tensor keyed by the scale's host pointer, and each expert's MXFP4
 // packed [rows, cols/2] and ue8m0 scale [rows, cols/32] bytes exactly as stored; ops find the
 // device copy through a host-pointer -> device-pointer map. The map is only as fresh as the last
@@ -28,9 +28,9 @@
 #include <memory>
 #include <string>
 
-#include "backends/backend.h"
 #include "backends/gpu_precision.h"
-#include "model/expert_source.h"
+#include "ops/backend.h"
+#include "ops/expert_source.h"
 
 namespace wren {
 
@@ -69,9 +69,10 @@ class CudaBackend final : public Backend {
   /// Mirrors every dense weight of `w` to device memory, and every routed expert when they fit in
   /// the VRAM expert budget; otherwise the experts stay on the host and the VRAM tier's slots are
   /// set up (see set_vram_expert_budget). Throws wren::Error when a packed dense weight lacks its
-  /// scale, device memory runs out, or the budget is below one expert.
-  void upload(const ModelWeights& w);
-  /// Device bytes routed experts may use, applied by the next upload(ModelWeights): 0 = default
+  /// scale, device memory runs out, or the budget is below one expert. (The model builds `w`:
+  /// weight_list in model/weights.h.)
+  void upload(const WeightList& w);
+  /// Device bytes routed experts may use, applied by the next upload(WeightList): 0 = default
   /// (free device memory after the dense weights, less max(1 GiB, 5% of the card)), kAllExperts =
   /// every expert resident whatever it costs. Beyond the budget, routed_moe streams the selected
   /// experts from the host tier into an LRU of device slots keyed by (layer, expert id).

@@ -12,7 +12,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "core/error.h"
-#include "model/expert_source.h"
+#include "ops/expert_source.h"
 
 namespace wren {
 namespace cuda {
@@ -120,7 +120,7 @@ struct CudaBackend::Impl {
   cuda::LayerTable& table(const MoeWeights& m, int layer);
   /// Tier: sets up slots for the routed experts of `w` when their `bytes` exceed the budget
   /// (returns true; the experts are then not uploaded), else returns false.
-  bool tier_setup(const ModelWeights& w, uint64_t bytes);
+  bool tier_setup(const WeightList& w, uint64_t bytes);
   /// Tier: makes the experts of `pairs` (host ids [pairs]) of `layer` resident in slots (copying
   /// the misses from the host tier; at most n_slots distinct ids) and returns the device per-pair
   /// table [pairs]. The caller has synchronized since the previous call (staging reuse).

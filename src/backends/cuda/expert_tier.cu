@@ -42,13 +42,13 @@ void CudaBackend::Impl::tier_reset() {
   stats.expert_slots = 0;
 }
 
-bool CudaBackend::Impl::tier_setup(const ModelWeights& w, uint64_t bytes) {
+bool CudaBackend::Impl::tier_setup(const WeightList& w, uint64_t bytes) {
   cuda::ExpertTier& t = tier;
   tier_reset();
   const ExpertRef* first = nullptr;
   int64_t n_experts = 0;
-  for (const LayerWeights& l : w.layers)
-    for (const ExpertRef& e : l.moe.experts) {
+  for (const std::vector<ExpertRef>* layer : w.experts)
+    for (const ExpertRef& e : *layer) {
       if (!e.w1.packed) return false;  // dense experts: always resident
       if (!first) first = &e;
       ++n_experts;

@@ -1,5 +1,5 @@
 // CUDA backend: GEMV/GEMM on packed dense weights, y[T, rows] = x[T, cols] · Wᵀ, for BF16, Q8_ROW
-// and Q4_G64 (layouts in model/weights.h), plus the row decode used by embed and MLA.
+// and Q4_G64 (layouts in ops/weights.h), plus the row decode used by embed and MLA.
 //
 // Correctness first: one warp per output row, 8 rows per 256-thread block, blockIdx.y walks token
 // tiles of TT (1, 4 or 8) so each weight byte is read once per tile. The packed bytes are read

@@ -1,11 +1,11 @@
 // CUDA backend: dense weights in the packed compute formats BF16 / Q8_ROW / Q4_G64 (layouts in
-// model/weights.h), read directly from their device copies: the GEMV/GEMM (gemm_quant.cu) and a
+// ops/weights.h), read directly from their device copies: the GEMV/GEMM (gemm_quant.cu) and a
 // per-element decode for the ops that need f32 rows (embed, the MLA kv_b absorb).
 #pragma once
 #include <cstdint>
 
 #include "backends/cuda/cuda_common.cuh"
-#include "model/quant.h"
+#include "ops/weights.h"
 
 namespace wren::cuda {
 
@@ -22,7 +22,7 @@ struct QuantView {
 /// wren::Error naming `op` when either was never uploaded.
 QuantView quant_view(const CudaBackend::Impl& m, const DenseWeight& w, const char* op);
 
-/// W[r, c] decoded to f32 exactly as dequant_row (model/quant.cpp) does: bf16 bits << 16, q · scale.
+/// W[r, c] decoded to f32 exactly as dequant_row (ops/weights.cpp) does: bf16 bits << 16, q · scale.
 __device__ __forceinline__ float quant_at(const QuantView& v, int r, int c) {
   switch (v.format) {
     case WFormat::BF16:

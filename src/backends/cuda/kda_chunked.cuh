@@ -7,7 +7,7 @@
 namespace wren {
 namespace cuda {
 
-/// Inputs of one kda_core call on the device. Layouts as backends/backend.h: q, k, v, z, gate,
+/// Inputs of one kda_core call on the device. Layouts as ops/backend.h: q, k, v, z, gate,
 /// out [T, P] (P = H·d); beta [T, H] logits; S [H, d, d] as S[key][value]; conv windows
 /// [3, P, K-1] oldest first; conv weights [P, K] with tap K-1 = the current token.
 struct KdaChunkArgs {

@@ -20,7 +20,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "core/mxfp4.h"
-#include "model/load.h"
+#include "ops/weights.h"
 
 namespace wren {
 

@@ -1,5 +1,5 @@
 // Per-sequence state (see state.h).
-#include "model/state.h"
+#include "ops/state.h"
 
 namespace wren {
 

@@ -1,10 +1,11 @@
-// Where the forward pass gets routed MXFP4 experts from: straight from the memory-mapped shards
-// (MappedExperts) or from the bounded, streaming expert store (runtime/expert_store.h).
+// Where a backend gets routed MXFP4 experts from, one MoE layer at a time: the interface, and the
+// source that reads them straight from the memory-mapped shards (MappedExperts). The bounded,
+// streaming one is the expert store (runtime/expert_store.h over io/expert_store.h).
 #pragma once
 #include <functional>
 #include <vector>
 
-#include "model/weights.h"
+#include "ops/weights.h"
 
 namespace wren {
 
@@ -36,14 +37,15 @@ class ExpertSource {
 /// scales are validated the first time it is used.
 class MappedExperts final : public ExpertSource {
  public:
-  explicit MappedExperts(const ModelWeights& w);
+  /// `w.experts[layer]` gives each layer's experts; they must outlive this source.
+  explicit MappedExperts(const WeightList& w);
   void visit(int layer, const std::vector<int>& experts,
              const std::function<void(int e, const ExpertRef& view)>& fn) override;
   /// All of them in one batch (the mappings stay valid).
   void visit_batches(int layer, const std::vector<int>& experts, const BatchFn& fn) override;
 
  private:
-  const ModelWeights& w_;
+  std::vector<const std::vector<ExpertRef>*> layers_;
   std::vector<std::vector<char>> checked_;  ///< [layer][expert]
 };
 

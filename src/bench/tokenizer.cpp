@@ -27,27 +27,18 @@
 #include <sstream>
 #include <vector>
 
-#include "cli/commands.h"
+#include "bench/bench.h"
 #include "core/error.h"
 #include "runtime/default_model.h"
 #include "tokenizer/tokenizer.h"
 #include "tokenizer/utf8.h"
 
-namespace wren::cli {
+namespace wren::bench {
 
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-
-struct TokBenchArgs {
-  std::string model;                ///< "" = full o200k_base vocabulary
-  std::vector<std::string> corpus;  ///< empty = the three built-in corpora
-  double mb = 2;
-  int reps = 3;
-  bool json = false;
-  std::string oracle;               ///< "" = <source tree>/tests/tokenizer/oracle.js
-};
 
 std::string shq(const std::string& s) {
   std::string o = "'";
@@ -151,7 +142,7 @@ struct Row {
   bool equal() const { return ids == oracle_ids && hash == oracle_hash; }
 };
 
-void bench_tokenizer(const TokBenchArgs& a) {
+void bench_tokenizer(const TokenizerArgs& a) {
   const std::string oracle = find_oracle(a.oracle);
   const std::string model = a.model.empty() ? o200k_model(oracle) : a.model;
   std::vector<std::string> files = a.corpus;
@@ -237,18 +228,7 @@ void bench_tokenizer(const TokBenchArgs& a) {
 
 }  // namespace
 
-void add_bench_tokenizer(CLI::App* bench) {
-  auto a = std::make_shared<TokBenchArgs>();
-  CLI::App* c = bench->add_subcommand("tokenizer", "Encode MB/s of Wren's tokenizer vs the tiktoken core, same corpus, same run");
-  c->add_option("--model", a->model, "Tokenizer folder (tiktoken.model + tokenizer_config.json); default: full o200k_base");
-  c->add_option("--corpus", a->corpus, "Text file(s) to encode (default: english, code and mixed corpora)");
-  c->add_option("--mb", a->mb, "Megabytes per built-in corpus")->check(CLI::Range(0.001, 512.0))->check(
-      CLI::Validator([](std::string& s) { return std::isfinite(std::strtod(s.c_str(), nullptr)) ? "" : "must be a finite number"; },
-                     "FINITE"));
-  c->add_option("--reps", a->reps, "Timed repetitions (best is kept)")->check(CLI::Range(1, 100));
-  c->add_option("--oracle", a->oracle, "Path of tests/tokenizer/oracle.js (default: in the source tree)");
-  c->add_flag("--json", a->json, "Print JSON");
-  c->callback([a] { bench_tokenizer(*a); });
-}
 
-}  // namespace wren::cli
+void run_tokenizer(const TokenizerArgs& a) { bench_tokenizer(a); }
+
+}  // namespace wren::bench

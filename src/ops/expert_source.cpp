@@ -1,12 +1,10 @@
 // Experts through the memory mappings (see expert_source.h).
-#include "model/expert_source.h"
-
-#include "model/load.h"
+#include "ops/expert_source.h"
 
 namespace wren {
 
-MappedExperts::MappedExperts(const ModelWeights& w) : w_(w), checked_(w.layers.size()) {
-  for (size_t i = 0; i < w.layers.size(); ++i) checked_[i].assign(w.layers[i].moe.experts.size(), 0);
+MappedExperts::MappedExperts(const WeightList& w) : layers_(w.experts), checked_(w.experts.size()) {
+  for (size_t i = 0; i < layers_.size(); ++i) checked_[i].assign(layers_[i]->size(), 0);
 }
 
 void MappedExperts::visit(int layer, const std::vector<int>& experts,
@@ -19,7 +17,7 @@ void MappedExperts::visit(int layer, const std::vector<int>& experts,
 void MappedExperts::visit_batches(int layer, const std::vector<int>& experts, const BatchFn& fn) {
   std::vector<const ExpertRef*> views;
   for (int e : experts) {
-    const ExpertRef& ref = w_.layers[layer].moe.experts[e];
+    const ExpertRef& ref = (*layers_[layer])[e];
     if (!checked_[layer][e]) {
       validate_expert_scales(ref);
       checked_[layer][e] = 1;

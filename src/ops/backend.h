@@ -7,7 +7,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "model/weights.h"
+#include "ops/weights.h"
 
 namespace wren {
 

@@ -1,9 +1,9 @@
-// Backend selection (see factory.h).
-#include "backends/factory.h"
+// Backend selection (see backend_factory.h).
+#include "runtime/backend_factory.h"
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
-#include "runtime/expert_store.h"  // parse_size
+#include "core/sizes.h"
 #ifdef WREN_HAVE_CUDA
 #include "backends/cuda/cuda_backend.h"
 #endif
@@ -53,7 +53,7 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
     auto be = std::make_unique<CudaBackend>();
     be->set_vram_expert_budget(budget == ~uint64_t(0) ? CudaBackend::kAllExperts : budget);
     be->set_precision(precision);
-    be->upload(weights);
+    be->upload(weight_list(weights));
     return be;
   }
 #else

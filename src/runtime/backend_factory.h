@@ -3,11 +3,11 @@
 #include <memory>
 #include <string>
 
-#include "backends/backend.h"
 #include "backends/cpu/cpu_backend.h"
 #include "backends/gpu_precision.h"
-#include "model/expert_source.h"
 #include "model/weights.h"
+#include "ops/backend.h"
+#include "ops/expert_source.h"
 
 namespace wren {
 

@@ -1,5 +1,5 @@
 // A Hugging Face snapshot folder (see checkpoint.h).
-#include "loader/checkpoint.h"
+#include "io/checkpoint.h"
 
 #include <filesystem>
 #include <fstream>

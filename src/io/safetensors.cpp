@@ -1,5 +1,5 @@
 // One safetensors file: memory-mapped, header fully validated (see safetensors.h).
-#include "loader/safetensors.h"
+#include "io/safetensors.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>

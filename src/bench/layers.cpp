@@ -13,35 +13,26 @@
 #include <nlohmann/json.hpp>
 #include <random>
 
-#include "backends/factory.h"
-#include "cli/commands.h"
+#include "bench/bench.h"
+#include "bench/random_model.h"
 #include "core/error.h"
 #include "model/forward.h"
 #include "model/tensor_table.h"
-#include "cli/run_options.h"
+#include "runtime/backend_factory.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
-#include "synth/random_model.h"
 #ifdef WREN_HAVE_CUDA
 #include "backends/cuda/cuda_backend.h"
 #endif
 
-namespace wren::cli {
+namespace wren::bench {
 
 namespace {
 
 using clock_type = std::chrono::steady_clock;
 
-struct BenchArgs {
-  std::string backend = "auto", preset = "k3";
-  int kda = 3, mla = 1, experts = 896, distinct = 64, vocab = 16384, prompt = 1024, decode = 16, chunk = 0;
-  GpuPrecision precision = GpuPrecision::Fast;
-  uint64_t seed = 1;
-  bool json = false;
-};
-
 /// The K3 text config (spec kimi-k3.md §1) with `kda` KDA layers then `mla` MLA layers, all MoE.
-nlohmann::json bench_config(const BenchArgs& a) {
+nlohmann::json bench_config(const LayersArgs& a) {
   const bool k3 = a.preset == "k3";
   const int L = a.kda + a.mla;
   std::vector<int> kda, full;
@@ -281,7 +272,7 @@ void prefill_table(const Model& m, Backend& be, double peak, int chunk) {
   }
 }
 
-void bench_layers(const BenchArgs& a) {
+void bench_layers(const LayersArgs& a) {
   check(a.preset == "k3" || a.preset == "tiny", "--preset: expected k3 or tiny");
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const auto start = clock_type::now();
@@ -370,24 +361,7 @@ void bench_layers(const BenchArgs& a) {
 
 }  // namespace
 
-void add_bench_layers(CLI::App* bench) {
-  auto a = std::make_shared<BenchArgs>();
-  CLI::App* sub = bench->add_subcommand("layers", "Per-layer decode time vs the memory floor, TTFT and prefill tok/s on a random in-memory model");
-  sub->add_option("--backend", a->backend, "cpu, cuda or auto (default)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  sub->add_option("--preset", a->preset, "k3 (true K3 layer sizes, default) or tiny");
-  sub->add_option("--kda", a->kda, "KDA layers (default 3)")->check(non_negative());
-  sub->add_option("--mla", a->mla, "MLA layers after them (default 1)")->check(non_negative());
-  sub->add_option("--experts", a->experts, "Routed experts per layer (default 896)")->check(positive());
-  sub->add_option("--distinct-experts", a->distinct, "Distinct random experts backing them (default 64)")
-      ->check(positive());
-  sub->add_option("--vocab", a->vocab, "Vocabulary size (default 16384)")->check(positive());
-  sub->add_option("--prompt", a->prompt, "Prefill prompt length (default 1024)")->check(positive());
-  sub->add_option("--decode", a->decode, "Decode tokens timed per configuration (default 16)")->check(positive());
-  sub->add_option("--chunk", a->chunk, "Prefill chunk (default: the backend's, see runtime/engine.h)")->check(positive());
-  add_gpu_precision(sub, a->precision);
-  sub->add_option("--seed", a->seed, "Weight seed (default 1)");
-  sub->add_flag("--json", a->json, "Also print the numbers as one JSON object");
-  sub->callback([a] { bench_layers(*a); });
-}
 
-}  // namespace wren::cli
+void run_layers(const LayersArgs& a) { bench_layers(a); }
+
+}  // namespace wren::bench

@@ -13,21 +13,16 @@
 #include <set>
 
 #include "backends/cpu/cpu_backend.h"
-#include "cli/commands.h"
+#include "bench/bench.h"
 #include "core/error.h"
+#include "core/sizes.h"
 #include "model/forward.h"
 #include "runtime/expert_store.h"
 #include "runtime/generate.h"
 
-namespace wren::cli {
+namespace wren::bench {
 
 namespace {
-
-struct ExpertBenchArgs {
-  std::string model;
-  int tokens = 16;
-  std::string direct = "auto";
-};
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -94,7 +89,7 @@ double store_read(const Model& m, const ExpertStoreOptions& o, uint64_t* bytes) 
   return *bytes / dt / 1e9;
 }
 
-void bench_experts(const ExpertBenchArgs& a) {
+void bench_experts(const ExpertsArgs& a) {
   auto model = load_model(a.model);
   const Config& c = model->config;
   check(c.expert_format == ExpertFormat::MXFP4, a.model + ": bench experts needs MXFP4 routed experts");
@@ -156,13 +151,7 @@ void bench_experts(const ExpertBenchArgs& a) {
 
 }  // namespace
 
-void add_bench_experts(CLI::App* bench) {
-  auto a = std::make_shared<ExpertBenchArgs>();
-  CLI::App* sub = bench->add_subcommand("experts", "Expert store vs a sequential read; decode at three cache budgets");
-  sub->add_option("--model", a->model, "K3 snapshot folder with MXFP4 experts (e.g. from wren synth)")->required();
-  sub->add_option("-n,--tokens", a->tokens, "Tokens to decode per budget")->check(positive());
-  sub->add_option("--direct", a->direct, "O_DIRECT reads: auto, on or off");
-  sub->callback([a] { bench_experts(*a); });
-}
 
-}  // namespace wren::cli
+void run_experts(const ExpertsArgs& a) { bench_experts(a); }
+
+}  // namespace wren::bench

@@ -3,8 +3,8 @@
 #pragma once
 #include <vector>
 
-#include "backends/backend.h"
 #include "loader/config.h"
+#include "ops/backend.h"
 
 namespace wren {
 

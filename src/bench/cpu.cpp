@@ -14,8 +14,7 @@
 
 #include "backends/cpu/kernels.h"
 #include "backends/cpu/thread_pool.h"
-#include "cli/commands.h"
-#include "cli/cpu_flags.h"
+#include "bench/bench.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "model/forward.h"
@@ -23,7 +22,7 @@
 #include "model/tensor_table.h"
 #include "runtime/generate.h"
 
-namespace wren::cli {
+namespace wren::bench {
 
 namespace {
 
@@ -57,13 +56,6 @@ struct Filler {
 };
 
 // ---------------------------------------------------------------- kernels
-
-struct KernelArgs {
-  int cols = 8192, chunk = 32, reps = 5;
-  double mb = 256;  ///< weight bytes per matrix, MB (rows follow from it)
-  bool cpu_time = false;  ///< time with the thread's CPU clock (one thread only; a loaded machine)
-  CpuFlags cpu;
-};
 
 /// Best-of-reps seconds of f(), run on every thread of `pool` over `tasks` tasks.
 template <class F>
@@ -207,7 +199,7 @@ std::string loadavg() {
 }
 
 void bench_kernels(const KernelArgs& a) {
-  const CpuOptions o = a.cpu.backend();
+  const CpuOptions o = a.cpu;
   const cpu::Kernels& k = cpu::kernels_for(o.isa);
   cpu::ThreadPool pool(o.threads);
   const size_t ref_bytes = size_t(a.mb * 1e6);
@@ -258,13 +250,6 @@ void bench_kernels(const KernelArgs& a) {
 }
 
 // ---------------------------------------------------------------- quality
-
-struct QualityArgs {
-  std::string model;
-  int positions = 256, chunk = 32, seed = 1;
-  bool per_class = false;
-  CpuFlags cpu;
-};
 
 std::vector<int> random_ids(int n, int vocab, int seed) {
   Filler r;
@@ -325,7 +310,7 @@ std::pair<double, double> compare(const std::vector<float>& a, const std::vector
 }
 
 void bench_quality(const QualityArgs& a) {
-  const CpuOptions o = a.cpu.backend();
+  const CpuOptions o = a.cpu;
   const Config c = load_config(a.model);
   const std::vector<int> ids = random_ids(a.positions, c.vocab, a.seed);
   std::printf("wren bench quality: %s, %d teacher-forced positions (random ids, seed %d), %s kernels, %d threads\n",
@@ -365,14 +350,6 @@ void bench_quality(const QualityArgs& a) {
 
 // ---------------------------------------------------------------- model speed
 
-struct SpeedArgs {
-  std::string model;
-  int prompt = 128, gen = 32, chunk = 32;
-  bool cpu_time = false;
-  std::vector<std::string> modes = {"exact", "bf16", "q8", "default", "q4"};
-  CpuFlags cpu;
-};
-
 /// Prefill `ids`, then `gen` greedy decode steps; seconds of each phase by the chosen clock.
 std::pair<double, double> time_generation(Forward& fwd, SequenceState& st, const std::vector<int>& ids, int gen,
                                           bool cpu) {
@@ -389,7 +366,7 @@ std::pair<double, double> time_generation(Forward& fwd, SequenceState& st, const
 }
 
 void bench_model(const SpeedArgs& a) {
-  const CpuOptions o = a.cpu.backend();
+  const CpuOptions o = a.cpu;
   check(!a.cpu_time || o.threads == 1, "--cpu-time needs --threads 1");
   const Config c = load_config(a.model);
   const std::vector<int> ids = random_ids(a.prompt, c.vocab, 7);
@@ -421,37 +398,9 @@ void bench_model(const SpeedArgs& a) {
 
 }  // namespace
 
-void add_bench_cpu(CLI::App* bench) {
-  auto ka = std::make_shared<KernelArgs>();
-  CLI::App* kern = bench->add_subcommand("kernels", "GEMV/GEMM bandwidth of every weight format vs a STREAM-like copy");
-  kern->add_option("--cols", ka->cols, "Columns of each matrix")->check(CLI::Range(64, 1 << 20));
-  kern->add_option("--mb", ka->mb, "Weight MB per matrix (rows follow)")->check(positive());
-  kern->add_option("--chunk", ka->chunk, "Tokens of the GEMM column")->check(CLI::Range(1, 256));
-  kern->add_option("--reps", ka->reps, "Repetitions (best is kept)")->check(positive());
-  kern->add_flag("--cpu-time", ka->cpu_time, "Time by the thread's CPU clock (with --threads 1): per-core rates on a loaded machine");
-  ka->cpu.add_to(kern);
-  kern->callback([ka] { bench_kernels(*ka); });
 
-  auto qa = std::make_shared<QualityArgs>();
-  CLI::App* qual = bench->add_subcommand("quality", "Teacher-forced logits of every --quant mode vs exact f32");
-  qual->add_option("--model", qa->model, "Kimi K3 snapshot folder")->required();
-  qual->add_option("--positions", qa->positions, "Teacher-forced positions")->check(positive());
-  qual->add_option("--seed", qa->seed, "Seed of the random prompt ids");
-  qual->add_option("--chunk", qa->chunk, "Prefill chunk")->check(positive());
-  qual->add_flag("--per-class", qa->per_class, "Also each class alone at q8 and q4 (the rest f32)");
-  qa->cpu.add_to(qual);
-  qual->callback([qa] { bench_quality(*qa); });
+void run_kernels(const KernelArgs& a) { bench_kernels(a); }
+void run_quality(const QualityArgs& a) { bench_quality(a); }
+void run_model(const SpeedArgs& a) { bench_model(a); }
 
-  auto sa = std::make_shared<SpeedArgs>();
-  CLI::App* mod = bench->add_subcommand("model", "Prefill and decode tok/s of every --quant mode, exact as reference");
-  mod->add_option("--model", sa->model, "Kimi K3 snapshot folder")->required();
-  mod->add_option("--prompt", sa->prompt, "Prompt tokens")->check(positive());
-  mod->add_option("--gen", sa->gen, "Generated tokens")->check(CLI::Range(2, 1 << 20));
-  mod->add_option("--chunk", sa->chunk, "Prefill chunk")->check(positive());
-  mod->add_flag("--cpu-time", sa->cpu_time, "Time by the thread's CPU clock (with --threads 1): per-core rates on a loaded machine");
-  mod->add_option("--modes", sa->modes, "Presets to run, first is the reference; NAME+int8 = int8 expert activations");
-  sa->cpu.add_to(mod);
-  mod->callback([sa] { bench_model(*sa); });
-}
-
-}  // namespace wren::cli
+}  // namespace wren::bench

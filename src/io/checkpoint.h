@@ -6,8 +6,8 @@
 #include <memory>
 #include <string>
 
+#include "io/safetensors.h"
 #include "loader/config.h"
-#include "loader/safetensors.h"
 
 namespace wren {
 

@@ -1,6 +1,6 @@
 // Random-weight models in memory (see random_model.h). Filling is split over threads: a K3-sized
 // layer pair is several GB of f32.
-#include "synth/random_model.h"
+#include "bench/random_model.h"
 
 #include <algorithm>
 #include <cmath>

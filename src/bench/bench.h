@@ -1,0 +1,75 @@
+// The benchmarks behind `wren bench` (the CLI glue that parses their flags is cli/cmd_bench.cpp).
+// Each measures a reference in the same run (a ratio, not a bare time) and prints a table (or JSON)
+// on stdout; each throws wren::Error on bad input (missing model, bad names).
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/cpu_backend.h"
+#include "backends/gpu_precision.h"
+
+namespace wren::bench {
+
+/// `bench kernels`: GB/s of weights streamed by each GEMV (one token) at sizes far beyond the
+/// caches, against a STREAM-like copy measured in the same run, plus the chunk GEMM.
+struct KernelArgs {
+  int cols = 8192, chunk = 32, reps = 5;
+  double mb = 256;  ///< weight bytes per matrix, MB (rows follow from it)
+  bool cpu_time = false;  ///< time with the thread's CPU clock (one thread only; a loaded machine)
+  CpuOptions cpu;
+};
+void run_kernels(const KernelArgs& a);
+
+/// `bench quality`: teacher-forced logits of every --quant mode against the exact f32 run.
+struct QualityArgs {
+  std::string model;
+  int positions = 256, chunk = 32, seed = 1;
+  bool per_class = false;
+  CpuOptions cpu;
+};
+void run_quality(const QualityArgs& a);
+
+/// `bench model`: prefill and decode tok/s of every --quant mode, the first mode as reference.
+struct SpeedArgs {
+  std::string model;
+  int prompt = 128, gen = 32, chunk = 32;
+  bool cpu_time = false;
+  std::vector<std::string> modes = {"exact", "bf16", "q8", "default", "q4"};
+  CpuOptions cpu;
+};
+void run_model(const SpeedArgs& a);
+
+/// `bench experts`: the expert store against a sequential read; decode at three cache budgets.
+struct ExpertsArgs {
+  std::string model;
+  int tokens = 16;
+  std::string direct = "auto";
+};
+void run_experts(const ExpertsArgs& a);
+
+/// `bench layers`: per-layer decode time against the memory floor, TTFT and prefill tok/s on a
+/// random in-memory model.
+struct LayersArgs {
+  std::string backend = "auto", preset = "k3";
+  int kda = 3, mla = 1, experts = 896, distinct = 64, vocab = 16384, prompt = 1024, decode = 16;
+  int chunk = 0;  ///< 0 = the backend's default (runtime/engine.h default_chunk)
+  GpuPrecision precision = GpuPrecision::Fast;  ///< --gpu-precision (CUDA)
+  uint64_t seed = 1;
+  bool json = false;
+};
+void run_layers(const LayersArgs& a);
+
+/// `bench tokenizer`: encode MB/s of Wren's tokenizer against the tiktoken core, same corpus, same
+/// run.
+struct TokenizerArgs {
+  std::string model;                ///< "" = full o200k_base vocabulary
+  std::vector<std::string> corpus;  ///< empty = the three built-in corpora
+  double mb = 2;
+  int reps = 3;
+  bool json = false;
+  std::string oracle;               ///< "" = <source tree>/tests/tokenizer/oracle.js
+};
+void run_tokenizer(const TokenizerArgs& a);
+
+}  // namespace wren::bench
