@@ -22,6 +22,7 @@
 #include "model/forward.h"
 #include "model/load.h"
 #include "model/quant.h"
+#include "model/weights.h"
 #include "ops/state.h"
 #include "test_util.h"
 #ifdef WREN_HAVE_CUDA
@@ -362,7 +363,7 @@ void check_model(const std::string& dir, const char* name) {
   auto m = load_model(dir);
   CudaBackend be;
   be.set_precision(GpuPrecision::Fast);
-  be.upload(m->weights);
+  be.upload(weight_list(m->weights));
   CpuBackend cpu;
   std::mt19937 g(34);
   std::vector<int> ids(300);
