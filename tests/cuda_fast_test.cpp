@@ -1,4 +1,4 @@
-// The CUDA backend's fast precision mode (--gpu-precision fast, backends/gpu_precision.h) against
+// The CUDA backend's fast precision mode (--gpu-precision fast, ops/gpu_precision.h) against
 // the CPU reference: cuBLASLt GEMMs (gemm_lt.cu), the grouped routed-expert GEMM for MXFP4 and
 // dense experts (moe_grouped.cu), and whole models (k3-tiny-a, kimi-linear-tiny). Random non-zero
 // inputs, awkward sizes, one token, chunk edges; outputs poisoned with NaN before each GPU call.

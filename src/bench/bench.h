@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "backends/cpu/cpu_backend.h"
-#include "backends/gpu_precision.h"
+#include "ops/gpu_precision.h"
 
 namespace wren::bench {
 

@@ -4,7 +4,7 @@
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
-#include "backends/gpu_precision.h"
+#include "ops/gpu_precision.h"
 #include "model/weights.h"
 #include "ops/backend.h"
 #include "ops/expert_source.h"

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "backends/cpu/cpu_backend.h"
-#include "backends/gpu_precision.h"
+#include "ops/gpu_precision.h"
 #include "model/forward.h"
 #include "model/quant.h"
 #include "ops/backend.h"

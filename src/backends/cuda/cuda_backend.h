@@ -28,7 +28,7 @@
 #include <memory>
 #include <string>
 
-#include "backends/gpu_precision.h"
+#include "ops/gpu_precision.h"
 #include "ops/backend.h"
 #include "ops/expert_source.h"
 
