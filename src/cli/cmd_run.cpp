@@ -116,6 +116,7 @@ void on_run_sigint(int) {
 
 void run(RunArgs& a) {
   Engine e(a.common.engine_options());
+  if (const std::string g = describe_gpu(e, a.common.engine); !g.empty()) std::fprintf(stderr, "wren: %s\n", g.c_str());
   const Config& c = e.config();
   const std::vector<int> prompt = prompt_ids(a, e);
   const int T = int(prompt.size());
