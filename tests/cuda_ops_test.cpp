@@ -558,8 +558,8 @@ TEST_F(CudaOps, KdaOptionsAreChecked) {
   EXPECT_THROW(be_->set_options(CudaOptions{CudaKda::Chunked, 48}), Error);
   EXPECT_EQ(be_->options().kda_chunk, before.kda_chunk) << "a refused option changes nothing";
   EXPECT_THROW(CudaBackend(0, CudaOptions{CudaKda::Chunked, 8}), Error);
-  EXPECT_EQ(describe(CudaOptions{CudaKda::Chunked, 16}), "cuda kda chunked (chunk 16)");
-  EXPECT_EQ(describe(CudaOptions{}), "cuda kda recurrent");
+  EXPECT_EQ(describe(CudaOptions{CudaKda::Chunked, 16}), "cuda precision exact; kda chunked (chunk 16)");
+  EXPECT_EQ(describe(CudaOptions{}), "cuda precision exact; kda recurrent");
 }
 
 // Speed of the two paths at K3 KDA sizes (96 heads × 128, conv 4, bounded gate) on prefill-sized
@@ -914,6 +914,22 @@ TEST_F(CudaOps, RoutedMoeDenseExpertsFallBackCountedAndStrict) {
   be.set_strict(true);
   EXPECT_THROW(be.routed_moe(p, mw, dlog, dz, T, ws, dout), Error);
   EXPECT_EQ(be.fallbacks(), 2u);
+
+  // Fast precision mode routes dense experts on the device through the same op (the grouped path,
+  // moe_grouped.cu, BF16 operands): no fallback noted, also under --strict.
+  CudaOptions fo;
+  fo.precision = GpuPrecision::Fast;
+  CudaBackend fast(0, fo);
+  fast.set_strict(true);
+  fast.upload(bias.w);
+  for (const ExpertRef& e : mw.experts) fast.upload(e);
+  float* dout2 = poisoned(size_t(T) * io);
+  const RoutedMoeWork ws2{poisoned(size_t(T) * k * io), poisoned(inter), poisoned(inter), poisoned(inter)};
+  fast.routed_moe(p, mw, dev(logits), dev(z), T, ws2, dout2);
+  expect_close("routed_moe_dense_fast", "E=6 k=2 io=48 inter=40 T=3", host(dout2, size_t(T) * io), ref, 6e-3);
+  EXPECT_EQ(fast.fallbacks(), 0u);
+  EXPECT_EQ(fast.stats().host_routed_moe_calls, 0u);
+  EXPECT_EQ(fast.stats().grouped_moe_calls, 1u);
 }
 
 #endif  // WREN_HAVE_CUDA

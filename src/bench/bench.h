@@ -8,6 +8,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_options.h"
+#include "runtime/engine.h"
 
 namespace wren::bench {
 
@@ -52,10 +53,11 @@ void run_experts(const ExpertsArgs& a);
 /// random in-memory model.
 struct LayersArgs {
   std::string backend = "auto", preset = "k3";
-  int kda = 3, mla = 1, experts = 896, distinct = 64, vocab = 16384, prompt = 1024, decode = 16, chunk = 32;
+  int kda = 3, mla = 1, experts = 896, distinct = 64, vocab = 16384, prompt = 1024, decode = 16;
+  int chunk = 0;  ///< 0 = the backend's default (runtime/engine.h default_chunk)
   uint64_t seed = 1;
   bool json = false;
-  CudaOptions cuda;  ///< --cuda-kda etc. (the CUDA backend)
+  CudaOptions cuda;  ///< --gpu-precision, --cuda-kda etc. (the CUDA backend)
 };
 void run_layers(const LayersArgs& a);
 
@@ -70,5 +72,20 @@ struct TokenizerArgs {
   std::string oracle;               ///< "" = <source tree>/tests/tokenizer/oracle.js
 };
 void run_tokenizer(const TokenizerArgs& a);
+
+/// `bench prefill`: prefill tok/s of a checkpoint (engine.model_dir) at each of `prompts`
+/// (comma-separated lengths 1..4194304), median of `repeat` timed runs after a warm-up; with
+/// `also_exact` > 0 on a GPU, one exact-mode prefill of that many tokens on the same weights.
+/// `cpu_line` is the CPU options' header text (the CLI's describe). Throws wren::Error.
+struct PrefillArgs {
+  EngineOptions engine;
+  std::string prompts = "512,4096,16384";
+  int repeat = 3;
+  int also_exact = 0;
+  uint64_t seed = 1;
+  bool json = false;
+  std::string cpu_line;
+};
+void run_prefill(PrefillArgs a);
 
 }  // namespace wren::bench

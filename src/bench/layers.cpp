@@ -19,6 +19,7 @@
 #include "model/forward.h"
 #include "model/tensor_table.h"
 #include "runtime/backend_factory.h"
+#include "runtime/engine.h"
 #include "runtime/generate.h"
 #ifdef WREN_HAVE_CUDA
 #include "backends/cuda/cuda_backend.h"
@@ -232,6 +233,49 @@ void op_table(const Model& m, Backend& be, double bw) {
   be.release(y);
 }
 
+/// Prefill-shape timings of layer 0's big GEMMs and routed experts at T = 512 and 4096 (or the
+/// chunk when smaller), as TFLOP/s against the BF16 tensor-core peak measured in the same run.
+void prefill_table(const Model& m, Backend& be, double peak, int chunk) {
+  const Config& c = m.config;
+  const LayerWeights& l = m.weights.layers[0];
+  std::printf("bf16 tensor-core peak (cuBLASLt 8192^3, this run): %.0f TFLOP/s\n", peak);
+  std::printf("%-40s %10s %10s %8s\n", "op (layer 0, prefill shapes)", "ms", "TFLOP/s", "of peak");
+  auto row = [&](const std::string& name, double s, double flop) {
+    std::printf("%-40s %10.3f %10.1f %7.1f%%\n", name.c_str(), s * 1e3, flop / s / 1e12, 100 * flop / s / 1e12 / peak);
+  };
+  std::mt19937 g(7);
+  std::uniform_real_distribution<float> u(-1.f, 1.f);
+  for (int T : {512, 4096}) {
+    T = std::min(T, chunk);
+    const size_t D = c.hidden, io = c.expert_io();
+    const size_t widest = std::max({size_t(c.kda_width()), size_t(c.n_experts), D, io});
+    std::vector<float> hx(size_t(T) * widest);
+    for (float& v : hx) v = u(g);
+    float* x = be.alloc(hx.size());
+    float* y = be.alloc(size_t(T) * std::max({widest, size_t(c.top_k) * io, size_t(c.moe_inter)}));
+    be.from_host(hx.data(), hx.size(), x);
+    const std::string ts = " T=" + std::to_string(T);
+    for (const DenseWeight* w : {&l.kda.q, &l.kda.o, &l.moe.down, &l.moe.shared_gate}) {
+      if (c.layers[0].mixer != Mixer::KDA && (w == &l.kda.q || w == &l.kda.o)) continue;
+      if (!w->data) continue;
+      const double s = time_op(be, y, 5, [&](int) { be.gemm(*w, x, T, y); });
+      row("gemm " + std::to_string(w->rows) + "x" + std::to_string(w->cols) + ts, s, 2.0 * T * w->rows * w->cols);
+    }
+    const RoutedMoeParams p{0, c.n_experts, c.top_k, int(io), c.routed_scale, c.situ_b1, c.situ_b2,
+                            c.expert_format, c.act, c.moe_inter};
+    float* logits = be.alloc(size_t(T) * c.n_experts);
+    const RoutedMoeWork ws{be.alloc(size_t(T) * c.top_k * io), be.alloc(size_t(c.moe_inter)),
+                           be.alloc(size_t(c.moe_inter)), be.alloc(size_t(c.moe_inter))};
+    float* out = be.alloc(size_t(T) * io);
+    be.from_host(hx.data(), size_t(T) * c.n_experts, logits);
+    const uint64_t fallbacks = be.fallbacks();
+    const double s = time_op(be, y, 3, [&](int) { be.routed_moe(p, l.moe, logits, x, T, ws, out); });
+    if (be.fallbacks() == fallbacks)  // on the device (a host-routed fallback is not this row's kernel)
+      row("routed_moe (router+grouped experts)" + ts, s, 2.0 * 3 * T * c.top_k * double(io) * c.moe_inter);
+    for (float* b : {x, y, logits, ws.ys, ws.g, ws.u, ws.act, out}) be.release(b);
+  }
+}
+
 void bench_layers(const LayersArgs& a) {
   check(a.preset == "k3" || a.preset == "tiny", "--preset: expected k3 or tiny");
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
@@ -251,6 +295,10 @@ void bench_layers(const LayersArgs& a) {
   const double bw = copy_bandwidth(*be, a.preset == "k3" ? (size_t(1) << 28) : (size_t(1) << 22));
   progress(start, "copy bandwidth " + std::to_string(bw / 1e9) + " GB/s");
   op_table(*model, *be, bw);
+  const int chunk = a.chunk > 0 ? a.chunk : default_chunk(kind, a.cuda.precision, model->config, device_free_bytes(*be));
+  const double peak = gpu_bf16_peak_tflops(*be);
+  if (peak > 0 && a.cuda.precision == GpuPrecision::Fast) prefill_table(*model, *be, peak, chunk);
+  else if (peak > 0) std::printf("bf16 tensor-core peak (cuBLASLt 8192^3, this run): %.0f TFLOP/s\n", peak);
 
   // Per-layer decode: differences of cumulative runs.
   std::vector<double> cum(c.n_layers + 1);
@@ -271,7 +319,7 @@ void bench_layers(const LayersArgs& a) {
   for (int& id : ids) id = int(g() % unsigned(c.vocab));
   double ttft = 0;
   {
-    Forward fwd(*model, *be, {a.chunk, -1});
+    Forward fwd(*model, *be, {chunk, -1});
     SequenceState st(*be, c, a.prompt + 8);
     std::vector<float> logits(c.vocab);
     const auto p0 = clock_type::now();
@@ -287,7 +335,7 @@ void bench_layers(const LayersArgs& a) {
                         {"launches_outside_graphs_per_token", counts.back().outside},
                         {"host_syncs_per_token", counts.back().syncs}, {"no_graph_decode_ms", plain_s * 1e3},
                         {"no_graph_launches_per_token", plain.outside}, {"no_graph_host_syncs_per_token", plain.syncs},
-                        {"prompt", a.prompt}, {"chunk", a.chunk}, {"ttft_s", ttft}, {"prefill_tok_s", a.prompt / ttft}};
+                        {"prompt", a.prompt}, {"chunk", chunk}, {"bf16_peak_tflops", peak}, {"ttft_s", ttft}, {"prefill_tok_s", a.prompt / ttft}};
   if (kind == "cuda") out["options"] = describe(a.cuda);
   std::printf("wren bench: backend %s, preset %s (hidden %d, %d KDA + %d MLA layers, %d experts top-%d, "
               "%d distinct), copy bandwidth %.0f GB/s (read+write)\n",
@@ -312,7 +360,8 @@ void bench_layers(const LayersArgs& a) {
   std::printf("same token without graph: %.3f ms, %llu kernel launches, %llu host syncs (graph speedup %.2fx)\n",
               plain_s * 1e3, (unsigned long long)plain.outside, (unsigned long long)plain.syncs,
               plain_s / cum.back());
-  std::printf("prefill %d tokens (chunk %d): TTFT %.3f s, %.1f tok/s\n", a.prompt, a.chunk, ttft, a.prompt / ttft);
+  std::printf("prefill %d tokens (chunk %d, gpu precision %s): TTFT %.3f s, %.1f tok/s\n", a.prompt, chunk,
+              gpu_precision_name(a.cuda.precision), ttft, a.prompt / ttft);
   if (a.json) std::printf("%s\n", out.dump().c_str());
 }
 

@@ -7,6 +7,7 @@
 #include "bench/bench.h"
 #include "cli/commands.h"
 #include "cli/cpu_flags.h"
+#include "cli/run_options.h"
 
 namespace wren::cli {
 
@@ -77,7 +78,7 @@ void add_bench_layers(CLI::App* bench) {
   sub->add_option("--vocab", a->vocab, "Vocabulary size (default 16384)")->check(positive());
   sub->add_option("--prompt", a->prompt, "Prefill prompt length (default 1024)")->check(positive());
   sub->add_option("--decode", a->decode, "Decode tokens timed per configuration (default 16)")->check(positive());
-  sub->add_option("--chunk", a->chunk, "Prefill chunk (default 32)")->check(positive());
+  sub->add_option("--chunk", a->chunk, "Prefill chunk (default: the backend's, see runtime/engine.h)")->check(positive());
   sub->add_option("--seed", a->seed, "Weight seed (default 1)");
   sub->add_flag("--json", a->json, "Also print the numbers as one JSON object");
   auto cuda = std::make_shared<CudaFlags>();
@@ -107,6 +108,7 @@ void add_bench(CLI::App& app) {
   bench->require_subcommand(1);
   add_bench_experts(bench);
   add_bench_layers(bench);
+  add_bench_prefill(bench);
   add_bench_cpu(bench);
   add_bench_tokenizer(bench);
 }

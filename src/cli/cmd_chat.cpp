@@ -75,6 +75,7 @@ void reply(Engine& e, const ChatFormat& fmt, SequenceState& st, const std::vecto
 
 void chat(ChatArgs& a) {
   Engine e(a.common.engine_options());
+  if (const std::string g = describe_gpu(e, a.common.engine); !g.empty()) std::fprintf(stderr, "wren: %s\n", g.c_str());
   const ChatFormat fmt(e.tokenizer());
   auto st = e.new_sequence();
   struct sigaction sa {};

@@ -119,6 +119,7 @@ void run(RunArgs& a) {
   // user message); giving neither a prompt nor --ids, or both, is an error, found before loading.
   check(a.has_prompt != !a.ids.empty(), "give either a text prompt or --ids, not both and not neither");
   Engine e(a.common.engine_options());
+  if (const std::string g = describe_gpu(e, a.common.engine); !g.empty()) std::fprintf(stderr, "wren: %s\n", g.c_str());
   const Config& c = e.config();
   const std::vector<int> prompt = prompt_ids(a, e);
   const int T = int(prompt.size());

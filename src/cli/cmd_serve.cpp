@@ -76,6 +76,7 @@ void serve(ServeArgs& a) {
   a.engine.cuda = a.cuda.backend();
   print_run_header(a.engine.backend, a.engine.cpu, a.engine.plan, a.engine.cuda);
   Engine e(a.engine);
+  if (const std::string g = describe_gpu(e, a.engine); !g.empty()) std::fprintf(stderr, "wren: %s\n", g.c_str());
   check(e.has_tokenizer(), "wren serve needs a model with a tokenizer (tiktoken.model in " + e.dir() + ")");
   a.server.model_id = model_id(a.engine.model_dir);
   if (!a.api_key_file.empty()) {

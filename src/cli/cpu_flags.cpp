@@ -2,6 +2,7 @@
 #include "cli/cpu_flags.h"
 #include "cli/commands.h"
 
+#include <map>
 #include <algorithm>
 #include <cstdio>
 #include <thread>
@@ -48,8 +49,14 @@ std::string describe(const CpuOptions& o, const QuantPlan& p) {
 }
 
 void CudaFlags::add_to(CLI::App* sub) {
+  sub->add_option("--gpu-precision", precision,
+                  "CUDA numerics: fast (default: prefill on tensor cores, BF16 operands, f32 accumulation) or "
+                  "exact (the f32 path, bit-stable across chunk sizes)")
+      ->transform(CLI::CheckedTransformer(std::map<std::string, GpuPrecision>{{"exact", GpuPrecision::Exact},
+                                                                              {"fast", GpuPrecision::Fast}}));
   sub->add_option("--cuda-kda", kda,
-                  "CUDA: KDA path for prefill: recurrent (default, the CPU's order, exact) or chunked (fast)");
+                  "CUDA: KDA path for prefill: recurrent (the CPU's order; default in exact mode) or chunked "
+                  "(default in fast mode)");
   sub->add_option("--cuda-kda-chunk", kda_chunk, "CUDA: chunk length of --cuda-kda chunked: 16, 32 (default) or 64")
       ->check(CLI::IsMember({16, 32, 64}));
   sub->add_option("--cuda-fault-at", fault_at, "Test hook: CUDA kernel launch N fails (exercises the CPU fallback)")
@@ -58,7 +65,9 @@ void CudaFlags::add_to(CLI::App* sub) {
 
 CudaOptions CudaFlags::backend() const {
   CudaOptions o;
-  o.kda = parse_cuda_kda(kda, "--cuda-kda");
+  o.precision = precision;
+  o.kda = !kda.empty() ? parse_cuda_kda(kda, "--cuda-kda")
+                       : precision == GpuPrecision::Fast ? CudaKda::Chunked : CudaKda::Recurrent;
   o.kda_chunk = kda_chunk;
   o.fault_at = fault_at;
   check_cuda_options(o, "--cuda-kda-chunk");

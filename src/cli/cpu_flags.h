@@ -31,18 +31,19 @@ struct CpuFlags {
 std::string describe(const CpuOptions& o, const QuantPlan& p);
 
 struct CudaFlags {
-  std::string kda = "recurrent";  ///< --cuda-kda: recurrent | chunked
+  GpuPrecision precision = GpuPrecision::Fast;  ///< --gpu-precision: fast (the CLI default) | exact
+  std::string kda;                ///< --cuda-kda: recurrent | chunked; "" = the precision's (fast: chunked)
   int kda_chunk = 32;             ///< --cuda-kda-chunk: 16 | 32 | 64
   uint64_t fault_at = 0;          ///< --cuda-fault-at (test hook, not in --help)
 
-  /// Registers --cuda-kda, --cuda-kda-chunk and --cuda-fault-at on `sub`.
+  /// Registers --gpu-precision, --cuda-kda, --cuda-kda-chunk and --cuda-fault-at on `sub`.
   void add_to(CLI::App* sub);
   /// The backend options. Throws wren::Error on bad values.
   CudaOptions backend() const;
 };
 
 /// The run header on stderr: the CPU line (the backend, or the fallback of a GPU run) and, when
-/// `backend` resolves to cuda, the CUDA line ("wren: cuda kda recurrent"). Throws wren::Error when
+/// `backend` resolves to cuda, the CUDA line ("wren: cuda precision fast; kda chunked (chunk 32)"). Throws wren::Error when
 /// `backend` cannot be used (resolve_backend).
 /// `strict` (--strict) is echoed on the CPU line ("; strict (no slow fallbacks)").
 void print_run_header(const std::string& backend, const CpuOptions& cpu, const QuantPlan& plan,

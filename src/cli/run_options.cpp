@@ -4,8 +4,16 @@
 #include "core/sizes.h"
 
 #include <cstdio>
+#include <map>
+#include <string>
 
 namespace wren::cli {
+
+std::string describe_gpu(Engine& e, const EngineOptions& o) {
+  if (std::string(e.backend().name()) == "cpu") return "";
+  (void)o;
+  return "prefill chunk " + std::to_string(e.chunk());
+}
 
 void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
   sampling.temperature = default_temperature;

@@ -28,6 +28,9 @@ struct CommonArgs {
 
 /// The chat options these flags give (thinking, effort).
 ChatOptions chat_options(const CommonArgs& a);
+/// The run-header line for the GPU prefill chunk: "prefill chunk N" (or "" on the CPU). The
+/// precision mode is on the CUDA line (describe(CudaOptions)).
+std::string describe_gpu(Engine& e, const EngineOptions& o);
 
 /// Prints the statistics line on stderr (prompt tokens, prefill tok/s, TTFT, decode tok/s, peak
 /// RSS) and the expert-store line when there is a store.

@@ -63,4 +63,27 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
   return std::make_unique<CpuBackend>(cpu);
 }
 
+double gpu_bf16_peak_tflops(Backend& be) {
+#ifdef WREN_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) return cuda->bf16_peak_tflops();
+#endif
+  (void)be;
+  return 0;
+}
+
+void set_backend_gpu_precision(Backend& be, GpuPrecision p) {
+#ifdef WREN_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) cuda->set_precision(p);
+#endif
+  (void)be, (void)p;
+}
+
+uint64_t device_free_bytes(Backend& be) {
+#ifdef WREN_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) return cuda->free_device_bytes();
+#endif
+  (void)be;
+  return 0;
+}
+
 }  // namespace wren

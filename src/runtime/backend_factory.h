@@ -27,10 +27,19 @@ std::string resolve_backend(const std::string& name);
 /// `cpu` configures the CPU backend (threads, kernel level, MXFP4 activation mode).
 /// `vram_experts` (CUDA, --vram-experts): device memory for routed experts, "" = all that fit
 /// with a margin, "all", or a size ("2G", "500M"); experts beyond it stream from the host.
-/// `cuda` configures the CUDA backend (KDA path, the fault-injection test hook).
+/// `cuda` configures the CUDA backend (precision mode, KDA path, the fault-injection test hook).
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
                                       const CpuOptions& cpu = {}, const std::string& vram_experts = "",
                                       const CudaOptions& cuda = {});
 
+/// TFLOP/s of a large BF16 GEMM on `be`'s tensor cores, measured now (CUDA); 0 for the CPU backend.
+double gpu_bf16_peak_tflops(Backend& be);
+
+/// Switches `be`'s GPU precision mode (CUDA; no-op elsewhere) between calls, for benchmarks that
+/// time both modes on one loaded model. Takes effect from the next op.
+void set_backend_gpu_precision(Backend& be, GpuPrecision p);
+
+/// Free device memory of `be` in bytes (cudaMemGetInfo); 0 for the CPU backend.
+uint64_t device_free_bytes(Backend& be);
 
 }  // namespace wren

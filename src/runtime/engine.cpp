@@ -2,6 +2,7 @@
 #include "runtime/engine.h"
 
 #include <cstdio>
+#include <algorithm>
 #include <filesystem>
 
 #include "core/error.h"
@@ -32,12 +33,24 @@ void check_sizes(const EngineOptions& o, const Config& c, const std::string& bac
   // both on the host; a GPU backend reports its own allocation failures).
   if (backend != "cpu") return;
   const double state = double(SequenceState::bytes_for(c, o.ctx));
-  const double work = double(Forward::workspace_bytes(c, o.chunk));
+  const int chunk = o.chunk > 0 ? o.chunk : 32;  // 0 = the backend's default, 32 on the CPU
+  const double work = double(Forward::workspace_bytes(c, chunk));
   const double avail = double(available_memory());
   check(avail == 0 || state + work <= avail,
-        "--ctx " + std::to_string(o.ctx) + " and --chunk " + std::to_string(o.chunk) + " need " + gb(state + work) +
+        "--ctx " + std::to_string(o.ctx) + " and --chunk " + std::to_string(chunk) + " need " + gb(state + work) +
             " of memory (" + gb(state) + " sequence state, mostly the MLA cache; " + gb(work) +
             " activation workspace), but only " + gb(avail) + " is available; lower --ctx or --chunk");
+}
+
+int default_chunk(const std::string& backend, GpuPrecision precision, const Config& c, uint64_t free_device_bytes) {
+  if (backend != "cuda" || precision != GpuPrecision::Fast) return 32;
+  // Per token beside the workspace: BF16 activations of the widest GEMM input and the grouped
+  // MoE's BF16 GLU rows (top_k x intermediate).
+  const size_t extra = 2 * size_t(std::max({c.hidden, c.kda_width(), c.dense_inter, c.moe_inter})) +
+                       2 * size_t(c.top_k) * size_t(std::max(c.moe_inter, 1));
+  for (int C = 4096; C > 32; C /= 2)
+    if (Forward::workspace_bytes(c, C) + size_t(C) * extra <= free_device_bytes / 4) return C;
+  return 32;
 }
 
 Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
@@ -53,8 +66,9 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
     store_ = open_expert_store(model_->weights, model_->config, o.expert_cache, o.direct, o.announce);
     be_->set_expert_source(store_.get());
   }
+  chunk_ = o.chunk > 0 ? o.chunk : default_chunk(backend, o.cuda.precision, model_->config, device_free_bytes(*be_));
   fwd_ = std::make_unique<Runner>(
-      *model_, *be_, ForwardOptions{.max_chunk = o.chunk, .layers = o.layers, .check_finite = o.check_finite});
+      *model_, *be_, ForwardOptions{.max_chunk = chunk_, .layers = o.layers, .check_finite = o.check_finite});
   if (backend != "cpu" && o.cpu_fallback) {
     const CpuOptions cpu = o.cpu;
     fwd_->set_fallback([this, cpu] { return make_backend("cpu", model_->weights, cpu); });

@@ -24,10 +24,11 @@ struct EngineOptions {
   std::string direct = "auto";     ///< --direct
   std::string backend = "auto";    ///< --backend: cpu, cuda or auto (runtime/backend_factory.h)
   std::string vram_experts;        ///< --vram-experts (CUDA): "" = all that fit, "all", or a size
-  int chunk = 32, layers = -1, ctx = 4096;
+  int chunk = 0;                   ///< --chunk: tokens per layer-major pass; 0 = the backend's default
+  int layers = -1, ctx = 4096;
   QuantPlan plan;                  ///< dense-weight formats (--quant; default exact f32)
   CpuOptions cpu;                  ///< CPU backend: threads, kernel level, MXFP4 activations
-  CudaOptions cuda;                ///< CUDA backend: KDA path, the fault-injection test hook
+  CudaOptions cuda;                ///< CUDA backend: precision mode, KDA path, the fault-injection test hook
   bool announce = true;            ///< print the expert-cache line on stderr
   bool cpu_fallback = true;        ///< on a GPU failure, continue on the CPU (Runner::set_fallback)
   /// --strict: a backend's slow fallback (e.g. CUDA routing the MoE on the host) is an error
@@ -40,6 +41,11 @@ struct EngineOptions {
 /// max_position_embeddings, --layers beyond num_hidden_layers, or (CPU backend) --ctx/--chunk
 /// needing more host memory than /proc/meminfo says is available (both amounts in the message).
 void check_sizes(const EngineOptions& o, const Config& c, const std::string& backend);
+
+/// The default prefill chunk: 32 on the CPU and in exact GPU mode; in fast GPU mode the largest
+/// power of two up to 4096 whose activation workspace (Forward::workspace_bytes, plus the fast
+/// path's BF16 scratch) fits in a quarter of the device's free memory (at least 32).
+int default_chunk(const std::string& backend, GpuPrecision precision, const Config& c, uint64_t free_device_bytes);
 
 class Engine {
  public:
@@ -58,10 +64,13 @@ class Engine {
   /// A fresh, empty sequence with room for the context given at construction.
   std::unique_ptr<SequenceState> new_sequence() { return std::make_unique<SequenceState>(fwd_->backend(), config(), ctx_); }
   const std::string& dir() const { return dir_; }
+  /// Tokens per layer-major prefill pass in use (--chunk, or the backend's default).
+  int chunk() const { return chunk_; }
 
  private:
   std::string dir_;
   int ctx_;
+  int chunk_ = 32;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Backend> be_;
   std::unique_ptr<ExpertStore> store_;

@@ -117,6 +117,7 @@ CudaBackend::CudaBackend(int device, const CudaOptions& options) : impl_(std::ma
 CudaBackend::~CudaBackend() {
   Impl& m = *impl_;
   if (m.stream) cudaStreamSynchronize(m.stream);
+  cuda::lt_destroy(m);
   for (cuda::Scratch* s : {&m.ids, &m.act, &m.scores, &m.router_ids, &m.router_w})
     if (s->ptr) cudaFree(s->ptr);
   for (void* a : m.arenas) cudaFree(a);
@@ -131,6 +132,18 @@ CudaBackend::~CudaBackend() {
 }
 
 CudaStats CudaBackend::stats() const { return impl_->stats; }
+
+void CudaBackend::set_precision(GpuPrecision p) {
+  impl_->opts.precision = p;
+  impl_->opts.kda = p == GpuPrecision::Fast ? CudaKda::Chunked : CudaKda::Recurrent;
+}
+GpuPrecision CudaBackend::precision() const { return impl_->opts.precision; }
+
+uint64_t CudaBackend::free_device_bytes() const {
+  size_t free = 0, total = 0;
+  check_cuda(cudaMemGetInfo(&free, &total), "cudaMemGetInfo");
+  return free;
+}
 
 void CudaBackend::synchronize() { impl_->sync("synchronize"); }
 

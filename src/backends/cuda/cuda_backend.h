@@ -51,6 +51,9 @@ struct CudaStats {
   uint64_t uploaded_bytes = 0;   ///< weight bytes copied to the device by upload()
   uint64_t resident_tensors = 0; ///< distinct host tensors with a device copy
   uint64_t expert_calls = 0;     ///< expert_ffn calls
+  uint64_t lt_gemms = 0;         ///< fast mode: dense GEMMs run through cuBLASLt (gemm_lt.cu)
+  uint64_t grouped_moe_calls = 0;  ///< fast mode: routed_moe calls run as one grouped GEMM (moe_grouped.cu)
+  uint64_t bf16_weight_bytes = 0;  ///< fast mode: device bytes of BF16 weight copies made from f32
 };
 
 /// The CUDA implementation of Backend. Construction selects the device, creates the compute
@@ -86,6 +89,17 @@ class CudaBackend final : public Backend {
   void upload(const DenseWeight& w);
   /// Mirrors one expert's packed/scale bytes (a repeated call refreshes the device copy).
   void upload(const ExpertRef& e);
+  /// Precision mode (CudaOptions::precision, normally given at construction). Exact (the default
+  /// of a new backend) = the f32 path; Fast = prefill GEMMs and routed experts on tensor cores
+  /// (BF16 operands, f32 accumulation). Switching also sets the KDA path (fast: chunked, exact:
+  /// recurrent); for tests and benchmarks that time both modes on one backend.
+  void set_precision(GpuPrecision p);
+  GpuPrecision precision() const;
+  /// Tensor-core ceiling measured now: TFLOP/s of an n×n×n BF16 GEMM through cuBLASLt (f32
+  /// accumulation, random inputs, median of 10 after 3 warm-ups).
+  double bf16_peak_tflops(int n = 8192);
+  /// Free device memory now (cudaMemGetInfo), bytes.
+  uint64_t free_device_bytes() const;
   /// Counters so far.
   CudaStats stats() const;
   /// Waits for all queued device work (timing, tests).

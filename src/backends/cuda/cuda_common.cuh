@@ -78,6 +78,8 @@ struct Scratch {
   size_t bytes = 0;
 };
 
+struct LtState;  ///< cuBLASLt handle, BF16 weight copies, grouped-MoE tables (gemm_lt.cu)
+
 }  // namespace cuda
 
 struct CudaBackend::Impl {
@@ -97,6 +99,7 @@ struct CudaBackend::Impl {
   std::unordered_map<const MoeWeights*, cuda::LayerTable> tables;  ///< routed_moe expert tables
   cuda::ExpertTier tier;        ///< VRAM expert tier (expert_tier.cu)
   cuda::Scratch pair_table;     ///< device per-pair expert table (tier)
+  cuda::LtState* lt = nullptr;  ///< fast mode state, created on first use (owned; cuda::lt_destroy)
   // Decode graphs (graph.cu).
   bool capturing = false;        ///< the stream is being recorded
   cudaGraphExec_t graph_exec = nullptr;  ///< last instantiated decode graph (updated in place)
@@ -177,6 +180,27 @@ __device__ __forceinline__ float block_max(float v, float* red) {
   for (int w = 1; w < nw; ++w) t = fmaxf(t, red[w]);
   return t;
 }
+
+/// Fast mode (gemm_lt.cu): y[T, rows] = x[T, cols] · Wᵀ through cuBLASLt with BF16 operands and f32
+/// accumulation/output, when this call qualifies (fast mode, T >= 2, W f32 or BF16); returns
+/// false, having done nothing, otherwise.
+bool lt_gemm(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, float* y);
+/// A BF16 device copy of dense weight W (its own bytes when W is BF16; else converted once from
+/// the f32 device copy and cached); null when W is in another packed format.
+const uint16_t* bf16_weight(CudaBackend::Impl& m, const DenseWeight& W, const char* op);
+/// Frees the fast-mode state (called by ~CudaBackend).
+void lt_destroy(CudaBackend::Impl& m);
+/// Fast mode (moe_grouped.cu): the routed experts of a chunk as one grouped GEMM per matrix, after
+/// the router has written device ids/weights [T·k]; see the file comment. `table` is the layer's
+/// resident MXFP4 table (null for dense experts). Returns false when the layer does not qualify.
+bool grouped_moe_ok(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeights& mw, int T, bool mx);
+bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeights& mw, const ExpertPtrs* table,
+                 const int* dids, const float* dw, const float* z, int T, float* ys, float* out);
+
+/// Fast mode (mla_fast.cu): MLA prefill attention over cache rows [0, pos0 + T) on tensor cores,
+/// after mla.cu has written this chunk's cache rows; false (nothing done) when it does not apply.
+bool mla_fast(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, const float* q, const float* cache,
+              int pos0, int T, float* ctx);
 
 /// Blocks of `threads` covering n items, capped for grid-stride loops.
 inline unsigned grid_for(size_t n, int threads, unsigned cap = 65535u * 4) {

@@ -19,7 +19,7 @@ void check_cuda_options(const CudaOptions& o, const std::string& what) {
 }
 
 std::string describe(const CudaOptions& o) {
-  std::string s = std::string("cuda kda ") + cuda_kda_name(o.kda);
+  std::string s = std::string("cuda precision ") + gpu_precision_name(o.precision) + "; kda " + cuda_kda_name(o.kda);
   if (o.kda == CudaKda::Chunked) s += " (chunk " + std::to_string(o.kda_chunk) + ")";
   if (o.fault_at) s += "; fault injected at launch " + std::to_string(o.fault_at);
   return s;

@@ -105,6 +105,7 @@ void CudaBackend::embed(const DenseWeight& table, const int* ids, int T, float* 
 void CudaBackend::gemm(const DenseWeight& W, const float* x, int T, float* y) {
   Impl& m = *impl_;
   if (T <= 0 || W.rows == 0) return;
+  if (cuda::lt_gemm(m, W, x, T, y)) return;  // fast mode, T >= 2: tensor cores (gemm_lt.cu)
   if (W.format != WFormat::F32) {
     cuda::launch_gemm_quant(cuda::quant_view(m, W, "gemm"), x, T, y, m.stream);
     m.launched("gemm (packed weight) kernel");

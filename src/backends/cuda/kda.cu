@@ -14,11 +14,12 @@
 // chunked form of kda_chunked.cu (parallel within a chunk of C tokens; same results up to f32
 // rounding, not bit-identical). Selection per call:
 // - T = 1 (decode): always the token kernel.
-// - T > 1: the backend option CudaOptions::kda (--cuda-kda) = Recurrent (the default: the token
-//   kernel for every T, exact mode) or Chunked (fast mode, docs/gpu-method.md#kda-chunked); kda_chunk
+// - T > 1: the backend option CudaOptions::kda (--cuda-kda) = Recurrent (the token kernel for
+//   every T, exact mode) or Chunked (docs/gpu-method.md#kda-chunked); the CLI picks Chunked in fast
+//   precision mode and Recurrent in exact mode unless --cuda-kda says otherwise; kda_chunk
 //   (--cuda-kda-chunk) = 16, 32 or 64 (default 32) asks for the chunk length (smaller when d is too
 //   large for its shared memory; the token kernel when even 16 does not fit). Options are fixed at
-//   construction (CudaBackend::set_options changes them between calls: tests, benchmarks).
+//   construction (CudaBackend::set_options / set_precision change them between calls: tests, benchmarks).
 #include <cmath>
 #include <cstdlib>
 #include <string>

@@ -103,6 +103,10 @@ void CudaBackend::mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& 
                                                           m.dense(w.kv_a_norm, "mla_attend (kv_a_norm)"),
                                                           p.latent_eps, cache.kv, pos0);
   m.launched("mla cache-write kernel");
+  if (cuda::mla_fast(m, p, w, q, cache.kv, pos0, T, ctx)) {  // fast mode, T >= 2: tensor cores (mla_fast.cu)
+    cache.length += T;
+    return;
+  }
   MlaArgs a{};
   a.q = q;
   // A packed kv_b (BF16 / Q8_ROW / Q4_G64 under --quant) is decoded to f32 into a stream-ordered

@@ -374,6 +374,7 @@ cuda::LayerTable& CudaBackend::Impl::table(const MoeWeights& mw, int layer) {
 
 bool CudaBackend::routed_moe_on_device(const RoutedMoeParams& p, const MoeWeights& m) {
   if (impl_->tier.active) return false;  // experts stream: the ids must come to the host
+  if (!m.experts.empty() && !m.experts[0].w1.packed) return false;  // dense experts (fast mode: no graph yet)
   const cuda::LayerTable& t = impl_->table(m, p.layer);
   return t.resident && t.io == p.io && t.E == p.n_experts;
 }
@@ -442,16 +443,24 @@ void CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, con
     ++m.stats.host_routed_moe_calls;
     host_routed_moe(p, mw, logits, z, T, ws, out);
   };
-  if (p.format != ExpertFormat::MXFP4) return host_routed("dense experts are chosen on the host");
-  if (pairs > 65535) return host_routed("more than 65535 (token, slot) pairs in one chunk (grid limit)");
-  if (m.tier.active) {
+  // Dense experts: on the device only in fast mode (moe_grouped.cu, one grouped product per matrix);
+  // in exact mode, or where the grouped path cannot take the layer, the host-routed f32 path runs.
+  const bool dense = p.format != ExpertFormat::MXFP4;
+  if (dense && !cuda::grouped_moe_ok(m, p, mw, T, false))
+    return host_routed("dense experts are chosen on the host (exact mode, or the grouped fast path cannot take them)");
+  const char* too_many = "more than 65535 (token, slot) pairs in one chunk (grid limit)";
+  if (!dense && m.tier.active) {
+    if (pairs > 65535) return host_routed(too_many);
     m.tier.source = expert_source();
     tier_routed_moe(m, p, mw, logits, z, T, ws.ys, out);
     return;
   }
-  const cuda::LayerTable& t = m.table(mw, p.layer);
-  if (!t.resident || t.io != p.io || t.E != p.n_experts)
+  const cuda::LayerTable* tp = dense ? nullptr : &m.table(mw, p.layer);
+  if (!dense && (!tp->resident || tp->io != p.io || tp->E != p.n_experts))
     return host_routed("not every expert of the layer has a device copy");
+  // Fast mode: one grouped tensor-core GEMM per expert matrix (moe_grouped.cu).
+  const bool grouped = dense || cuda::grouped_moe_ok(m, p, mw, T, true);
+  if (pairs > 65535 && !grouped) return host_routed(too_many);
   const size_t smem = router_smem(m, p.n_experts, k);
   ++m.stats.routed_moe_calls;
   float* ys = ws.ys;
@@ -460,6 +469,9 @@ void CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, con
   router_kernel<<<T, kRouterThreads, smem, m.stream>>>(logits, m.dense(mw.bias, "routed_moe (router bias)"),
                                                        p.n_experts, k, p.routed_scale, dids, dw);
   m.launched("routed_moe router kernel");
+  if (grouped && cuda::grouped_moe(m, p, mw, dense ? nullptr : tp->dev, dids, dw, z, T, ys, out)) return;
+  if (dense) throw Error("CUDA backend: " + layer + ": the grouped dense-expert path declined after routing");
+  const cuda::LayerTable& t = *tp;
   float* act = static_cast<float*>(m.scratch(m.act, size_t(pairs) * t.inter * sizeof(float)));
   launch_mx_batch<true>(m, MxBatchArgs{t.dev, dids, z, act, k, t.inter, t.io, p.b1, p.b2}, pairs,
                         "routed_moe gate/up kernel");

@@ -1,0 +1,455 @@
+// CUDA backend, fast precision mode: the routed experts of a chunk on tensor cores (BF16 operands,
+// f32 accumulation), grouped by expert.
+//
+// Default path (run 15): after the sort below, the expert row counts come to the host (one sync
+// per layer), the pairs' inputs are gathered in expert order as BF16, and each touched expert runs
+// as cuBLASLt products on its contiguous rows: [gate | up] (MXFP4 experts decoded to BF16 scratch,
+// kDequantBatch at a time; dense experts from their BF16 copies), a GLU kernel, down; then a
+// scatter to ys [pair j, io] and the weighted sum in slot order. The algorithms are fixed per
+// shape class (lt_product), so a row's result does not depend on how many rows its expert has.
+// While a graph is being recorded (no host sync allowed) the single-launch WMMA kernels below run:
+//
+// After the router has written ids/weights [T·k] on the device (moe.cu):
+//  1. sort: one block counts the (token, slot) pairs per expert, lays the experts out in id order
+//     (ebase), lists the 64-row tiles of every touched expert (tile_e, tile_m0) and writes the
+//     pair order (sorted position -> pair j = t·k + slot). No host sync.
+//  2. gate/up: one launch, grid (tiles upper bound, inter / 64): a block takes 64 sorted pairs of
+//     one expert × 64 intermediate columns, gathers the tokens' z rows (f32 -> BF16 into shared
+//     memory), the expert's W1 and W3 rows (BF16 as stored, or MXFP4 decoded to BF16 in shared
+//     memory: e2m1 × 2^(s-127) is exact in BF16), accumulates G and U in f32 and applies SiTU-GLU
+//     (K3) or SiLU-GLU (Kimi Linear) in the epilogue; act [pairs, inter] BF16 in sorted order.
+//  3. down: one launch, same tiling over io columns, act × W2ᵀ -> ys [pair j, io] f32 (unweighted).
+//  4. out[t] = Σ_slot w · ys[t·k + slot] in slot order (deterministic; no atomics on outputs).
+// Blocks past the real tile count exit at once. A token's outputs depend only on its own row (the
+// tensor-core k-loop order is fixed), so neither the chunk size nor the other tokens of the chunk
+// change them. Requirements: io and inter multiples of 8 (dense) or 32 (MXFP4, as stored).
+// A simple first version: no cp.async pipeline or wgmma yet (docs/gpu-results.md has its rate).
+#include <cuda_bf16.h>
+#include <mma.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/lt_state.cuh"
+#include "core/mxfp4.h"
+
+namespace wren::cuda {
+
+namespace {
+
+using namespace nvcuda;
+
+constexpr int BM = 64, BN = 64, BK = 32, kThreads = 128;
+constexpr int kLdA = BK + 8;   // bf16 elements per shared row (80 bytes: 16-byte and WMMA aligned)
+constexpr int kLdC = BN + 4;   // f32 elements per epilogue row
+
+__global__ void sort_pairs_kernel(const int* __restrict__ ids, int pairs, int E, int* __restrict__ order,
+                                  int* __restrict__ ebase, int* __restrict__ tile_e, int* __restrict__ tile_m0,
+                                  int* __restrict__ n_tiles) {
+  extern __shared__ int sh[];
+  int* cnt = sh;
+  int* pos = sh + E;
+  for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  __syncthreads();
+  for (int j = threadIdx.x; j < pairs; j += blockDim.x) atomicAdd(&cnt[ids[j]], 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int base = 0, tiles = 0;
+    for (int e = 0; e < E; ++e) {
+      ebase[e] = base, pos[e] = base;
+      for (int r = 0; r < cnt[e]; r += BM) tile_e[tiles] = e, tile_m0[tiles] = base + r, ++tiles;
+      base += cnt[e];
+    }
+    ebase[E] = base;
+    *n_tiles = tiles;
+  }
+  __syncthreads();
+  // The position inside an expert's rows is arbitrary (atomics): each row's result is its own.
+  for (int j = threadIdx.x; j < pairs; j += blockDim.x) order[atomicAdd(&pos[ids[j]], 1)] = j;
+}
+
+struct GroupArgs {
+  const ExpertPtrs* mx;          ///< MXFP4 experts [E] (null: dense)
+  const DenseExpertPtrs* dense;  ///< dense BF16 experts [E]
+  const int *order, *ebase, *tile_e, *tile_m0, *n_tiles;
+  const float* z;                ///< gate/up: inputs [T, Kd] f32
+  const __nv_bfloat16* act_in;   ///< down: inputs [pairs, Kd] BF16, sorted order
+  __nv_bfloat16* act_out;        ///< gate/up: outputs [pairs, N] BF16, sorted order
+  float* ys;                     ///< down: outputs [pairs, N] f32 by pair j
+  int top_k, Kd, N;
+  float b1, b2;
+  int silu;                      ///< 1: SiLU-GLU, 0: SiTU-GLU(b1, b2)
+};
+
+/// B tile rows n0.. of matrix [N, Kd] (row-major BF16), columns k0..k0+BK, into bs [BN][kLdA].
+__device__ __forceinline__ void load_b_dense(const uint16_t* w, int N, int Kd, int n0, int k0, __nv_bfloat16* bs) {
+  for (int idx = threadIdx.x; idx < BN * (BK / 8); idx += kThreads) {
+    const int r = idx / (BK / 8), c = (idx % (BK / 8)) * 8, n = n0 + r;
+    uint4 v = make_uint4(0, 0, 0, 0);
+    if (n < N && k0 + c < Kd) v = *reinterpret_cast<const uint4*>(w + size_t(n) * Kd + k0 + c);
+    *reinterpret_cast<uint4*>(bs + r * kLdA + c) = v;
+  }
+}
+
+/// The same for an MXFP4 matrix (packed [N, Kd/2], ue8m0 scale [N, Kd/32]); BK = one group.
+__device__ __forceinline__ void load_b_mx(const uint8_t* packed, const uint8_t* scale, int N, int Kd, int n0, int k0,
+                                          __nv_bfloat16* bs) {
+  for (int idx = threadIdx.x; idx < BN * 2; idx += kThreads) {
+    const int r = idx / 2, h = idx % 2, n = n0 + r;
+    __nv_bfloat16* dst = bs + r * kLdA + h * 16;
+    if (n >= N) {
+      for (int i = 0; i < 16; ++i) dst[i] = __float2bfloat16_rn(0.f);
+      continue;
+    }
+    const int g = k0 / mxfp4::kGroup;
+    const uint2 raw = *reinterpret_cast<const uint2*>(packed + size_t(n) * (Kd / 2) + size_t(g) * 16 + h * 8);
+    const float s = mxfp4::scale_value(scale[size_t(n) * (Kd / 32) + g]);
+    const uint32_t words[2] = {raw.x, raw.y};
+#pragma unroll
+    for (int w = 0; w < 2; ++w)
+#pragma unroll
+      for (int b = 0; b < 4; ++b) {
+        const uint32_t byte = (words[w] >> (8 * b)) & 0xFFu;  // column 2i low nibble, 2i+1 high
+        dst[(w * 4 + b) * 2] = __float2bfloat16_rn(mxfp4::e2m1_value(uint8_t(byte & 0xF)) * s);
+        dst[(w * 4 + b) * 2 + 1] = __float2bfloat16_rn(mxfp4::e2m1_value(uint8_t(byte >> 4)) * s);
+      }
+  }
+}
+
+/// kGateUp: act_out = GLU(A·W1ᵀ, A·W3ᵀ), A = gathered z rows; else ys = act_in·W2ᵀ.
+template <bool kGateUp, bool kMx>
+__global__ void __launch_bounds__(kThreads) grouped_kernel(GroupArgs a) {
+  constexpr int NB = kGateUp ? 2 : 1;
+  constexpr int kTileBytes = (BM * kLdA + NB * BN * kLdA) * 2;
+  constexpr int kEpiBytes = NB * BM * kLdC * 4;
+  __shared__ __align__(128) unsigned char smem[kTileBytes > kEpiBytes ? kTileBytes : kEpiBytes];
+  if (int(blockIdx.x) >= *a.n_tiles) return;
+  const int e = a.tile_e[blockIdx.x], m0 = a.tile_m0[blockIdx.x], m_end = a.ebase[e + 1];
+  const int n0 = blockIdx.y * BN;
+  __nv_bfloat16* As = reinterpret_cast<__nv_bfloat16*>(smem);
+  __nv_bfloat16* Bs = As + BM * kLdA;
+  const int warp = threadIdx.x / 32, wm = warp / 2, wn = warp % 2;
+  wmma::fragment<wmma::accumulator, 16, 16, 16, float> acc[NB][2][2];
+#pragma unroll
+  for (int b = 0; b < NB; ++b)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) wmma::fill_fragment(acc[b][i][j], 0.f);
+  for (int k0 = 0; k0 < a.Kd; k0 += BK) {
+    // A tile: 64 sorted rows × 32 columns.
+    for (int idx = threadIdx.x; idx < BM * BK; idx += kThreads) {
+      const int r = idx / BK, c = idx % BK, row = m0 + r, k = k0 + c;
+      float v = 0.f;
+      if (row < m_end && k < a.Kd) {
+        if (kGateUp) v = a.z[size_t(a.order[row] / a.top_k) * a.Kd + k];
+        else v = __bfloat162float(a.act_in[size_t(row) * a.Kd + k]);
+      }
+      As[r * kLdA + c] = __float2bfloat16_rn(v);
+    }
+    if (kMx) {
+      const ExpertPtrs p = a.mx[e];
+      if (kGateUp) {
+        load_b_mx(p.p1, p.s1, a.N, a.Kd, n0, k0, Bs);
+        load_b_mx(p.p3, p.s3, a.N, a.Kd, n0, k0, Bs + BN * kLdA);
+      } else {
+        load_b_mx(p.p2, p.s2, a.N, a.Kd, n0, k0, Bs);
+      }
+    } else {
+      const DenseExpertPtrs p = a.dense[e];
+      if (kGateUp) {
+        load_b_dense(p.w1, a.N, a.Kd, n0, k0, Bs);
+        load_b_dense(p.w3, a.N, a.Kd, n0, k0, Bs + BN * kLdA);
+      } else {
+        load_b_dense(p.w2, a.N, a.Kd, n0, k0, Bs);
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < BK; kk += 16) {
+      wmma::fragment<wmma::matrix_a, 16, 16, 16, __nv_bfloat16, wmma::row_major> fa[2];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) wmma::load_matrix_sync(fa[i], As + (wm * 32 + i * 16) * kLdA + kk, kLdA);
+#pragma unroll
+      for (int b = 0; b < NB; ++b)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          wmma::fragment<wmma::matrix_b, 16, 16, 16, __nv_bfloat16, wmma::col_major> fb;
+          wmma::load_matrix_sync(fb, Bs + b * BN * kLdA + (wn * 32 + j * 16) * kLdA + kk, kLdA);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) wmma::mma_sync(acc[b][i][j], fa[i], fb, acc[b][i][j]);
+        }
+    }
+    __syncthreads();
+  }
+  float* Cs = reinterpret_cast<float*>(smem);
+#pragma unroll
+  for (int b = 0; b < NB; ++b)
+#pragma unroll
+    for (int i = 0; i < 2; ++i)
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        wmma::store_matrix_sync(Cs + b * BM * kLdC + (wm * 32 + i * 16) * kLdC + wn * 32 + j * 16, acc[b][i][j], kLdC,
+                                wmma::mem_row_major);
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < BM * BN; idx += kThreads) {
+    const int r = idx / BN, c = idx % BN, row = m0 + r, n = n0 + c;
+    if (row >= m_end || n >= a.N) continue;
+    const float g = Cs[r * kLdC + c];
+    if (kGateUp) {
+      const float u = Cs[BM * kLdC + r * kLdC + c];
+      const float v = a.silu ? g / (1.f + __expf(-g)) * u : situ_f(g, u, a.b1, a.b2);
+      a.act_out[size_t(row) * a.N + n] = __float2bfloat16_rn(v);
+    } else {
+      a.ys[size_t(a.order[row]) * a.N + n] = g;
+    }
+  }
+}
+
+/// out[t, i] = Σ_j w[t·k + j] · ys[(t·k + j), i] in slot order.
+__global__ void slot_sum_kernel(const float* __restrict__ ys, const float* __restrict__ w, int k, int io, int T,
+                                float* __restrict__ out) {
+  const size_t n = size_t(T) * io;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t t = i / io, c = i % io;
+    float acc = 0;
+    for (int j = 0; j < k; ++j) acc += w[t * k + j] * ys[(t * k + j) * io + c];
+    out[i] = acc;
+  }
+}
+
+// ---- per-expert cuBLASLt path (the default of the fast mode) ----
+
+constexpr int kDequantBatch = 8;  ///< MXFP4 experts decoded to BF16 scratch at a time
+
+struct ExpertList {
+  int id[kDequantBatch];
+  int n;
+};
+
+/// MXFP4 experts list.id[b] decoded to BF16 (exact): w13[b] = [w1; w3] [2·inter, io], w2[b] [io, inter].
+__global__ void mx_dequant_kernel(const ExpertPtrs* __restrict__ table, ExpertList list, int inter, int io,
+                                  __nv_bfloat16* __restrict__ w13, __nv_bfloat16* __restrict__ w2) {
+  const int b = blockIdx.y;
+  if (b >= list.n) return;
+  const ExpertPtrs p = table[list.id[b]];
+  const size_t c13 = size_t(io) / 16, c2 = size_t(inter) / 16;  // 16-value chunks per row
+  const size_t n13 = size_t(2) * inter * c13, n2 = size_t(io) * c2;
+  __nv_bfloat16* o13 = w13 + size_t(b) * 2 * inter * io;
+  __nv_bfloat16* o2 = w2 + size_t(b) * io * inter;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n13 + n2; i += size_t(gridDim.x) * blockDim.x) {
+    const uint8_t *pk, *sc;
+    __nv_bfloat16* out;
+    if (i < n13) {
+      const size_t r = i / c13, ch = i % c13;
+      const bool up = r >= size_t(inter);
+      const size_t row = up ? r - inter : r;
+      pk = (up ? p.p3 : p.p1) + row * (io / 2) + ch * 8;
+      sc = (up ? p.s3 : p.s1) + row * (io / 32) + ch / 2;
+      out = o13 + r * io + ch * 16;
+    } else {
+      const size_t j = i - n13, row = j / c2, ch = j % c2;
+      pk = p.p2 + row * (inter / 2) + ch * 8;
+      sc = p.s2 + row * (inter / 32) + ch / 2;
+      out = o2 + row * inter + ch * 16;
+    }
+    const uint2 raw = *reinterpret_cast<const uint2*>(pk);
+    const float s = mxfp4::scale_value(*sc);
+    const uint32_t words[2] = {raw.x, raw.y};
+    __align__(16) __nv_bfloat16 v[16];
+#pragma unroll
+    for (int w = 0; w < 2; ++w)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) {
+        const uint32_t byte = (words[w] >> (8 * q)) & 0xFFu;
+        v[(w * 4 + q) * 2] = __float2bfloat16_rn(mxfp4::e2m1_value(uint8_t(byte & 0xF)) * s);
+        v[(w * 4 + q) * 2 + 1] = __float2bfloat16_rn(mxfp4::e2m1_value(uint8_t(byte >> 4)) * s);
+      }
+    reinterpret_cast<uint4*>(out)[0] = reinterpret_cast<const uint4*>(v)[0];
+    reinterpret_cast<uint4*>(out)[1] = reinterpret_cast<const uint4*>(v)[1];
+  }
+}
+
+/// zs[p, :] = bf16(z[order[p] / k, :]) (the pairs' inputs in expert order).
+__global__ void gather_rows_kernel(const float* __restrict__ z, const int* __restrict__ order, int pairs, int k, int io,
+                                   __nv_bfloat16* __restrict__ zs) {
+  const size_t n = size_t(pairs) * io;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t p = i / io, c = i % io;
+    zs[i] = __float2bfloat16_rn(z[size_t(order[p] / k) * io + c]);
+  }
+}
+
+/// act[p, c] = bf16(GLU(gu[p, c], gu[p, inter + c])) for rows [p0, p1).
+__global__ void glu_rows_kernel(const float* __restrict__ gu, int p0, int p1, int inter, int silu, float b1, float b2,
+                                __nv_bfloat16* __restrict__ act) {
+  const size_t n = size_t(p1 - p0) * inter;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t p = p0 + i / inter, c = i % inter;
+    const float g = gu[p * 2 * inter + c], u = gu[p * 2 * inter + inter + c];
+    act[p * inter + c] = __float2bfloat16_rn(silu ? g / (1.f + __expf(-g)) * u : situ_f(g, u, b1, b2));
+  }
+}
+
+/// ys[order[p], :] = y[p, :].
+__global__ void scatter_rows_kernel(const float* __restrict__ y, const int* __restrict__ order, int pairs, int io,
+                                    float* __restrict__ ys) {
+  const size_t n = size_t(pairs) * io;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    ys[size_t(order[i / io]) * io + i % io] = y[i];
+}
+
+/// The device table of `mw`'s dense experts as BF16 (converted once), or null when an expert is
+/// not f32/BF16 or the shapes do not fit the kernel.
+const DenseTable* dense_table(CudaBackend::Impl& m, const MoeWeights& mw, int io) {
+  LtState& s = lt_state(m);
+  const int E = int(mw.experts.size());
+  const void* first = E ? mw.experts[0].d1.data : nullptr;
+  if (const auto it = s.dense_tables.find(&mw); it != s.dense_tables.end()) {
+    if (it->second.first == first && it->second.E == E) return it->second.dev ? &it->second : nullptr;
+    if (it->second.dev) check_cuda(cudaFree(it->second.dev), "cudaFree (dense expert table)");
+    s.dense_tables.erase(it);
+  }
+  DenseTable& t = s.dense_tables[&mw];
+  t.first = first, t.E = E;
+  if (E == 0 || mw.experts[0].w1.packed) return nullptr;
+  const int inter = int(mw.experts[0].d1.rows);
+  if (io % 8 != 0 || inter % 8 != 0) return nullptr;
+  std::vector<DenseExpertPtrs> host(E);
+  for (int i = 0; i < E; ++i) {
+    const ExpertRef& e = mw.experts[i];
+    if (e.d1.rows != inter || e.d3.rows != inter || e.d1.cols != io || e.d3.cols != io || e.d2.rows != io ||
+        e.d2.cols != inter)
+      throw Error("CUDA backend: routed_moe (fast): expert " + e.name + " has a shape unlike expert 0's");
+    host[i].w1 = bf16_weight(m, e.d1, "routed_moe (fast, w1)");
+    host[i].w3 = bf16_weight(m, e.d3, "routed_moe (fast, w3)");
+    host[i].w2 = bf16_weight(m, e.d2, "routed_moe (fast, w2)");
+    if (!host[i].w1 || !host[i].w3 || !host[i].w2) return nullptr;
+  }
+  check_cuda(cudaMalloc(&t.dev, size_t(E) * sizeof(DenseExpertPtrs)), "cudaMalloc (dense expert table)");
+  check_cuda(cudaMemcpyAsync(t.dev, host.data(), size_t(E) * sizeof(DenseExpertPtrs), cudaMemcpyHostToDevice, m.stream),
+             "cudaMemcpyAsync (dense expert table)");
+  m.sync("dense expert table");
+  t.E = E, t.inter = inter, t.io = io;
+  t.host = std::move(host);
+  return &t;
+}
+
+}  // namespace
+
+bool grouped_moe_ok(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeights& mw, int T, bool mx) {
+  if (m.opts.precision != GpuPrecision::Fast || T < 1 || p.n_experts <= 0) return false;
+  if (size_t(p.n_experts) * 2 * sizeof(int) + 1024 > size_t(m.max_smem_optin)) return false;
+  if (mx) return T >= 2 && mw.experts.size() == size_t(p.n_experts) && p.io % mxfp4::kGroup == 0 &&
+                 mw.experts[0].w1.rows % mxfp4::kGroup == 0;
+  if (m.capturing) return false;  // the dense table may need building (host work)
+  return dense_table(m, mw, p.io) != nullptr;
+}
+
+bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeights& mw, const ExpertPtrs* table,
+                 const int* dids, const float* dw, const float* z, int T, float* ys, float* out) {
+  const int E = p.n_experts, k = p.top_k, pairs = T * k, io = p.io;
+  LtState& s = lt_state(m);
+  const DenseTable* dt = table ? nullptr : dense_table(m, mw, io);
+  if (!table && !dt) return false;
+  const int inter = table ? int(mw.experts[0].w1.rows) : dt->inter;
+  const int max_tiles = pairs / BM + std::min(E, pairs) + 1;
+  const size_t ints = size_t(pairs) + size_t(E + 1) + 2 * size_t(max_tiles) + 1;
+  int* base = static_cast<int*>(m.scratch(s.sort, ints * sizeof(int)));
+  int *order = base, *ebase = order + pairs, *tile_e = ebase + E + 1, *tile_m0 = tile_e + max_tiles,
+      *n_tiles = tile_m0 + max_tiles;
+  const size_t sort_smem = size_t(E) * 2 * sizeof(int);
+  if (sort_smem > 48 * 1024)
+    check_cuda(cudaFuncSetAttribute(sort_pairs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sort_smem)),
+               "cudaFuncSetAttribute (grouped MoE sort)");
+  sort_pairs_kernel<<<1, 1024, sort_smem, m.stream>>>(dids, pairs, E, order, ebase, tile_e, tile_m0, n_tiles);
+  m.launched("routed_moe (fast) sort kernel");
+  if (!m.capturing) {  // per-expert cuBLASLt products (see the file comment)
+    std::vector<int> base(size_t(E) + 1);
+    check_cuda(cudaMemcpyAsync(base.data(), ebase, base.size() * sizeof(int), cudaMemcpyDeviceToHost, m.stream),
+               "cudaMemcpyAsync (expert row bases)");
+    m.sync("routed_moe (fast): expert row counts");
+    auto* zs = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.xb, size_t(pairs) * io));
+    gather_rows_kernel<<<grid_for(size_t(pairs) * io, 256), 256, 0, m.stream>>>(z, order, pairs, k, io, zs);
+    m.launched("routed_moe (fast) gather kernel");
+    float* gu = static_cast<float*>(m.scratch(s.mla[3], size_t(pairs) * 2 * inter * sizeof(float)));
+    auto* act16 = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.act, size_t(pairs) * inter));
+    float* y = static_cast<float*>(m.scratch(s.mla[5], size_t(pairs) * io * sizeof(float)));
+    std::vector<int> touched;
+    for (int e = 0; e < E; ++e)
+      if (base[e + 1] > base[e]) touched.push_back(e);
+    __nv_bfloat16 *w13 = nullptr, *w2 = nullptr;
+    if (table) {
+      const size_t per = size_t(3) * inter * io;
+      w13 = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.mla[4], size_t(kDequantBatch) * per));
+      w2 = w13 + size_t(kDequantBatch) * 2 * inter * io;
+    }
+    const std::vector<DenseExpertPtrs>& dhost = table ? std::vector<DenseExpertPtrs>() : dt->host;
+    for (size_t b0 = 0; b0 < touched.size(); b0 += kDequantBatch) {
+      const int nb = int(std::min<size_t>(kDequantBatch, touched.size() - b0));
+      if (table) {
+        ExpertList list{};
+        list.n = nb;
+        for (int i = 0; i < nb; ++i) list.id[i] = touched[b0 + i];
+        mx_dequant_kernel<<<dim3(256, unsigned(nb)), 256, 0, m.stream>>>(table, list, inter, io, w13, w2);
+        m.launched("routed_moe (fast) MXFP4 -> BF16 decode kernel");
+      }
+      for (int i = 0; i < nb; ++i) {
+        const int e = touched[b0 + i], p0 = base[e], ne = base[e + 1] - base[e];
+        LtProduct g1;
+        g1.M = ne, g1.K = io, g1.A = zs + size_t(p0) * io, g1.lda = io, g1.b_nk = true, g1.ldb = io;
+        g1.ldc = 2 * int64_t(inter);
+        if (table) {
+          g1.N = 2 * inter, g1.B = w13 + size_t(i) * 2 * inter * io, g1.C = gu + size_t(p0) * 2 * inter;
+          lt_product(m, g1, 10);
+        } else {
+          g1.N = inter, g1.B = dhost[e].w1, g1.C = gu + size_t(p0) * 2 * inter;
+          lt_product(m, g1, 12);
+          g1.B = dhost[e].w3, g1.C = gu + size_t(p0) * 2 * inter + inter;
+          lt_product(m, g1, 12);
+        }
+      }
+      const int r0 = base[touched[b0]], r1 = base[touched[b0 + nb - 1] + 1];
+      glu_rows_kernel<<<grid_for(size_t(r1 - r0) * inter, 256), 256, 0, m.stream>>>(gu, r0, r1, inter, p.act == Activation::SiLU ? 1 : 0,
+                                                                                   p.b1, p.b2, act16);
+      m.launched("routed_moe (fast) GLU kernel");
+      for (int i = 0; i < nb; ++i) {
+        const int e = touched[b0 + i], p0 = base[e], ne = base[e + 1] - base[e];
+        LtProduct g2;
+        g2.M = ne, g2.N = io, g2.K = inter, g2.A = act16 + size_t(p0) * inter, g2.lda = inter, g2.b_nk = true;
+        g2.B = table ? static_cast<const void*>(w2 + size_t(i) * io * inter) : static_cast<const void*>(dhost[e].w2);
+        g2.ldb = inter, g2.C = y + size_t(p0) * io, g2.ldc = io;
+        lt_product(m, g2, 11);
+      }
+    }
+    scatter_rows_kernel<<<grid_for(size_t(pairs) * io, 256), 256, 0, m.stream>>>(y, order, pairs, io, ys);
+    m.launched("routed_moe (fast) scatter kernel");
+    slot_sum_kernel<<<grid_for(size_t(T) * io, 256), 256, 0, m.stream>>>(ys, dw, k, io, T, out);
+    m.launched("routed_moe (fast) weighted-sum kernel");
+    ++m.stats.grouped_moe_calls;
+    return true;
+  }
+  auto* act = static_cast<__nv_bfloat16*>(m.scratch(s.act, size_t(pairs) * inter * sizeof(uint16_t)));
+  GroupArgs g{};
+  g.mx = table, g.dense = dt ? dt->dev : nullptr;
+  g.order = order, g.ebase = ebase, g.tile_e = tile_e, g.tile_m0 = tile_m0, g.n_tiles = n_tiles;
+  g.z = z, g.act_out = act, g.top_k = k, g.Kd = io, g.N = inter, g.b1 = p.b1, g.b2 = p.b2, g.silu = p.act == Activation::SiLU ? 1 : 0;
+  const dim3 grid1(unsigned(max_tiles), unsigned((inter + BN - 1) / BN));
+  if (table) grouped_kernel<true, true><<<grid1, kThreads, 0, m.stream>>>(g);
+  else grouped_kernel<true, false><<<grid1, kThreads, 0, m.stream>>>(g);
+  m.launched("routed_moe (fast) gate/up grouped GEMM");
+  GroupArgs d = g;
+  d.z = nullptr, d.act_out = nullptr, d.act_in = act, d.ys = ys, d.Kd = inter, d.N = io;
+  const dim3 grid2(unsigned(max_tiles), unsigned((io + BN - 1) / BN));
+  if (table) grouped_kernel<false, true><<<grid2, kThreads, 0, m.stream>>>(d);
+  else grouped_kernel<false, false><<<grid2, kThreads, 0, m.stream>>>(d);
+  m.launched("routed_moe (fast) down grouped GEMM");
+  slot_sum_kernel<<<grid_for(size_t(T) * io, 256), 256, 0, m.stream>>>(ys, dw, k, io, T, out);
+  m.launched("routed_moe (fast) weighted-sum kernel");
+  ++m.stats.grouped_moe_calls;
+  return true;
+}
+
+}  // namespace wren::cuda

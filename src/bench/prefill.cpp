@@ -1,0 +1,96 @@
+// `bench prefill`: prefill tok/s of a checkpoint at several prompt lengths in one process (the
+// model loads once), for the side-by-side comparison with transformers + fla (bench/gpu_vs_fla.sh).
+// Each length: random ids (fixed seed), one untimed warm-up prefill, then the median of --repeat
+// timed prefills, each on a fresh sequence: host clock around the forward pass (all chunks, then
+// the last position's logits copied to the host, so the device work is complete).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "bench/bench.h"
+#include "core/error.h"
+#include "model/forward.h"
+#include "ops/state.h"
+#include "runtime/backend_factory.h"
+#include "runtime/engine.h"
+
+namespace wren::bench {
+
+namespace {
+
+std::vector<int> parse_lengths(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    check(!item.empty() && end && *end == '\0' && v >= 1 && v <= (1 << 22),
+          "--prompts: '" + item + "' is not a prompt length in 1..4194304");
+    out.push_back(int(v));
+  }
+  check(!out.empty(), "--prompts: give at least one length");
+  return out;
+}
+
+}  // namespace
+
+void run_prefill(PrefillArgs a) {
+  const std::vector<int> lengths = parse_lengths(a.prompts);
+  a.engine.ctx = std::max(a.engine.ctx, *std::max_element(lengths.begin(), lengths.end()) + 8);
+  a.engine.cpu_fallback = false;
+  a.engine.announce = false;
+  const auto t0 = std::chrono::steady_clock::now();
+  Engine e(a.engine);
+  const double load_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const bool gpu = std::string(e.backend().name()) != "cpu";
+  const std::string options = gpu ? describe(a.engine.cuda) : a.cpu_line;
+  std::fprintf(stderr, "wren bench prefill: %s loaded in %.1f s; backend %s, prefill chunk %d; %s\n", e.dir().c_str(),
+               load_s, e.backend().name(), e.chunk(), options.c_str());
+  nlohmann::json out = {{"model", e.dir()}, {"backend", e.backend().name()}, {"load_s", load_s},
+                        {"options", options},
+                        {"gpu_precision", gpu ? gpu_precision_name(a.engine.cuda.precision) : "exact"},
+                        {"chunk", e.chunk()}};
+  const int V = e.config().vocab;
+  std::vector<float> logits(V);
+  std::printf("%-8s %12s %12s\n", "tokens", "prefill_s", "tok/s");
+  for (int n : lengths) {
+    std::mt19937 g(uint32_t(a.seed) + uint32_t(n));
+    std::vector<int> ids(n);
+    for (int& id : ids) id = int(g() % unsigned(V));
+    std::vector<double> t;
+    for (int r = 0; r <= a.repeat; ++r) {
+      auto st = e.new_sequence();
+      const auto p0 = std::chrono::steady_clock::now();
+      e.forward().run(*st, ids.data(), nullptr, n, logits.data(), false);
+      const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
+      if (r > 0 || a.repeat == 0) t.push_back(s);  // r = 0 is the warm-up
+    }
+    std::sort(t.begin(), t.end());
+    const double med = t[t.size() / 2];
+    std::printf("%-8d %12.4f %12.1f\n", n, med, n / med);
+    out["runs"].push_back({{"tokens", n}, {"prefill_s", med}, {"tok_s", n / med}, {"times_s", t}});
+  }
+  if (a.also_exact > 0 && std::string(e.backend().name()) != "cpu") {
+    // The exact mode on the same loaded weights (the "before" number, same run): chunk 32.
+    set_backend_gpu_precision(e.backend(), GpuPrecision::Exact);
+    Forward fwd(e.model(), e.backend(), ForwardOptions{32, -1});
+    const int n = a.also_exact;
+    std::mt19937 g(uint32_t(a.seed) + uint32_t(n));
+    std::vector<int> ids(n);
+    for (int& id : ids) id = int(g() % unsigned(V));
+    SequenceState st(e.backend(), e.config(), n + 8);
+    const auto p0 = std::chrono::steady_clock::now();
+    fwd.run(st, ids.data(), nullptr, n, logits.data(), false);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
+    std::printf("%-8d %12.4f %12.1f   (gpu precision exact, chunk 32, one run)\n", n, s, n / s);
+    out["exact"] = {{"tokens", n}, {"prefill_s", s}, {"tok_s", n / s}};
+    set_backend_gpu_precision(e.backend(), a.engine.cuda.precision);
+  }
+  if (a.json) std::printf("%s\n", out.dump().c_str());
+}
+
+}  // namespace wren::bench

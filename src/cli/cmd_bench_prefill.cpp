@@ -1,0 +1,36 @@
+// `wren bench prefill`: the flags of bench::run_prefill (src/bench/prefill.cpp).
+#include "bench/bench.h"
+#include "cli/commands.h"
+#include "cli/cpu_flags.h"
+
+#include <memory>
+
+namespace wren::cli {
+
+void add_bench_prefill(CLI::App* bench) {
+  auto a = std::make_shared<bench::PrefillArgs>();
+  auto cpu = std::make_shared<CpuFlags>();
+  auto cuda = std::make_shared<CudaFlags>();
+  CLI::App* sub = bench->add_subcommand("prefill", "Prefill tok/s of a checkpoint at several prompt lengths (model loaded once)");
+  sub->add_option("--model", a->engine.model_dir, "Snapshot folder (default: the built-in random-weight model)");
+  sub->add_option("--backend", a->engine.backend, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub->add_option("--prompts", a->prompts, "Comma-separated prompt lengths (default 512,4096,16384)");
+  sub->add_option("--repeat", a->repeat, "Timed prefills per length after one warm-up (default 3)")->check(non_negative());
+  sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (default: the backend's)")->check(positive());
+  sub->add_option("--vram-experts", a->engine.vram_experts, "CUDA: device memory for routed experts (default: all that fit)");
+  sub->add_option("--seed", a->seed, "Seed of the random prompt ids");
+  sub->add_option("--also-exact", a->also_exact, "GPU: then one exact-mode prefill of N tokens on the same weights")
+      ->check(non_negative());
+  cpu->add_to(sub);
+  cuda->add_to(sub);
+  sub->add_flag("--json", a->json, "Also print the numbers as one JSON object");
+  sub->callback([a, cpu, cuda] {
+    a->engine.plan = cpu->plan();
+    a->engine.cpu = cpu->backend();
+    a->engine.cuda = cuda->backend();
+    a->cpu_line = describe(a->engine.cpu, a->engine.plan);
+    bench::run_prefill(*a);
+  });
+}
+
+}  // namespace wren::cli
