@@ -9,7 +9,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 secs=${1:-30}
 shift || true
-all=(safetensors config index tokenizer_config tiktoken openai_request)
+all=(safetensors config index tokenizer_config tiktoken openai_request chat)
 if [ $# -gt 0 ]; then targets=("$@"); else targets=("${all[@]}"); fi
 dir=${WREN_FUZZ_DIR:-build-fuzz}
 launcher=()

@@ -20,7 +20,7 @@ const std::map<std::string, std::function<int(const uint8_t*, size_t)>>& targets
   static const std::map<std::string, std::function<int(const uint8_t*, size_t)>> t = {
       {"safetensors", fuzz::safetensors}, {"config", fuzz::config},     {"index", fuzz::index},
       {"tokenizer_config", fuzz::tokenizer_config}, {"tiktoken", fuzz::tiktoken},
-      {"openai_request", fuzz::openai_request}};
+      {"openai_request", fuzz::openai_request}, {"chat", fuzz::chat}};
   return t;
 }
 
@@ -41,7 +41,7 @@ int replay(const std::string& kind) {
   return n;
 }
 
-TEST(FuzzRegressions, EverySeedInputIsHandled) { EXPECT_GE(replay("corpus"), 6); }
+TEST(FuzzRegressions, EverySeedInputIsHandled) { EXPECT_GE(replay("corpus"), 7); }
 
 TEST(FuzzRegressions, EveryOnceCrashingInputIsHandled) { replay("regressions"); }
 

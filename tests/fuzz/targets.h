@@ -13,12 +13,16 @@
 #include "loader/config.h"
 #include "model/tensor_table.h"
 #include "ops/state.h"
+#include "runtime/chat_format.h"
 #include "server/openai_json.h"
 #include "tokenizer/special_tokens.h"
 #include "tokenizer/tiktoken_model.h"
 #include "tokenizer/tokenizer.h"
 #include "fuzz_util.h"
 
+#ifndef WREN_FUZZ_TOKENIZER
+#define WREN_FUZZ_TOKENIZER WREN_SOURCE_DIR "/tests/data/k3-tiny-a"
+#endif
 #ifndef WREN_FUZZ_CONFIG
 #define WREN_FUZZ_CONFIG WREN_SOURCE_DIR "/tests/fuzz/corpus/config/golden-k3-tiny-a.json"
 #endif
@@ -145,6 +149,49 @@ inline int openai_request(const uint8_t* data, size_t size) {
     } catch (const nlohmann::json::exception&) {
     }
   }
+  return 0;
+}
+
+// libFuzzer target: the chat renderer and the reply parser (k3-tiny-a's tokenizer: 4,096 ranks and
+// the K3 specials). First byte even: the rest is an OpenAI chat request body; an accepted request
+// is rendered as the server renders it (tool declarations, effort note, messages, tool calls and
+// tool results). First byte odd: the rest is a reply, two bytes per id, fed to ReplyParser as the
+// model's output; the streamed tool-call pieces must join to each call's final arguments.
+inline int chat(const uint8_t* data, size_t size) {
+  static const Tokenizer tok = Tokenizer::load(WREN_FUZZ_TOKENIZER);
+  static const ChatFormat fmt(tok);
+  if (size == 0) return 0;
+  if (data[0] % 2 == 0) {
+    const std::string body(reinterpret_cast<const char*>(data) + 1, size - 1);
+    try {
+      const server::GenRequest r = server::parse_chat_request(body, "k3-tiny-a");
+      ChatOptions o;
+      o.thinking = r.thinking, o.effort = r.effort, o.tools = r.tools, o.tool_choice = r.tool_choice;
+      const std::vector<int> ids = fmt.prompt(r.messages, o);
+      for (int id : ids)
+        if (id < 0 || id >= tok.vocab_size()) __builtin_trap();  // an id outside the vocabulary
+    } catch (const Error&) {  // RequestError included
+    } catch (const nlohmann::json::exception&) {
+    }
+    return 0;
+  }
+  // Ids from pairs of bytes; values 0-3 of the low byte select the four structural specials so
+  // that tags (think, response, tools, call, argument) are common, the rest spans the vocabulary.
+  const int specials[4] = {fmt.open_id(), fmt.close_id(), fmt.sep_id(), fmt.end_of_msg()};
+  ReplyParser p(fmt, (data[0] & 2) != 0);
+  std::vector<std::string> joined;
+  for (size_t i = 1; i + 1 < size && !p.done(); i += 2) {
+    const int v = data[i] | (data[i + 1] << 8);
+    const int id = (v & 7) < 4 ? specials[v & 3] : (v >> 3) % tok.vocab_size();
+    p.push(id);
+    for (const ToolCallDelta& d : p.take_deltas()) {
+      if (d.index < 0 || d.index > int(joined.size())) __builtin_trap();  // calls come in order
+      if (d.index == int(joined.size())) joined.emplace_back();
+      joined[d.index] += d.arguments;
+    }
+  }
+  for (size_t k = 0; k < p.calls().size() && k < joined.size(); ++k)
+    if (p.calls()[k].complete && joined[k] != p.calls()[k].arguments) __builtin_trap();
   return 0;
 }
 
