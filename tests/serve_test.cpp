@@ -766,8 +766,17 @@ TEST_F(Serve, MetricsCountRequestsTokensAndLatenciesAndEachRequestIsLogged) {
   const auto bad = c.Post("/v1/completions", R"({"prompt": 1})", "application/json");
   ASSERT_TRUE(bad);
   EXPECT_EQ(bad->status, 400);
-  const std::string after = scrape();
+  // A request is counted by the server's logger, which runs once its response has been written,
+  // possibly after the client has read it: scrape until both requests show (bounded).
+  std::string after;
   auto delta = [&](const std::string& name) { return metric(after, name) - metric(before, name); };
+  for (int i = 0; i < 100; ++i) {
+    after = scrape();
+    if (delta(R"(wren_requests_total{route="/v1/completions",status="200"})") >= 1 &&
+        delta(R"(wren_requests_total{route="/v1/completions",status="400"})") >= 1)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   EXPECT_EQ(delta(R"(wren_requests_total{route="/v1/completions",status="200"})"), 1) << after;
   EXPECT_EQ(delta(R"(wren_requests_total{route="/v1/completions",status="400"})"), 1) << after;
   EXPECT_EQ(delta("wren_prompt_tokens_total"), u["prompt_tokens"].get<double>());
