@@ -180,8 +180,16 @@ void bench_tokenizer(const TokenizerArgs& a) {
   }
   // tiktoken's core is quadratic in the length of one pre-tokenizer piece (MBs of one emoji, say):
   // bounded so the benchmark ends with an error instead of hanging.
-  std::string cmd = "timeout 600 node " + shq(oracle) + " bench " + shq(model) + " " + std::to_string(a.reps);
-  for (const std::string& f : files) cmd += " " + shq(f);
+  std::string cmd = "timeout 600 node ";  // appended in place: GCC 12's -Wrestrict misfires on operator+
+  cmd += shq(oracle);
+  cmd += " bench ";
+  cmd += shq(model);
+  cmd += ' ';
+  cmd += std::to_string(a.reps);
+  for (const std::string& f : files) {
+    cmd += ' ';
+    cmd += shq(f);
+  }
   std::istringstream lines(run_or_throw(cmd, "the tiktoken run"));
   size_t i = 0;
   for (std::string line; std::getline(lines, line);) {

@@ -341,7 +341,11 @@ std::vector<ToolCallDelta> ReplyParser::take_deltas() {
 }
 
 void ReplyParser::arg_done(const std::string& json_value) {
-  const std::string piece = (call_args_ == 0 ? "{" : ",") + dump_text(ordered_json(arg_key_)) + ":" + json_value;
+  // Appended in place: GCC 12's -Wrestrict misfires on a chain of operator+ here (Release builds).
+  std::string piece(call_args_ == 0 ? "{" : ",");
+  piece += dump_text(ordered_json(arg_key_));
+  piece += ':';
+  piece += json_value;
   ++call_args_;
   calls_.back().arguments += piece;
   deltas_.push_back({int(calls_.size()) - 1, "", piece});
