@@ -498,7 +498,13 @@ TEST(ServeSoak, MixedClientsResponsesMatchSoloAndMemoryReturns) {
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   const long rss_last = rss_kb(server.pid());
   EXPECT_EQ(checked, 40);
+#if defined(__SANITIZE_ADDRESS__)
+  // Under AddressSanitizer freed memory waits in its quarantine (up to 256 MB) instead of going
+  // back to the allocator, so RSS cannot return; the plain build checks it.
+  (void)rss_last;
+#else
   EXPECT_LT(rss_last, rss_first + 16 * 1024) << "RSS after round 1: " << rss_first << " kB, at the end: " << rss_last << " kB";
+#endif
   std::printf("soak: %d responses checked against solo runs; RSS %ld kB after round 1, %ld kB at the end\n", checked,
               rss_first, rss_last);
 }
