@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "loader/config.h"
+#include "model/load.h"
 #include "model/tensor_table.h"
 
 namespace wren {
@@ -46,12 +47,6 @@ void fill_bytes(uint8_t* dst, size_t n, uint8_t lo, uint8_t hi, uint64_t seed) {
     s ^= s << 13, s ^= s >> 7, s ^= s << 17;
     dst[i] = uint8_t(lo + (s >> 32) % (unsigned(hi) - lo + 1));
   }
-}
-
-void mix_vector(ModelWeights& w, const DenseWeight& norm, const DenseWeight& proj, DenseWeight& out) {
-  float* v = w.alloc(norm.cols);
-  for (int64_t i = 0; i < norm.cols; ++i) v[i] = norm.f32()[i] * proj.f32()[i];
-  out = {DType::F32, 1, norm.cols, v};
 }
 
 }  // namespace
@@ -91,11 +86,7 @@ std::unique_ptr<Model> make_random_model(const nlohmann::json& config, uint64_t 
     }
     *s.bytes = bytes;
   });
-  for (LayerWeights& l : w.layers) {
-    mix_vector(w, l.attn_res_norm, l.attn_res_proj, l.attn_mix);
-    mix_vector(w, l.mlp_res_norm, l.mlp_res_proj, l.mlp_mix);
-  }
-  mix_vector(w, w.out_res_norm, w.out_res_proj, w.out_mix);
+  derive_attnres_mix(w);
   return m;
 }
 

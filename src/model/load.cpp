@@ -121,6 +121,14 @@ void mix_vector(ModelWeights& w, const DenseWeight& norm, const DenseWeight& pro
 
 }  // namespace
 
+void derive_attnres_mix(ModelWeights& w) {
+  for (LayerWeights& l : w.layers) {
+    mix_vector(w, l.attn_res_norm, l.attn_res_proj, l.attn_mix);
+    mix_vector(w, l.mlp_res_norm, l.mlp_res_proj, l.mlp_mix);
+  }
+  mix_vector(w, w.out_res_norm, w.out_res_proj, w.out_mix);
+}
+
 void check_tensor(const TensorRef& r, const TensorSpec& s) {
   const std::string where = r.file->path() + ": tensor '" + r.info->name + "'";
   check(r.info->shape == s.shape,
@@ -163,13 +171,7 @@ std::unique_ptr<Model> load_model(const std::string& dir, const QuantPlan& plan)
   // Expert names as stored (weights.h: "prefix as in the checkpoint"), for error messages.
   for (LayerWeights& l : w.layers)
     for (ExpertRef& e : l.moe.experts) e.name = m->ckpt->prefix() + e.name;
-  if (m->config.residual == Residual::AttnRes) {
-    for (LayerWeights& l : w.layers) {
-      mix_vector(w, l.attn_res_norm, l.attn_res_proj, l.attn_mix);
-      mix_vector(w, l.mlp_res_norm, l.mlp_res_proj, l.mlp_mix);
-    }
-    mix_vector(w, w.out_res_norm, w.out_res_proj, w.out_mix);
-  }
+  if (m->config.residual == Residual::AttnRes) derive_attnres_mix(w);
   return m;
 }
 

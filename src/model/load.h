@@ -29,6 +29,11 @@ struct TensorSpec;
 /// weights read); throws naming the shard, the tensor, found and expected.
 void check_tensor(const TensorRef& r, const TensorSpec& s);
 
+/// Fills every layer's AttnRes score vectors (attn_mix, mlp_mix, and the final out_mix) as
+/// norm ⊙ proj from the loaded weights, allocated in `w` (docs/model.md#attnres). Used by the
+/// loader for AttnRes models and by the random in-memory models of `wren bench layers`.
+void derive_attnres_mix(ModelWeights& w);
+
 /// Throws when the checkpoint index lists a text-model tensor of a layer at or beyond the config's
 /// num_hidden_layers (a silently ignored layer means checkpoint and config disagree).
 void check_layer_count(const Checkpoint& ck, const Config& c);
