@@ -59,31 +59,55 @@ __global__ void __launch_bounds__(kWarp * NW) kda_decode_kernel(KdaDecodeArgs a)
   const int ch = h * d + c, r0 = warp * RW;
   float* Sg = a.S + size_t(h) * d * d;
 
-  // 1. This warp's rows of the column into registers (a warp reads 32 consecutive floats per row).
+  // 1. This warp's rows of the column into registers, issued first (a warp reads 32 consecutive
+  //    floats per row; nothing waits on them until step 4).
   float s[RW];
 #pragma unroll
   for (int i = 0; i < RW; ++i) s[i] = (live && (FIXED || r0 + i < d)) ? Sg[size_t(r0 + i) * d + c] : 0.f;
+
+  // 1b. Every other global input of the step into registers, before any store: as far as the
+  //    compiler knows the stores to S and to the windows may alias them, and a read issued after a
+  //    store waits for it (each such read was one more DRAM round trip on the critical path).
+  float xin[3] = {0, 0, 0}, zc = 0, gate_v = 0, onorm_v = 0;
+  float wc[3][kKdaDecodeMaxConv], wi[3][kKdaDecodeMaxConv];
+  const float alog = __ldg(a.a_log + h), braw = __ldg(a.beta + h);
+  if (warp == 0 && live) {
+    const float* in[3] = {a.q, a.k, a.v};
+    const float* cw[3] = {a.q_conv, a.k_conv, a.v_conv};
+#pragma unroll
+    for (int m = 0; m < 3; ++m) {
+      xin[m] = __ldg(in[m] + ch);
+      const float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
+#pragma unroll
+      for (int j = 0; j < kKdaDecodeMaxConv; ++j) {
+        wc[m][j] = j < K ? __ldg(cw[m] + size_t(ch) * K + j) : 0.f;
+        wi[m][j] = j < K - 1 ? win[j] : 0.f;
+      }
+    }
+    zc = __ldg(a.z + ch) + __ldg(a.dt_bias + ch);
+    gate_v = __ldg(a.gate + ch);
+    onorm_v = __ldg(a.o_norm + c);
+  }
 
   // 2. Warp 0, channel c: conv + SiLU of q, k, v (the window advances), the decay α_c.
   if (warp == 0) {
     float yq = 0, yk = 0, yv = 0, alpha = 0;
     if (live) {
-      const float* in[3] = {a.q, a.k, a.v};
-      const float* cw[3] = {a.q_conv, a.k_conv, a.v_conv};
       float y[3];
 #pragma unroll
       for (int m = 0; m < 3; ++m) {
+        y[m] = kda::conv_silu(wc[m], K, xin[m], kda::WindowTaps{wi[m]});
+        kda::conv_push(wi[m], K, xin[m]);
         float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
-        const float x = in[m][ch];
-        y[m] = kda::conv_silu(cw[m] + size_t(ch) * K, K, x, kda::WindowTaps{win});
-        kda::conv_push(win, K, x);
+#pragma unroll
+        for (int j = 0; j < kKdaDecodeMaxConv - 1; ++j)
+          if (j < K - 1) win[j] = wi[m][j];
       }
       yq = y[0], yk = y[1], yv = y[2];
-      const float A = exp_f(a.a_log[h]);
-      const float zc = a.z[ch] + a.dt_bias[ch];
+      const float A = exp_f(alog);
       alpha = exp_f(kda::log_decay(a.softplus_gate, A, zc, a.lower));
     }
-    const double sq = warp_sum(double(yq) * yq), sk = warp_sum(double(yk) * yk);
+  const double sq = warp_sum(double(yq) * yq), sk = warp_sum(double(yk) * yk);
     xq[lane] = yq, xk[lane] = yk, xa[lane] = alpha, vcol[lane] = yv;
     if (lane == 0) part[0] = sq, part[1] = sk;
   }
@@ -104,7 +128,7 @@ __global__ void __launch_bounds__(kWarp * NW) kda_decode_kernel(KdaDecodeArgs a)
     al[r] = cluster.map_shared_rank(xa, j)[i];
   }
   __syncthreads();
-  const float b = kda::beta_gate(a.beta[h]);
+  const float b = kda::beta_gate(braw);
 
   // 4a. Decay this warp's rows; u = kᵀS as one chain over the rows in order.
   float p[RW];
@@ -162,8 +186,8 @@ __global__ void __launch_bounds__(kWarp * NW) kda_decode_kernel(KdaDecodeArgs a)
     for (int j = 0; j < blocks; ++j) to += cluster.map_shared_rank(part, j)[2];
     const float inv = float(1.0 / sqrt(to / d + a.eps));
     if (live) {
-      float y = o * inv * a.o_norm[c];
-      y *= sigmoid_f(a.gate[ch]);
+      float y = o * inv * onorm_v;
+      y *= sigmoid_f(gate_v);
       a.out[ch] = y;
     }
   }
@@ -191,7 +215,7 @@ void launch(CudaBackend::Impl& m, const KdaDecodeArgs& a) {
 }  // namespace
 
 bool kda_decode(CudaBackend::Impl& m, const KdaDecodeArgs& a) {
-  if (a.T != 1 || a.d < 1 || a.d > kKdaDecodeMaxDim || a.K < 1) return false;
+  if (a.T != 1 || a.d < 1 || a.d > kKdaDecodeMaxDim || a.K < 1 || a.K > kKdaDecodeMaxConv) return false;
   // d = 128 (K3, Kimi Linear): 2 warps of 64 rows, stride fixed. Other d: warps of 32 rows (runtime
   // strides cost address registers; 64 rows would spill).
   if (a.d == 128) launch<64, 2, true>(m, a);

@@ -19,8 +19,11 @@ struct KdaDecodeArgs {
 
 /// Largest head_dim the fused decode kernel takes (a thread keeps one column of S_h in registers).
 constexpr int kKdaDecodeMaxDim = 128;
+/// Largest conv kernel it takes (the taps and window of a channel are held in registers).
+constexpr int kKdaDecodeMaxConv = 8;
 
-/// Runs one decode step of every head as one launch when T == 1 and 1 <= d <= kKdaDecodeMaxDim
+/// Runs one decode step of every head as one launch when T == 1, 1 <= d <= kKdaDecodeMaxDim and
+/// 1 <= K <= kKdaDecodeMaxConv
 /// (returns true); returns false, having launched nothing, otherwise (the caller then uses the
 /// token kernel). Throws DeviceError when the launch fails.
 bool kda_decode(CudaBackend::Impl& m, const KdaDecodeArgs& a);
