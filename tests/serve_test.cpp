@@ -921,7 +921,7 @@ TEST(ServeConstrained, ForcedCallsJsonRepliesAndInvalidOutputErrors) {
   }
   std::vector<int> garbage(120, tok.encode_ordinary("x").at(0));
   ChatMessage obj("assistant", R"({"a": [1, 2]})", "");
-  json replay = json::array({reply(good), bad_ids, bad_ids, garbage, reply(obj), reply(obj)});
+  json replay = json::array({reply(good), bad_ids, bad_ids, garbage, reply(obj), reply(obj), reply(good), reply(good)});
   const std::string dir = test::temp_dir("serve-constrained");
   std::ofstream(dir + "/replay.json") << replay.dump();
   ServeProcess server({"--ctx", "1024", "--replay-ids", dir + "/replay.json"});
@@ -976,6 +976,22 @@ TEST(ServeConstrained, ForcedCallsJsonRepliesAndInvalidOutputErrors) {
   json both = named;
   both["response_format"] = {{"type", "json_object"}};
   expect_error(c, "/v1/chat/completions", body(both), 400, "cannot be combined");
+  // 6, 7: the official openai client, streaming and not, with tool_choice named.
+  json reqs = json::array();
+  for (bool stream : {false, true}) {
+    json params = json::parse(body(named));
+    reqs.push_back({{"kind", "chat"}, {"stream", stream}, {"params", params}});
+  }
+  const json got = node_client(server.port(), reqs, false);
+  ASSERT_EQ(got.size(), 2u) << got.dump();
+  for (const json& g : got) {
+    SCOPED_TRACE(g.dump());
+    ASSERT_FALSE(g.contains("error"));
+    EXPECT_EQ(g["finish_reason"], "tool_calls");
+    ASSERT_EQ(g["tool_calls"].size(), 1u);
+    EXPECT_EQ(g["tool_calls"][0]["function"]["name"], "get_weather");
+    EXPECT_EQ(g["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})");
+  }
 }
 
 TEST(ServeK2, ReplyStreamGivesTheModelsCallIdsAndToolCallsFinish) {
