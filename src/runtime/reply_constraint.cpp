@@ -214,8 +214,9 @@ ReplyConstraint::ReplyConstraint(const ChatFormat& fmt, const ReplyRule& rule, b
   std::vector<int> forbid = stop_ids_;
   forbid.push_back(fmt.end_of_msg());
   if (thinking) {  // think freely, but leave the channel only by closing it
-    std::vector<int> f = forbid;
+    std::vector<int> f = forbid;  // <|sep|> too: outside a tag it would reach the reasoning text
     f.push_back(fmt.open_id());
+    f.push_back(fmt.sep_id());
     steps_.push_back({Step::Kind::FreeUntil, fmt.close_id(), {}, "", {}, f});
     add_text({"think"});
     add_special(fmt.sep_id());
