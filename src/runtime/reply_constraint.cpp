@@ -180,6 +180,18 @@ std::string ReplyRule::check(const std::vector<ParsedToolCall>& calls, const std
 
 // ---- ReplyConstraint ----
 
+namespace {
+ReplyConstraint::Step step(ReplyConstraint::Step::Kind k, int id = -1, std::vector<std::string> alternatives = {},
+                           std::vector<int> forbid = {}) {
+  ReplyConstraint::Step s;
+  s.kind = k;
+  s.id = id;
+  s.alternatives = std::move(alternatives);
+  s.forbid = std::move(forbid);
+  return s;
+}
+}  // namespace
+
 ReplyConstraint::ReplyConstraint(const ChatFormat& fmt, const ReplyRule& rule, bool thinking, std::vector<int> stop_ids)
     : fmt_(fmt), stop_ids_(std::move(stop_ids)), parser_(std::make_unique<ReplyParser>(fmt, thinking)) {
   const Tokenizer& tok = fmt.tokenizer();
@@ -188,7 +200,7 @@ ReplyConstraint::ReplyConstraint(const ChatFormat& fmt, const ReplyRule& rule, b
   for (const SpecialToken& s : tok.specials()) known_[size_t(s.id)] = 1;
   if (rule.kind == ReplyRule::Kind::Free) return;
   check(rule.kind != ReplyRule::Kind::ToolCall || !rule.tools.empty(), "a tool-call constraint needs a tool name");
-  auto json = [&] { steps_.push_back({Step::Kind::Json}); };
+  auto json = [&] { steps_.push_back(step(Step::Kind::Json)); };
   if (fmt.dialect() == ChatDialect::K2) {
     const ChatFormat::K2Ids& k = fmt.k2();
     auto need = [](int id, const char* what) {
@@ -217,7 +229,7 @@ ReplyConstraint::ReplyConstraint(const ChatFormat& fmt, const ReplyRule& rule, b
     std::vector<int> f = forbid;  // <|sep|> too: outside a tag it would reach the reasoning text
     f.push_back(fmt.open_id());
     f.push_back(fmt.sep_id());
-    steps_.push_back({Step::Kind::FreeUntil, fmt.close_id(), {}, "", {}, f});
+    steps_.push_back(step(Step::Kind::FreeUntil, fmt.close_id(), {}, f));
     add_text({"think"});
     add_special(fmt.sep_id());
     add_special(fmt.open_id());
@@ -236,7 +248,7 @@ ReplyConstraint::ReplyConstraint(const ChatFormat& fmt, const ReplyRule& rule, b
     for (const std::string& n : rule.tools) heads.push_back("call tool=\"" + ChatFormat::escape_attribute(n) + "\" index=\"1\"");
     add_text(heads);
     add_special(fmt.sep_id());
-    steps_.push_back({Step::Kind::FreeCall, -1, {}, "", {}, forbid});  // typed argument blocks: validated after
+    steps_.push_back(step(Step::Kind::FreeCall, -1, {}, forbid));  // typed argument blocks: validated after
     add_special(fmt.close_id());
     add_text({"tools"});
     add_special(fmt.sep_id());
@@ -254,10 +266,10 @@ ReplyConstraint::ReplyConstraint(const ChatFormat& fmt, const ReplyRule& rule, b
 
 ReplyConstraint::~ReplyConstraint() = default;
 
-void ReplyConstraint::add_special(int id) { steps_.push_back({Step::Kind::Special, id}); }
+void ReplyConstraint::add_special(int id) { steps_.push_back(step(Step::Kind::Special, id)); }
 
 void ReplyConstraint::add_text(std::vector<std::string> alternatives) {
-  steps_.push_back({Step::Kind::Text, -1, std::move(alternatives)});
+  steps_.push_back(step(Step::Kind::Text, -1, std::move(alternatives)));
 }
 
 bool ReplyConstraint::allowed(const Step& s, int id) const {

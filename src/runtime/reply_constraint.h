@@ -80,7 +80,7 @@ class ReplyConstraint {
 
   /// One step of the plan.
   struct Step {
-    enum class Kind { Special, Text, Json, FreeUntil, FreeCall } kind;
+    enum class Kind { Special, Text, Json, FreeUntil, FreeCall } kind = Kind::Special;
     int id = -1;                            ///< Special: the id; FreeUntil: the id that ends it
     std::vector<std::string> alternatives;  ///< Text: the literal texts allowed (prefix-free)
     std::string got;                        ///< Text: the bytes taken so far
