@@ -1,8 +1,11 @@
 // One loaded model ready to generate (see engine.h).
 #include "runtime/engine.h"
 
-#include <cstdio>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 
 #include "core/error.h"
@@ -53,12 +56,47 @@ int default_chunk(const std::string& backend, GpuPrecision precision, const Conf
   return 32;
 }
 
+namespace {
+
+/// LoadOptions::progress for the engine: on a terminal a live line "loading: X / Y GB, Z GB/s"
+/// (redrawn at most every 0.2 s); `summary` prints the final amount and rate once (also off a
+/// terminal). Everything on stderr.
+struct LoadProgress {
+  bool tty = false, summary = false;
+  std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now(), last = start;
+  void operator()(uint64_t done, uint64_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    const bool end = done == total;
+    if (!end && now - last < std::chrono::milliseconds(200)) return;
+    last = now;
+    const double s = std::chrono::duration<double>(now - start).count();
+    const double rate = s > 0 ? double(done) / s / 1e9 : 0;
+    if (tty) std::fprintf(stderr, "\rwren: loading weights: %.2f / %.2f GB, %.2f GB/s%s", double(done) / 1e9,
+                          double(total) / 1e9, rate, end ? "\n" : "");
+    else if (end && summary)
+      std::fprintf(stderr, "wren: loaded %.2f GB of dense weights in %.2f s (%.2f GB/s)\n", double(total) / 1e9, s, rate);
+  }
+};
+
+}  // namespace
+
 Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   const std::string backend = resolve_backend(o.backend);  // fail on a bad --backend before loading
   dir_ = o.model_dir.empty() ? ensure_default_model(default_vocab_file()) : o.model_dir;
-  model_ = load_model(dir_, o.plan);
+  // The backend first, so that one that places its own weights (CUDA) takes each dense matrix
+  // straight from the mapped checkpoint: no host copy of what lives on the device.
+  be_ = create_backend(backend, o.cpu, o.vram_experts, o.cuda);
+  LoadOptions lo;
+  if (be_->places_dense()) lo.place_on = be_.get();
+  if (o.announce) {
+    LoadProgress bar;
+    bar.tty = ::isatty(2) != 0;
+    bar.summary = lo.place_on != nullptr;
+    lo.progress = bar;
+  }
+  model_ = load_model(dir_, o.plan, lo);
   check_sizes(o, model_->config, backend);
-  be_ = make_backend(backend, model_->weights, o.cpu, o.vram_experts, o.cuda);
+  give_weights(*be_, model_->weights);
   // The store serves the CPU backend, and the CUDA backend's VRAM tier when its budget does not
   // hold every expert (disk -> host store -> VRAM slots); with all experts in VRAM it is not needed.
   be_->set_strict(o.strict);
@@ -71,7 +109,17 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
       *model_, *be_, ForwardOptions{.max_chunk = chunk_, .layers = o.layers, .check_finite = o.check_finite});
   if (backend != "cpu" && o.cpu_fallback) {
     const CpuOptions cpu = o.cpu;
-    fwd_->set_fallback([this, cpu] { return make_backend("cpu", model_->weights, cpu); });
+    const QuantPlan plan = o.plan;
+    const bool placed = lo.place_on != nullptr;
+    fwd_->set_fallback_with_model([this, cpu, plan, placed] {
+      Runner::Fallback fb;
+      if (placed) {  // the weights live on the failed device: the CPU loads its own copy now
+        host_model_ = load_model(dir_, plan);
+        fb.model = host_model_.get();
+      }
+      fb.backend = make_backend("cpu", (placed ? host_model_ : model_)->weights, cpu);
+      return fb;
+    });
   }
   if (std::filesystem::exists(dir_ + "/tiktoken.model")) {
     tok_ = Tokenizer::load(dir_);
