@@ -223,22 +223,22 @@ std::unique_ptr<Model> load_model(const std::string& dir, const QuantPlan& plan,
   m->config = m->ckpt->config();
   check_layer_count(*m->ckpt, m->config);
   ModelWeights& w = m->weights;
-  // Every tensor located and checked (headers only) before any weight is read; the table's
-  // destinations are stable once it has sized the layers and expert lists.
-  std::vector<std::pair<TensorSpec, TensorRef>> todo;
+  // Every tensor located and checked (headers only) before any weight is read; expert tensors are
+  // only recorded (their bytes stay in the mapping), the dense ones kept for the second pass (the
+  // table's destinations are stable once it has sized the layers and expert lists).
+  std::vector<std::pair<TensorSpec, TensorRef>> dense;
   uint64_t total = 0, done = 0;
   for_each_tensor(m->config, w, [&](const TensorSpec& s) {
     const TensorRef r = m->ckpt->require(s.name, s.alt_name);
     check_tensor(r, s);
-    if (!s.is_expert()) total += r.info->nbytes;
-    todo.emplace_back(s, r);
+    if (s.is_expert()) return load_tensor(r, w, s, plan, o.place_on);
+    total += r.info->nbytes;
+    dense.emplace_back(s, r);
   });
-  for (const auto& [s, r] : todo) {
+  for (const auto& [s, r] : dense) {
     load_tensor(r, w, s, plan, o.place_on);
-    if (!s.is_expert()) {
-      done += r.info->nbytes;
-      if (o.progress) o.progress(done, total);
-    }
+    done += r.info->nbytes;
+    if (o.progress) o.progress(done, total);
   }
   if (o.place_on) o.place_on->place_finish();
   m->plan = plan;
