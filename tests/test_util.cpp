@@ -142,9 +142,8 @@ nlohmann::json second_shape_config() {
   return j;
 }
 
-int run_wren(const std::string& args, std::string* out, const std::string& env) {
-  const std::string cmd = (env.empty() ? "" : env + " ") + std::string(WREN_BINARY) + " " + args + " 2>&1";
-  FILE* p = popen(cmd.c_str(), "r");
+int run_cmd(const std::string& cmd, std::string* out) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
   if (!p) return -1;
   std::array<char, 4096> buf;
   out->clear();
@@ -152,6 +151,17 @@ int run_wren(const std::string& args, std::string* out, const std::string& env) 
   while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out->append(buf.data(), n);
   const int st = pclose(p);
   return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+int run_wren(const std::string& args, std::string* out, const std::string& env) {
+  return run_cmd((env.empty() ? "" : env + " ") + std::string(WREN_BINARY) + " " + args, out);
+}
+
+std::vector<cpu::Isa> cpu_levels() {
+  std::vector<cpu::Isa> out;
+  for (cpu::Isa i : {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512})
+    if (cpu::isa_supported(i)) out.push_back(i);
+  return out;
 }
 
 }  // namespace wren::test

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "backends/cpu/isa.h"
 #include "ops/backend.h"
 
 namespace wren::test {
@@ -56,6 +57,10 @@ nlohmann::json golden_config(const nlohmann::json& patch = nlohmann::json::objec
 /// A second K3 shape for generated checkpoints: every size differs from k3-tiny-a; L = 6 with
 /// MLA every 4th plus the last, two dense layers, an AttnRes block larger than L.
 nlohmann::json second_shape_config();
+/// Runs a shell command; returns its exit code, stdout+stderr in *out.
+int run_cmd(const std::string& cmd, std::string* out);
+/// The CPU kernel levels (ISA) this machine runs: Scalar, and AVX2 / AVX-512 when supported.
+std::vector<cpu::Isa> cpu_levels();
 /// Runs the wren binary with `args` (and shell environment assignments `env`, e.g. "A=1");
 /// returns its exit code, stdout+stderr in *out.
 int run_wren(const std::string& args, std::string* out, const std::string& env = "");
