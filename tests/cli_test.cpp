@@ -279,7 +279,7 @@ namespace {
 
 TEST(LoadProgress, CallbackCountsEveryDenseByteOnce) {
   std::vector<std::pair<uint64_t, uint64_t>> calls;
-  const auto m = load_model(test::golden_dir(), {}, [&](uint64_t done, uint64_t total) { calls.push_back({done, total}); });
+  const auto m = load_model(test::golden_dir(), {}, LoadOptions{nullptr, [&](uint64_t done, uint64_t total) { calls.push_back({done, total}); }});
   ASSERT_FALSE(calls.empty());
   uint64_t prev = 0;
   for (const auto& [done, total] : calls) {

@@ -36,15 +36,9 @@ namespace {
 TEST(CudaFast, NotBuilt) { GTEST_SKIP() << "CUDA backend not built (configure with -DWREN_CUDA=ON; nvcc needed)"; }
 #else
 
-std::vector<float> rnd(std::mt19937& g, size_t n, float lo = -1.f, float hi = 1.f) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) {
-    do x = u(g);
-    while (x == 0.f);
-  }
-  return v;
-}
+using test::HostWeight;
+
+std::vector<float> rnd(std::mt19937& g, size_t n, float lo = -1.f, float hi = 1.f) { return test::random_vec(g, n, lo, hi); }
 
 size_t nan_count(const std::vector<float>& v) {
   size_t n = 0;
@@ -58,7 +52,7 @@ struct Worst {
   void add(double r) { rel = std::max(rel, r), ++cases; }
 };
 
-class CudaFast : public ::testing::Test {
+class CudaFast : public ::testing::Test, protected test::BackendBuffers {
  protected:
   void SetUp() override {
     std::string why;
@@ -67,34 +61,13 @@ class CudaFast : public ::testing::Test {
     be_->set_precision(GpuPrecision::Fast);
   }
   void TearDown() override {
-    if (be_)
-      for (float* p : owned_) be_->release(p);
+    if (be_) release_owned();
   }
-  float* dev(const std::vector<float>& h) {
-    float* p = be_->alloc(h.size());
-    be_->from_host(h.data(), h.size(), p);
-    owned_.push_back(p);
-    return p;
-  }
-  float* poisoned(size_t n) { return dev(std::vector<float>(n, std::nanf(""))); }
+  Backend& buffers_backend() override { return *be_; }
   /// Backend::routed_moe's workspace: ys, and the dense host path's g/u/act rows of `inter`.
   RoutedMoeWork work(float* ys, int inter) { return RoutedMoeWork{ys, poisoned(inter), poisoned(inter), poisoned(inter)}; }
-  std::vector<float> host(const float* d, size_t n) {
-    std::vector<float> h(n);
-    be_->to_host(d, n, h.data());
-    return h;
-  }
   std::unique_ptr<CudaBackend> be_;
   CpuBackend cpu_;
-  std::vector<float*> owned_;
-};
-
-struct HostWeight {
-  std::vector<float> data;
-  DenseWeight w;
-  HostWeight(std::vector<float> d, int64_t rows, int64_t cols) : data(std::move(d)) {
-    w.rows = rows, w.cols = cols, w.data = data.data();
-  }
 };
 
 // cuBLASLt GEMM (rows % 4 == 0 and cols % 8 == 0 take it; the others the f32 kernel), f32 and

@@ -102,26 +102,10 @@ const auto* const kReportEnv = ::testing::AddGlobalTestEnvironment(new ReportEnv
 
 // ---- fixture and buffers ----
 
-std::vector<float> random_vec(std::mt19937& g, size_t n, float lo = -1.f, float hi = 1.f) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) {
-    do x = u(g);
-    while (x == 0.f);
-  }
-  return v;
-}
+using test::HostWeight;
+using test::random_vec;
 
-/// A weight owned by the test: host storage + DenseWeight view.
-struct HostWeight {
-  std::vector<float> data;
-  DenseWeight w;
-  HostWeight(std::vector<float> d, int64_t rows, int64_t cols) : data(std::move(d)) {
-    w.rows = rows, w.cols = cols, w.data = data.data();
-  }
-};
-
-class CudaOps : public ::testing::Test {
+class CudaOps : public ::testing::Test, protected test::BackendBuffers {
  protected:
   static void SetUpTestSuite() {
     std::string why;
@@ -137,28 +121,11 @@ class CudaOps : public ::testing::Test {
   void SetUp() override {
     if (!be_) GTEST_SKIP() << "no CUDA device: " << *why_;
   }
-  /// Device copy of host data (released by the fixture).
-  float* dev(const std::vector<float>& h) {
-    float* p = be_->alloc(h.size());
-    be_->from_host(h.data(), h.size(), p);
-    owned_.push_back(p);
-    return p;
-  }
-  /// Device buffer of n floats filled with NaN (poison).
-  float* poisoned(size_t n) { return dev(std::vector<float>(n, std::nanf(""))); }
-  std::vector<float> host(const float* d, size_t n) {
-    std::vector<float> h(n);
-    be_->to_host(d, n, h.data());
-    return h;
-  }
-  void TearDown() override {
-    for (float* p : owned_) be_->release(p);
-    owned_.clear();
-  }
+  Backend& buffers_backend() override { return *be_; }
+  void TearDown() override { release_owned(); }
   static CudaBackend* be_;
   static std::string* why_;
   CpuBackend cpu_;
-  std::vector<float*> owned_;
 };
 CudaBackend* CudaOps::be_ = nullptr;
 std::string* CudaOps::why_ = nullptr;

@@ -33,6 +33,14 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
                                       const CpuOptions& cpu = {}, const std::string& vram_experts = "",
                                       const CudaOptions& cuda = {});
 
+/// make_backend in two steps, for loading straight to the backend (load_model with
+/// LoadOptions::place_on when the backend places_dense()): create_backend makes the backend
+/// without weights, give_weights then hands it the model's weights (CUDA: mirrors the host ones,
+/// the vectors and the routed experts, to device memory; weights it placed itself stay as they are).
+std::unique_ptr<Backend> create_backend(const std::string& name, const CpuOptions& cpu = {},
+                                        const std::string& vram_experts = "", const CudaOptions& cuda = {});
+void give_weights(Backend& be, const ModelWeights& weights);
+
 /// TFLOP/s of a large BF16 GEMM on `be`'s tensor cores, measured now (CUDA); 0 for the CPU backend.
 double gpu_bf16_peak_tflops(Backend& be);
 

@@ -60,7 +60,9 @@ class Engine {
   /// Loads the model (and its tokenizer if DIR has tiktoken.model). Throws wren::Error.
   explicit Engine(const EngineOptions& o);
 
-  const Model& model() const { return *model_; }
+  /// The model the current backend reads (a host copy of it once a GPU failure made the run fall
+  /// back to the CPU, when the weights had been placed on the device).
+  const Model& model() const { return fwd_->model(); }
   const Config& config() const { return model_->config; }
   /// The step front ends run tokens through: the forward pass with the CPU fallback policy.
   Runner& forward() { return *fwd_; }
@@ -80,6 +82,7 @@ class Engine {
   int ctx_;
   int chunk_ = 32;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<Model> host_model_;  ///< the CPU fallback's copy when model_'s weights are on the device
   std::unique_ptr<Backend> be_;
   std::unique_ptr<ExpertStore> store_;
   std::unique_ptr<Runner> fwd_;

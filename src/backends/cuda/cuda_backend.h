@@ -142,6 +142,13 @@ class CudaBackend final : public Backend {
   /// process); throws wren::Error naming the option when one is invalid.
   void set_options(const CudaOptions& o);
 
+  /// Weights straight from the checkpoint to device memory (place.cu): each dense matrix is
+  /// streamed through pinned staging and, in format F32, upcast on the device; no host copy.
+  /// upload() then skips the weights placed here (and refuses ones placed on another backend).
+  bool places_dense() const override { return true; }
+  void place_dense(DenseWeight& w, const PlaceRequest& r) override;
+  void place_finish() override;
+
   float* alloc(size_t n) override;
   void release(float* p) override;
   void to_host(const float* src, size_t n, float* dst) override;

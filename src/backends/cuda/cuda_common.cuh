@@ -79,6 +79,7 @@ struct Scratch {
 };
 
 struct LtState;  ///< cuBLASLt handle, BF16 weight copies, grouped-MoE tables (gemm_lt.cu)
+struct Placer;   ///< weight placement at load: pinned staging, device arena block (place.cu)
 
 }  // namespace cuda
 
@@ -100,6 +101,7 @@ struct CudaBackend::Impl {
   cuda::ExpertTier tier;        ///< VRAM expert tier (expert_tier.cu)
   cuda::Scratch pair_table;     ///< device per-pair expert table (tier)
   cuda::LtState* lt = nullptr;  ///< fast mode state, created on first use (owned; cuda::lt_destroy)
+  cuda::Placer* placer = nullptr;  ///< load-time placement state (owned; cuda::placer_destroy)
   // Decode graphs (graph.cu).
   bool capturing = false;        ///< the stream is being recorded
   cudaGraphExec_t graph_exec = nullptr;  ///< last instantiated decode graph (updated in place)
@@ -196,6 +198,8 @@ bool lt_gemm(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, 
 const uint16_t* bf16_weight(CudaBackend::Impl& m, const DenseWeight& W, const char* op);
 /// Frees the fast-mode state (called by ~CudaBackend).
 void lt_destroy(CudaBackend::Impl& m);
+/// Frees the placement state (pinned staging, events); the placed weights stay (in m.arenas).
+void placer_destroy(CudaBackend::Impl& m) noexcept;
 /// Fast mode (moe_grouped.cu): the routed experts of a chunk as one grouped GEMM per matrix, after
 /// the router has written device ids/weights [T·k]; see the file comment. `table` is the layer's
 /// resident MXFP4 table (null for dense experts). Returns false when the layer does not qualify.
