@@ -68,7 +68,8 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   }
   chunk_ = o.chunk > 0 ? o.chunk : default_chunk(backend, o.cuda.precision, model_->config, device_free_bytes(*be_));
   fwd_ = std::make_unique<Runner>(
-      *model_, *be_, ForwardOptions{.max_chunk = chunk_, .layers = o.layers, .check_finite = o.check_finite});
+      *model_, *be_, ForwardOptions{.max_chunk = chunk_, .layers = o.layers, .check_finite = o.check_finite,
+                                   .predict = o.predict != "off"});
   if (backend != "cpu" && o.cpu_fallback) {
     const CpuOptions cpu = o.cpu;
     fwd_->set_fallback([this, cpu] { return make_backend("cpu", model_->weights, cpu); });

@@ -22,6 +22,8 @@ struct EngineOptions {
   std::string model_dir;           ///< "" = the built-in default model
   std::string expert_cache;        ///< --expert-cache ("" = default budget)
   std::string direct = "auto";     ///< --direct
+  /// --predict on|off: prefetch the next MoE layer's guessed experts (ForwardOptions::predict).
+  std::string predict = "on";
   std::string backend = "auto";    ///< --backend: cpu, cuda or auto (runtime/backend_factory.h)
   std::string vram_experts;        ///< --vram-experts (CUDA): "" = all that fit, "all", or a size
   int chunk = 0;                   ///< --chunk: tokens per layer-major pass; 0 = the backend's default
