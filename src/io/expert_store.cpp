@@ -125,9 +125,14 @@ void ExpertByteStore::loader_main() {
     bool pre;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_job_.wait(lk, [&] { return stop_ || !demand_q_.empty() || !prefetch_q_.empty(); });
+      // Demand reads first; prefetch reads on at most half of the loaders, so a demand read that
+      // arrives while guesses are being read finds a loader free.
+      cv_job_.wait(lk, [&] {
+        return stop_ || !demand_q_.empty() || (!prefetch_q_.empty() && 2 * prefetch_inflight_ < std::max(2, opts_.loader_threads));
+      });
       if (stop_) return;
-      pre = demand_q_.empty();  // demand reads first
+      pre = demand_q_.empty();
+      if (pre) ++prefetch_inflight_;
       std::deque<int>& q = pre ? prefetch_q_ : demand_q_;
       slot = q.front();
       q.pop_front();
@@ -145,9 +150,10 @@ void ExpertByteStore::loader_main() {
       stats_.read_s += now_s() - t0;
       s.error = err;
       s.state = err.empty() ? Slot::Ready : Slot::Failed;
-      if (pre) done_.push_back(slot);
+      if (pre) done_.push_back(slot), --prefetch_inflight_;
     }
     cv_done_.notify_all();
+    if (pre) cv_job_.notify_one();
   }
 }
 
@@ -281,7 +287,7 @@ void ExpertByteStore::prefetch(int layer, const int* experts, int n) {
       if (slots_[it->second]->in_lru) lru_push_back(it->second);  // keep it: it is wanted soon
       continue;
     }
-    if (2 * (prefetched_unused_ + 1) > int(slots_.size())) continue;  // half the cache at most
+    if (prefetched_unused_ + 1 > prefetch_room()) continue;
     const int slot = acquire_slot();
     if (slot < 0) continue;
     start_load(layer, e, slot, true);
@@ -290,9 +296,16 @@ void ExpertByteStore::prefetch(int layer, const int* experts, int n) {
   }
 }
 
+int ExpertByteStore::prefetch_room() const {
+  // Half of the slots at most, and none of the two visits' worth of slots the current and the
+  // next layer ask for: guesses that the current layer's misses would evict cost reads for nothing.
+  return std::min(int(slots_.size()) / 2, int(slots_.size()) - 2 * last_visit_);
+}
+
 void ExpertByteStore::visit_batches(int layer, const std::vector<int>& experts, const BatchFn& fn) {
   std::lock_guard<std::mutex> api(api_mu_);
   reap();
+  last_visit_ = int(experts.size());
   if (size_t(layer) < has_guess_.size() && has_guess_[layer]) {  // recall of the guess for this layer
     std::vector<char>& g = guess_[layer];
     for (int e : experts) stats_.guessed_hit += g[e] ? 1 : 0;

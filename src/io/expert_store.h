@@ -87,9 +87,11 @@ class ExpertByteStore {
   void visit_batches(int layer, const std::vector<int>& experts, const BatchFn& fn);
 
   /// A guess: `experts` (ids of `layer`, duplicates allowed) will be visited soon. Starts reads of
-  /// those not resident or in flight, behind any demand read, into free or least recently used
-  /// slots, while prefetched-and-unused experts hold at most half of the slots (so wrong guesses
-  /// never take more than half of the cache); moves resident ones to the recent end of the LRU.
+  /// those not resident or in flight, behind any demand read (and on at most half of the loaders),
+  /// into free or least recently used slots, while prefetched-and-unused experts hold at most half
+  /// of the slots and leave twice the latest visit's count to demand (so wrong guesses never take
+  /// more than half of the cache, and a cache too small for that prefetches nothing); moves
+  /// resident ones to the recent end of the LRU.
   /// Never throws for a read: a failed prefetch is counted and read again when visited. Only
   /// timing depends on the guess; the bytes a visit hands over never do.
   void prefetch(int layer, const int* experts, int n);
@@ -125,6 +127,9 @@ class ExpertByteStore {
   std::vector<int> free_;                    ///< empty slots
   int lru_head_ = -1, lru_tail_ = -1;        ///< evictable slots, least recently used first
   int prefetched_unused_ = 0;                ///< slots loaded by prefetch, not yet visited
+  int last_visit_ = 0;                       ///< experts asked for by the latest visit
+  int prefetch_inflight_ = 0;                ///< prefetch reads on loaders now (under mu_)
+  int prefetch_room() const;                 ///< how many prefetched-unused slots may exist
   std::vector<std::vector<char>> guess_;     ///< [layer][e]: guessed since the layer's last visit
   std::vector<char> has_guess_;              ///< [layer]
   std::unordered_map<std::string, int> fds_;  ///< shard path -> fd (opened on first read)

@@ -49,6 +49,12 @@ void check_sizes(const EngineOptions& o, const Config& c, const std::string& bac
 /// path's BF16 scratch) fits in a quarter of the device's free memory (at least 32).
 int default_chunk(const std::string& backend, GpuPrecision precision, const Config& c, uint64_t free_device_bytes);
 
+/// The default prefill chunk on the CPU when routed experts stream (the expert store holds fewer
+/// than all of them): each chunk reads each expert it touches once per MoE layer, so a prompt that
+/// fits one chunk reads its experts once. The largest power of two up to 4096 whose activation
+/// workspace fits in an eighth of `free_host_bytes` (at least 32).
+int streaming_chunk(const Config& c, uint64_t free_host_bytes);
+
 class Engine {
  public:
   /// Loads the model (and its tokenizer if DIR has tiktoken.model). Throws wren::Error.
