@@ -2,7 +2,8 @@
 // bytes handed over are always the file's, at every budget and thread count), a prefetch racing
 // an eviction, faults during prefetch (EIO, short read: a clear error naming the file and the
 // expert, or a re-read when the fault was transient), and expert prediction (ForwardOptions::
-// predict) giving bit-identical logits with prediction on and off at every budget.
+// predict) giving bit-identical logits with prediction on and off at every budget; the CPU prefill
+// chunk when experts stream.
 #include <gtest/gtest.h>
 
 #include <unistd.h>
@@ -23,6 +24,7 @@
 #include "core/error.h"
 #include "io/expert_store.h"
 #include "model/forward.h"
+#include "runtime/engine.h"
 #include "runtime/expert_store.h"
 #include "synth/synth.h"
 #include "test_util.h"
@@ -320,6 +322,29 @@ TEST(Prediction, SameLogitsOnAndOffAtEveryBudget) {
     }
   }
   std::filesystem::remove_all(dir);
+}
+
+}  // namespace
+}  // namespace wren
+
+namespace wren {
+namespace {
+
+TEST(StreamingChunk, CpuPrefillIsOneChunkWhenExpertsStream) {
+  EngineOptions o;
+  o.model_dir = test::golden_dir();
+  o.backend = "cpu";
+  o.announce = false;
+  o.expert_cache = "100K";  // fewer than all 144 experts of k3-tiny-a
+  Engine streaming(o);
+  EXPECT_GT(streaming.chunk(), 32);
+  o.expert_cache = "";      // default: every expert fits
+  Engine resident(o);
+  EXPECT_EQ(resident.chunk(), 32);
+  o.expert_cache = "100K";
+  o.chunk = 8;              // an explicit --chunk wins
+  Engine explicit_chunk(o);
+  EXPECT_EQ(explicit_chunk.chunk(), 8);
 }
 
 }  // namespace
