@@ -136,6 +136,29 @@ class TouchCounter final : public ExpertSource {
   ExpertSource& s_;
 };
 
+/// Every expert through a cold store with a no-op compute, 16 at a time as decode asks for them;
+/// with `ahead`, the next 16 are prefetched before each visit (reads of two groups in flight).
+/// GB/s over wall time.
+double store_read(const Model& m, ExpertStoreOptions o, bool ahead) {
+  const Config& c = m.config;
+  o.cache_bytes = uint64_t(c.expert_bytes()) * 4 * c.top_k;
+  ExpertStore store(m.weights, c.expert_bytes(), o);
+  std::vector<std::pair<int, std::vector<int>>> groups;
+  for (int l = c.first_dense; l < c.n_layers; ++l)
+    for (int e0 = 0; e0 < c.n_experts; e0 += c.top_k) {
+      std::vector<int> ids;
+      for (int e = e0; e < std::min(c.n_experts, e0 + c.top_k); ++e) ids.push_back(e);
+      groups.push_back({l, ids});
+    }
+  const double t0 = now_s();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (ahead && g + 1 < groups.size())
+      store.prefetch(groups[g + 1].first, groups[g + 1].second.data(), int(groups[g + 1].second.size()));
+    store.visit(groups[g].first, groups[g].second, [](int, const ExpertRef&) {});
+  }
+  return store.stats().bytes_read / (now_s() - t0) / 1e9;
+}
+
 struct RunResult {
   double prefill_s = 0, decode_s = 0;
   uint64_t prefill_read = 0, prefill_touched = 0, decode_read = 0;
@@ -239,6 +262,18 @@ void run_stream(const StreamArgs& a) {
   const double raw_med = median(raw);
   std::printf("\n## Raw sequential read of the shards (%s, 8 MB reads, 1 thread)\nGB/s: min %.3f, median %.3f (%d runs)\n",
               direct ? "cold: O_DIRECT" : "cold: page cache dropped", minimum(raw), raw_med, a.runs);
+
+  std::vector<double> st, st_ahead;
+  for (int r = 0; r < a.runs; ++r) {
+    drop_cache(files);
+    st.push_back(store_read(*model, so, false));
+    drop_cache(files);
+    st_ahead.push_back(store_read(*model, so, true));
+  }
+  std::printf("expert store, every expert, 16 per visit, no compute (%d loaders): GB/s min %.3f, median %.3f (%.2fx raw); "
+              "next 16 prefetched before each visit: min %.3f, median %.3f (%.2fx raw)\n",
+              a.loaders, minimum(st), median(st), median(st) / raw_med, minimum(st_ahead), median(st_ahead),
+              median(st_ahead) / raw_med);
 
   std::printf("\n## Prefill and decode by budget (cold cache at the start of each run; min / median of %d runs)\n", a.runs);
   std::printf("| budget | predict | prefill tok/s | prefill GB read / touched | decode s/token | decode GB/token | hit rate | recall | achieved GB/s (x raw) | I/O floor s/token | time / floor |\n");
