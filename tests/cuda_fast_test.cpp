@@ -223,7 +223,10 @@ TEST_F(CudaFast, RoutedMoeGroupedMatchesCpu) {
                         {false, 64, 8, 256, 128, 2.827f, false}, {false, 8, 8, 512, 96, 1.f, false},
                         {false, 4, 2, 256, 1024, 0.5f, false},  {true, 16, 4, 64, 40, 1.f, true},
                         {true, 33, 8, 72, 96, 2.446f, true},     {true, 8, 2, 256, 64, 1.f, false},
-                        {true, 64, 8, 128, 256, 1.f, true}};
+                        {true, 64, 8, 128, 256, 1.f, true},
+                        // the grouped MMA kernel: k-loops past its 4-stage ring (K 576 = 18 steps,
+                        // 200 = 6.25: a partial step), partial 64/128-column tiles, 2 row tiles an expert
+                        {true, 64, 8, 576, 200, 2.446f, true},   {true, 4, 2, 320, 136, 1.f, false}};
   Worst mx, dn;
   for (const Case& c : cases)
     for (int T : {1, 2, 7, 33, 64, 130}) {
@@ -278,6 +281,38 @@ TEST_F(CudaFast, RoutedMoeGroupedMatchesCpu) {
     }
   std::printf("[ cuda fast ] grouped routed experts: mxfp4 %d cases worst rel-L2 %.3g; dense %d cases worst %.3g\n",
               mx.cases, mx.rel, dn.cases, dn.rel);
+}
+
+// Per-launch profiling (bench prefill --profile): the span's labels name the launches made in it,
+// with counts, and the outputs are those of an unprofiled call (events only, same kernels).
+TEST_F(CudaFast, ProfileNamesTheLaunchesAndChangesNothing) {
+  std::mt19937 g(35);
+  HostWeight w(rnd(g, size_t(256) * 512), 256, 512);
+  be_->upload(w.w);
+  const auto x = rnd(g, size_t(40) * 512);
+  float* dx = dev(x);
+  float* dy = poisoned(size_t(40) * 256);
+  be_->gemm(w.w, dx, 40, dy);
+  const auto plain = host(dy, size_t(40) * 256);
+  be_->profile_begin();
+  for (int i = 0; i < 3; ++i) be_->gemm(w.w, dx, 40, dy);
+  double total = 0;
+  const std::vector<CudaOpTime> prof = be_->profile_end(&total);
+  EXPECT_GT(total, 0.0);
+  uint64_t gemms = 0, conversions = 0;
+  double sum = 0;
+  for (const CudaOpTime& t : prof) {
+    if (t.name == "gemm (fast, cuBLASLt) 256x512") gemms = t.launches;
+    if (t.name == "gemm (fast) activation conversion") conversions = t.launches;
+    sum += t.ms;
+  }
+  EXPECT_EQ(gemms, 3u);
+  EXPECT_EQ(conversions, 3u);
+  EXPECT_NEAR(sum, total, 1e-6 * std::max(1.0, total));
+  const auto again = host(dy, size_t(40) * 256);
+  EXPECT_EQ(0, std::memcmp(plain.data(), again.data(), plain.size() * 4));
+  double none = -1;
+  EXPECT_TRUE(be_->profile_end(&none).empty()) << "a second end without a begin reports nothing";
 }
 
 // Exact mode keeps routing dense experts on the host (a counted fallback) and keeps the MXFP4

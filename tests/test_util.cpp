@@ -1,6 +1,8 @@
 // Shared helpers for the test suites.
 #include "test_util.h"
 
+#include "tokenizer/tiktoken_model.h"
+
 #include "runtime/validate.h"
 
 #include <array>
@@ -17,6 +19,14 @@ namespace wren::test {
 std::string data_dir() { return std::string(WREN_SOURCE_DIR) + "/tests/data"; }
 
 std::string golden_dir() { return data_dir() + "/k3-tiny-a"; }
+
+Tokenizer k2_tokenizer() {
+  RankTable ranks = load_tiktoken_model(golden_dir() + "/tiktoken.model");
+  std::vector<SpecialToken> specials;
+  int id = ranks.size();
+  for (const char* s : kK2Specials) specials.push_back({id++, s});
+  return Tokenizer(std::move(ranks), std::move(specials));
+}
 
 std::string kimi_linear_dir() { return data_dir() + "/kimi-linear-tiny"; }
 

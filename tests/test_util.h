@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "tokenizer/tokenizer.h"
+
 namespace wren::test {
 
 /// The repository's test data folder, tests/data (see its README: where each file came from).
@@ -14,6 +16,14 @@ std::string data_dir();
 std::string golden_dir();
 /// tests/data/kimi-linear-tiny: the small Kimi Linear checkpoint with transformers' outputs.
 std::string kimi_linear_dir();
+/// The K2-style specials k2_tokenizer() adds after the k3-tiny-a ranks, in id order from 4096.
+inline const char* const kK2Specials[] = {"[BOS]", "[EOS]", "<|im_end|>", "<|im_user|>", "<|im_assistant|>",
+                                          "<|im_system|>", "<|im_middle|>", "<|tool_calls_section_begin|>",
+                                          "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+                                          "<|tool_call_argument_begin|>", "<|tool_call_end|>"};
+/// A tokenizer with the k3-tiny-a BPE ranks and the K2 chat specials above (ids 4096..4107): the
+/// repository has no Kimi Linear / K2 tokenizer, so the K2 chat dialect is tested on this one.
+Tokenizer k2_tokenizer();
 /// A fresh temporary directory (removed at process exit is not guaranteed; under /tmp).
 std::string temp_dir(const std::string& tag);
 /// ‖a − b‖ / ‖b‖.

@@ -159,13 +159,27 @@ void check_layer_count(const Checkpoint& ck, const Config& c) {
   }
 }
 
-std::unique_ptr<Model> load_model(const std::string& dir, const QuantPlan& plan) {
+std::unique_ptr<Model> load_model(const std::string& dir, const QuantPlan& plan, const LoadProgress& progress) {
   auto m = std::make_unique<Model>();
   m->ckpt = std::make_unique<Checkpoint>(dir);
   m->config = m->ckpt->config();
   check_layer_count(*m->ckpt, m->config);
   ModelWeights& w = m->weights;
-  for_each_tensor(m->config, w, [&](const TensorSpec& s) { load_tensor(*m->ckpt, w, s, plan); });
+  uint64_t total = 0, done = 0;
+  auto dense_bytes = [&](const TensorSpec& s) -> uint64_t {
+    if (s.is_expert()) return 0;
+    TensorRef r = m->ckpt->find(s.name);
+    if (!r.info && !s.alt_name.empty()) r = m->ckpt->find(s.alt_name);
+    return r.info ? r.info->nbytes : 0;
+  };
+  if (progress) {  // a first pass over a scratch table for the total (headers only)
+    ModelWeights scratch;
+    for_each_tensor(m->config, scratch, [&](const TensorSpec& s) { total += dense_bytes(s); });
+  }
+  for_each_tensor(m->config, w, [&](const TensorSpec& s) {
+    load_tensor(*m->ckpt, w, s, plan);
+    if (progress && !s.is_expert()) progress(done += dense_bytes(s), total);
+  });
   m->plan = plan;
   m->ckpt->release_pages();  // dense weights are copied; experts are read on demand
   // Expert names as stored (weights.h: "prefix as in the checkpoint"), for error messages.

@@ -1,5 +1,7 @@
 // Loading a checkpoint into ModelWeights through the tensor table.
 #pragma once
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -22,7 +24,10 @@ struct Model {
 /// the tensor, expected and found), Float tensors upcast to f32, expert tensors kept packed in
 /// the mapping. Vision tensors are never touched. Dense matrices are then stored in the format
 /// `plan` gives their class (default: all f32, the exact mode); vectors always stay f32.
-std::unique_ptr<Model> load_model(const std::string& dir, const QuantPlan& plan = {});
+/// `progress` (may be empty) is called after each dense tensor with the bytes read so far and
+/// the total bytes of the dense tensors (experts stay in the mapping and are not counted).
+using LoadProgress = std::function<void(uint64_t done_bytes, uint64_t total_bytes)>;
+std::unique_ptr<Model> load_model(const std::string& dir, const QuantPlan& plan = {}, const LoadProgress& progress = {});
 
 struct TensorSpec;
 /// Checks a located tensor's stored shape and dtype against its table entry (header only, no

@@ -78,6 +78,28 @@ void set_backend_gpu_precision(Backend& be, GpuPrecision p) {
   (void)be, (void)p;
 }
 
+bool gpu_profile_begin(Backend& be) {
+#ifdef WREN_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) {
+    cuda->profile_begin();
+    return true;
+  }
+#endif
+  (void)be;
+  return false;
+}
+
+std::vector<GpuOpTime> gpu_profile_end(Backend& be, double* total_ms) {
+  std::vector<GpuOpTime> out;
+  if (total_ms) *total_ms = 0;
+#ifdef WREN_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be))
+    for (const CudaOpTime& t : cuda->profile_end(total_ms)) out.push_back({t.name, t.ms, t.launches});
+#endif
+  (void)be;
+  return out;
+}
+
 uint64_t device_free_bytes(Backend& be) {
 #ifdef WREN_HAVE_CUDA
   if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) return cuda->free_device_bytes();

@@ -1,7 +1,9 @@
 // One loaded model ready to generate (see engine.h).
 #include "runtime/engine.h"
 
+#include <chrono>
 #include <cstdio>
+#include <memory>
 #include <algorithm>
 #include <filesystem>
 
@@ -59,10 +61,26 @@ int streaming_chunk(const Config& c, uint64_t free_host_bytes) {
   return 32;
 }
 
+LoadProgress load_progress_line() {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto last = std::make_shared<clock::time_point>(t0 - std::chrono::seconds(1));
+  return [t0, last](uint64_t done, uint64_t total) {
+    const auto now = clock::now();
+    const bool end = done >= total;
+    if (!end && now - *last < std::chrono::milliseconds(100)) return;  // at most 10 redraws a second
+    *last = now;
+    const double s = std::chrono::duration<double>(now - t0).count();
+    std::fprintf(stderr, "\rwren: loading weights %3.0f%% (%.2f / %.2f GB, %.2f GB/s)%s", total ? 100.0 * done / total : 100.0,
+                 done / 1e9, total / 1e9, s > 0 ? done / 1e9 / s : 0.0, end ? "\n" : "");
+    std::fflush(stderr);
+  };
+}
+
 Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   const std::string backend = resolve_backend(o.backend);  // fail on a bad --backend before loading
   dir_ = o.model_dir.empty() ? ensure_default_model(default_vocab_file()) : o.model_dir;
-  model_ = load_model(dir_, o.plan);
+  model_ = load_model(dir_, o.plan, o.progress ? load_progress_line() : LoadProgress{});
   check_sizes(o, model_->config, backend);
   be_ = make_backend(backend, model_->weights, o.cpu, o.vram_experts, o.cuda);
   // The store serves the CPU backend, and the CUDA backend's VRAM tier when its budget does not

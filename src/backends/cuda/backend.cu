@@ -78,6 +78,48 @@ void CudaBackend::Impl::launched(const char* what) {
     throw DeviceError(std::string("CUDA backend: ") + what + ": injected fault at launch " +
                       std::to_string(opts.fault_at) + " (--cuda-fault-at)");
   check_cuda(cudaGetLastError(), what);
+  if (profiling && !capturing) prof_mark(what);
+}
+
+void CudaBackend::Impl::prof_mark(const char* what) {
+  const size_t i = prof_labels.size();
+  if (i == prof_events.size()) {
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreate(&e), "cudaEventCreate (profile)");
+    prof_events.push_back(e);
+  }
+  check_cuda(cudaEventRecord(prof_events[i], stream), "cudaEventRecord (profile)");
+  prof_labels.emplace_back(what);
+}
+
+void CudaBackend::profile_begin() {
+  Impl& m = *impl_;
+  m.sync("profile begin");
+  m.prof_labels.clear();
+  m.profiling = true;
+  m.prof_mark("(span start)");
+}
+
+std::vector<CudaOpTime> CudaBackend::profile_end(double* total_ms) {
+  Impl& m = *impl_;
+  m.profiling = false;  // before the sync: its own mark would not have completed
+  m.sync("profile end");
+  std::vector<CudaOpTime> out;
+  std::unordered_map<std::string, size_t> at;
+  double total = 0;
+  for (size_t i = 1; i < m.prof_labels.size(); ++i) {
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, m.prof_events[i - 1], m.prof_events[i]), "cudaEventElapsedTime (profile)");
+    auto [it, fresh] = at.emplace(m.prof_labels[i], out.size());
+    if (fresh) out.push_back({m.prof_labels[i], 0, 0});
+    out[it->second].ms += ms;
+    ++out[it->second].launches;
+    total += ms;
+  }
+  m.prof_labels.clear();
+  std::sort(out.begin(), out.end(), [](const CudaOpTime& a, const CudaOpTime& b) { return a.ms > b.ms; });
+  if (total_ms) *total_ms = total;
+  return out;
 }
 
 void CudaBackend::inject_fault(uint64_t at_launch) { impl_->opts.fault_at = at_launch; }
@@ -94,6 +136,7 @@ void CudaBackend::Impl::sync(const char* what) {
     throw Error(std::string("CUDA backend: ") + what + " waits for the host while a decode graph is being recorded");
   ++stats.host_syncs;
   check_cuda(cudaStreamSynchronize(stream), what);
+  if (profiling) prof_mark((std::string("host sync: ") + what).c_str());
 }
 
 // ---- lifetime ----
@@ -126,6 +169,7 @@ CudaBackend::~CudaBackend() {
     if (t.dev) cudaFree(t.dev);
   for (void* p : m.deferred_free) cudaFree(p);
   if (m.graph_exec) cudaGraphExecDestroy(m.graph_exec);
+  for (cudaEvent_t e : m.prof_events) cudaEventDestroy(e);
   if (m.pinned_ids) cudaFreeHost(m.pinned_ids);
   if (m.pinned_w) cudaFreeHost(m.pinned_w);
   if (m.stream) cudaStreamDestroy(m.stream);

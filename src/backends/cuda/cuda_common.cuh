@@ -104,6 +104,12 @@ struct CudaBackend::Impl {
   bool capturing = false;        ///< the stream is being recorded
   cudaGraphExec_t graph_exec = nullptr;  ///< last instantiated decode graph (updated in place)
   std::vector<void*> deferred_free;      ///< scratch replaced while recording (freed after launch)
+  // Per-launch profiling (profile_begin/_end in backend.cu).
+  bool profiling = false;
+  std::vector<cudaEvent_t> prof_events;   ///< pool (created on demand, reused)
+  std::vector<std::string> prof_labels;   ///< label of event i of the current span
+  /// Profiling: records the next event of the span labelled `what` (no-op otherwise).
+  void prof_mark(const char* what);
 
   /// Device copy of a dense f32 weight; throws naming `op` when it was never uploaded.
   const float* dense(const DenseWeight& w, const char* op) const;
