@@ -49,6 +49,20 @@ struct ExpertsArgs {
 };
 void run_experts(const ExpertsArgs& a);
 
+/// `bench stream`: experts at K3's size streamed from disk (issue 17). Writes or reuses a synthetic
+/// checkpoint in `dir` (`moe_layers` MoE layers of `experts` experts, 17.55 MB each), measures the
+/// raw sequential read of its shards, then prefill and decode at each budget of `budgets`
+/// (comma-separated fractions of all expert bytes) with prediction off and on, `runs` runs each
+/// (min / median). Throws wren::Error when the logits differ between budgets or modes.
+struct StreamArgs {
+  std::string dir = "/var/tmp/wren-bench-stream";
+  int moe_layers = 2, experts = 64, prompt = 32, tokens = 6, chunk = 32, runs = 3, loaders = 4;
+  std::string budgets = "0.1,0.5,1";
+  std::string direct = "auto";
+  CpuOptions cpu;
+};
+void run_stream(const StreamArgs& a);
+
 /// `bench layers`: per-layer decode time against the memory floor, TTFT and prefill tok/s on a
 /// random in-memory model.
 struct LayersArgs {

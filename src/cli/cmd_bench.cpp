@@ -65,6 +65,29 @@ void add_bench_experts(CLI::App* bench) {
   sub->callback([a] { bench::run_experts(*a); });
 }
 
+void add_bench_stream(CLI::App* bench) {
+  auto a = std::make_shared<bench::StreamArgs>();
+  CLI::App* sub = bench->add_subcommand(
+      "stream", "Experts of K3 size streamed from disk: raw read vs prefill/decode at several budgets, prediction off/on");
+  sub->add_option("--dir", a->dir, "Bench checkpoint folder (written when missing or different)")->capture_default_str();
+  sub->add_option("--moe-layers", a->moe_layers, "MoE layers")->check(positive())->capture_default_str();
+  sub->add_option("--experts", a->experts, "Routed experts per layer (top-16; at least 16)")->capture_default_str();
+  sub->add_option("--prompt", a->prompt, "Prompt tokens")->check(positive())->capture_default_str();
+  sub->add_option("-n,--tokens", a->tokens, "Tokens to decode per run")->check(positive())->capture_default_str();
+  sub->add_option("--chunk", a->chunk, "Prefill chunk")->check(positive())->capture_default_str();
+  sub->add_option("--runs", a->runs, "Runs per setting (min / median)")->check(positive())->capture_default_str();
+  sub->add_option("--loaders", a->loaders, "Expert store loader threads")->check(positive())->capture_default_str();
+  sub->add_option("--budgets", a->budgets, "Expert cache budgets, fractions of all expert bytes")->capture_default_str();
+  sub->add_option("--direct", a->direct, "O_DIRECT reads: auto, on or off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  auto cpu = std::make_shared<CpuFlags>();
+  cpu->add_to(sub);
+  sub->callback([a, cpu] {
+    a->cpu = cpu->backend();
+    bench::run_stream(*a);
+  });
+}
+
 void add_bench_layers(CLI::App* bench) {
   auto a = std::make_shared<bench::LayersArgs>();
   CLI::App* sub = bench->add_subcommand("layers", "Per-layer decode time vs the memory floor, TTFT and prefill tok/s on a random in-memory model");
@@ -107,6 +130,7 @@ void add_bench(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks with a reference measured in the same run");
   bench->require_subcommand(1);
   add_bench_experts(bench);
+  add_bench_stream(bench);
   add_bench_layers(bench);
   add_bench_prefill(bench);
   add_bench_cpu(bench);
