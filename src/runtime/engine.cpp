@@ -55,7 +55,7 @@ int default_chunk(const std::string& backend, GpuPrecision precision, const Conf
 
 Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   const std::string backend = resolve_backend(o.backend);  // fail on a bad --backend before loading
-  dir_ = o.model_dir.empty() ? ensure_default_model(default_vocab_file()) : o.model_dir;
+  dir_ = o.model_dir.empty() ? default_model_dir() : o.model_dir;
   model_ = load_model(dir_, o.plan);
   check_sizes(o, model_->config, backend);
   be_ = make_backend(backend, model_->weights, o.cpu, o.vram_experts, o.cuda);
