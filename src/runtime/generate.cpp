@@ -36,6 +36,7 @@ std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vecto
   uint64_t hash = kFnv1a64Offset;
   for (int n = 0; n < opts.max_new_tokens; ++n) {
     if (opts.hash_logits) hash = fnv1a64(logits.data(), logits.size() * sizeof(float), hash);
+    if (opts.constrain) opts.constrain(logits.data(), V);
     TokenLogprobs lp;
     const bool want_lp = opts.top_logprobs >= 0 && opts.on_logprobs;
     const int id = sampler.sample(logits.data(), V, want_lp ? &lp : nullptr, opts.top_logprobs);

@@ -27,6 +27,9 @@ struct GenerateOptions {
   int top_logprobs = -1;
   std::function<void(const TokenLogprobs&)> on_logprobs;
   bool hash_logits = false;  ///< fill GenerateStats::logits_fnv1a64
+  /// Called on each logits row [V] just before a token is drawn from it (after the hash): may set
+  /// ids to -inf so they cannot be drawn (constrained decoding, runtime/reply_constraint.h).
+  std::function<void(float* logits, int n)> constrain;
 };
 
 /// Timings of one generation, in seconds.

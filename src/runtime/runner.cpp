@@ -22,9 +22,10 @@ void Runner::run(SequenceState& st, const int* ids, const float* x0, int T, floa
     if (!make_fallback_ || !st.replayable() || x0) throw;
     std::fprintf(stderr, "wren: the %s backend failed: %s\nwren: continuing on the CPU from here on "
                          "(each sequence's state is rebuilt there from its tokens)\n", fwd_.backend().name(), e.what());
-    fallback_be_ = make_fallback_();
+    Fallback fb = make_fallback_();
+    fallback_be_ = std::move(fb.backend);
     fallback_be_->set_expert_source(fwd_.backend().expert_source());  // the same experts (e.g. the store)
-    fallback_ = std::make_unique<Forward>(fwd_.model(), *fallback_be_, fwd_.options());
+    fallback_ = std::make_unique<Forward>(fb.model ? *fb.model : fwd_.model(), *fallback_be_, fwd_.options());
     return run_fallback(st, ids, x0, T, logits, all_logits, hooks);
   }
   st.record(ids, T, x0 == nullptr);
