@@ -43,19 +43,18 @@ class RecordingSource final : public ExpertSource {
   explicit RecordingSource(ExpertSource& inner) : inner_(inner) {}
   void visit(int layer, const std::vector<int>& experts,
              const std::function<void(int e, const ExpertRef& view)>& fn) override {
-    if (on) trace.push_back({layer, experts});
+    trace.push_back({layer, experts});
     inner_.visit(layer, experts, fn);
   }
   void visit_batches(int layer, const std::vector<int>& experts, const BatchFn& fn) override {
-    if (on) trace.push_back({layer, experts});
+    trace.push_back({layer, experts});
     inner_.visit_batches(layer, experts, fn);
   }
   struct Request {
     int layer;
     std::vector<int> experts;
   };
-  std::vector<Request> trace;
-  bool on = true;
+  std::vector<Request> trace;  ///< every request, in order
 
  private:
   ExpertSource& inner_;
