@@ -140,5 +140,24 @@ TEST(BenchQuality, TextModeExactPerplexityIsWrenPerplexity) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(QuantQuality, PresetsCostLittlePerplexityOnTrainedWeights) {
+  // docs/cpu-performance.md#on-trained-weights-modelswren-tiny-2026-12-01: on the trained built-in
+  // model the int4 default costs +0.22 % perplexity on this held-out text and q8 +0.03 %
+  // (random weights of the same shape decorrelate under both). Bounds with a margin: 1 % and 0.2 %.
+  const std::string tiny = std::string(WREN_SOURCE_DIR) + "/models/wren-tiny";
+  if (!std::filesystem::exists(tiny + "/model.safetensors.index.json")) GTEST_SKIP() << tiny << " is not committed yet";
+  const std::string text = std::string(WREN_SOURCE_DIR) + "/tests/data/wren-tiny/heldout.txt";
+  auto ppl = [&](const std::string& quant) {
+    std::string out;
+    EXPECT_EQ(0, test::run_wren("perplexity --model " + tiny + " " + text + " --json --quant " + quant, &out)) << out;
+    return double(json_line(out)["perplexity"]);
+  };
+  const double exact = ppl("exact"), q8 = ppl("q8"), def = ppl("default");
+  std::printf("[ quant ] perplexity exact %.4f, q8 %.4f, default %.4f\n", exact, q8, def);
+  EXPECT_LT(q8 / exact, 1.002);
+  EXPECT_LT(def / exact, 1.01);
+  EXPECT_GT(def / exact, 0.99);  // a mode that changed nothing (or everything) would not land here by chance
+}
+
 }  // namespace
 }  // namespace wren
