@@ -81,7 +81,7 @@ LoadProgress load_progress_line() {
 
 Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   const std::string backend = resolve_backend(o.backend);  // fail on a bad --backend before loading
-  dir_ = o.model_dir.empty() ? ensure_default_model(default_vocab_file()) : o.model_dir;
+  dir_ = o.model_dir.empty() ? default_model_dir() : o.model_dir;
   // The backend first, so that one that places its own weights (CUDA) takes each dense matrix
   // straight from the mapped checkpoint: no host copy of what lives on the device.
   be_ = create_backend(backend, o.cpu, o.vram_experts, o.cuda);
