@@ -15,6 +15,7 @@
 #include "cli/cpu_flags.h"
 #include "cli/run_options.h"
 #include "core/error.h"
+#include "core/sizes.h"
 #include "server/server.h"
 
 namespace wren::cli {
@@ -24,6 +25,7 @@ namespace {
 struct ServeArgs {
   std::string replay_file;  ///< hidden test flag --replay-ids
   std::string api_key_file;
+  std::string prefix_cache = "1G";  ///< --prefix-cache
   EngineOptions engine;
   CpuFlags cpu;  ///< the same CPU engine flags as `wren run` (threads, --isa, --quant, --mx-act)
   CudaFlags cuda;  ///< and the same CUDA ones (--cuda-kda ...)
@@ -100,6 +102,7 @@ void serve(ServeArgs& a) {
                  a.server.replay.size(), a.replay_file.c_str());
   }
   a.server.ctx = a.engine.ctx;
+  a.server.prefix_cache = parse_size(a.prefix_cache, "--prefix-cache");
   server::Server s(e, a.server);
   const int port = s.bind();
   SignalStopper stopper(s);
@@ -131,6 +134,11 @@ void add_serve(CLI::App& app) {
   a->cuda.add_to(sub);
   sub->add_flag("--check-finite", a->engine.check_finite,
                 "Check every layer's output for NaN/Inf and name the first layer that produced one (slower)");
+  sub->add_option("--prefix-cache", a->prefix_cache,
+                  "Host memory for prefix-cache snapshots of the sequence state, e.g. 1G, 256M; 0 = off (default 1G)");
+  sub->add_option("--prefix-interval", a->server.prefix_interval,
+                  "Snapshot a prompt every this many tokens for the prefix cache (default 256)")
+      ->check(positive());
   sub->add_option("--max-queue", a->server.max_queue, "Requests allowed to wait behind the running one (503 beyond)")
       ->check(positive());
   sub->add_option("--max-body", a->server.max_body, "Largest request body in bytes (413 beyond; default 1 MiB)")

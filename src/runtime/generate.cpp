@@ -26,9 +26,26 @@ std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vecto
   GenerateStats st;
   st.prompt_tokens = T;
   const auto t0 = clock::now();
+  PrefixCache* cache = opts.prefix_cache && opts.prefix_cache->enabled() && !opts.x0 && !opts.prompt_logits &&
+                               !opts.hooks
+                           ? opts.prefix_cache
+                           : nullptr;
   if (opts.prompt_logits) {
     fwd.run(state, prompt.data(), opts.x0, T, opts.prompt_logits, true, opts.hooks);
     std::copy(opts.prompt_logits + size_t(T - 1) * V, opts.prompt_logits + size_t(T) * V, logits.begin());
+  } else if (cache) {
+    if (state.position() == 0) st.cached_tokens = cache->restore(state, prompt, &logits);
+    // The rest of the prompt in pieces that end on the snapshot interval (the result does not
+    // depend on how a prompt is cut: tests GoldenChunks, PrefixCache*).
+    const int I = cache->interval();
+    for (int i = st.cached_tokens; i < T;) {
+      const int pos = state.position(), n = std::min(T - i, (pos / I + 1) * I - pos);
+      const bool last = i + n == T;
+      fwd.run(state, prompt.data() + i, nullptr, n, last ? logits.data() : nullptr, false);
+      i += n;
+      if (!last) cache->store(state);
+    }
+    cache->store(state, logits.data(), V);  // the end of the prompt, with its logits
   } else {
     fwd.run(state, prompt.data(), opts.x0, T, logits.data(), false, opts.hooks);
   }
@@ -50,6 +67,7 @@ std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vecto
     fwd.run(state, &id, nullptr, 1, logits.data(), false);
     if (last) break;
   }
+  if (cache && !out.empty()) cache->store(state, logits.data(), V);  // the end of the exchange (next turns)
   st.generated_tokens = int(out.size());
   if (opts.hash_logits) st.logits_fnv1a64 = hash;
   st.prefill_s = secs(t1 - t0);

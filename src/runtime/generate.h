@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/forward.h"
+#include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
 
 namespace wren {
@@ -27,11 +28,16 @@ struct GenerateOptions {
   int top_logprobs = -1;
   std::function<void(const TokenLogprobs&)> on_logprobs;
   bool hash_logits = false;  ///< fill GenerateStats::logits_fnv1a64
+  /// Non-null (and enabled): an empty state resumes from the longest cached prefix of the prompt;
+  /// the prompt is snapshotted at every multiple of the cache's interval, at its end (with its
+  /// logits) and at the end of generation. Ignored with x0, prompt_logits or hooks.
+  PrefixCache* prefix_cache = nullptr;
 };
 
 /// Timings of one generation, in seconds.
 struct GenerateStats {
   int prompt_tokens = 0, generated_tokens = 0;
+  int cached_tokens = 0;  ///< prompt tokens restored from the prefix cache instead of prefilled
   double prefill_s = 0, decode_s = 0, ttft_s = 0;
   bool stopped = false;    ///< ended on a stop id
   bool cancelled = false;  ///< ended by `cancel`

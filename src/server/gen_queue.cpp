@@ -46,7 +46,8 @@ void Job::finish(GenResult r, std::string error) {
   cv_.notify_all();
 }
 
-GenQueue::GenQueue(Engine& engine, int max_queue) : engine_(engine), max_queue_(max_queue) {
+GenQueue::GenQueue(Engine& engine, int max_queue, PrefixCache* cache)
+    : engine_(engine), max_queue_(max_queue), cache_(cache) {
   worker_ = std::thread([this] { loop(); });
 }
 
@@ -72,7 +73,9 @@ void GenQueue::submit(const std::shared_ptr<Job>& job) {
 
 QueueStats GenQueue::stats() {
   std::lock_guard<std::mutex> lk(mu_);
-  return stats_;
+  QueueStats s = stats_;
+  if (cache_ && cache_->enabled()) s.has_prefix_cache = true, s.prefix = cache_->stats();
+  return s;
 }
 
 void GenQueue::loop() {
@@ -220,9 +223,11 @@ void GenQueue::run(Job& job) {
     o.top_logprobs = job.req.top_logprobs;
     o.on_logprobs = [&](const TokenLogprobs& lp) { out.logprobs(lp); };
   }
+  o.prefix_cache = cache_;
   auto st = engine_.new_sequence();
   GenerateStats stats;
   generate(engine_.forward(), *st, job.prompt, o, &stats, [&](int id) { out.token(id); });
+  out.cached(stats.cached_tokens);
   out.finish(stats.generated_tokens, stats.stopped);
 }
 

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "runtime/engine.h"
+#include "runtime/prefix_cache.h"
 #include "server/metrics.h"
 #include "server/openai_json.h"
 #include "server/stop_matcher.h"
@@ -88,6 +89,8 @@ class ReplyStream {
   void logprobs(const TokenLogprobs& lp) { lp_ = lp, has_lp_ = true; }
   /// One generated id.
   void token(int id);
+  /// Prompt tokens the prefix cache supplied (usage.prompt_tokens_details.cached_tokens).
+  void cached(int n) { r_.cached_tokens = n; }
   /// Generation ended (`stopped`: on a stop id); flushes and finishes the job.
   void finish(int generated_tokens, bool stopped);
   /// The ids generation stops on (the config's eos list, plus <|end_of_msg|> for chat).
@@ -119,13 +122,16 @@ struct QueueStats {
   bool busy = false;
   bool has_store = false;  ///< the engine streams experts from disk; the counters below are its own
   uint64_t expert_hits = 0, expert_misses = 0, expert_bytes_read = 0;  ///< as of the last finished job
+  bool has_prefix_cache = false;  ///< --prefix-cache above 0; the counters below are its own
+  PrefixCacheStats prefix;
 };
 
 /// The FIFO of jobs and the one worker thread that runs them on the Engine.
 class GenQueue {
  public:
   /// `max_queue`: jobs waiting (not counting the running one) beyond which submit() refuses.
-  GenQueue(Engine& engine, int max_queue);
+  /// `cache` (may be null): prompts resume from and fill it (runtime/prefix_cache.h).
+  GenQueue(Engine& engine, int max_queue, PrefixCache* cache = nullptr);
   /// Test hook: instead of running the model, job k (in run order) "generates" replay[k % n]
   /// (cut at a stop id or max_tokens) through the same ReplyStream (parsing, streaming, stop
   /// strings). Set before the first submit().
@@ -144,6 +150,7 @@ class GenQueue {
   void run(Job& job);
   Engine& engine_;
   const int max_queue_;
+  PrefixCache* cache_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> jobs_;
