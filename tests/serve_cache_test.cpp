@@ -10,9 +10,14 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "runtime/chat_format.h"
 #include "server/server.h"
 #include "test_util.h"
 
@@ -225,6 +230,47 @@ TEST_F(ServePrefixCache, ConcurrentClientsShareAPrefixWhileOneHangsUp) {
   const json h = srv.get("/health");
   EXPECT_GE(h["prefix_cache"]["hits"].get<int>(), int(qs.size())) << h.dump();
   EXPECT_GE(h["cancelled"].get<int>(), 1) << h.dump();
+}
+
+/// The answer lines of a `wren chat` transcript: stdout lines that are neither stats nor notes.
+std::vector<std::string> chat_lines(const std::string& out) {
+  std::vector<std::string> r;
+  std::istringstream in(out);
+  for (std::string l; std::getline(in, l);)
+    if (l.rfind("wren", 0) != 0 && !l.empty()) r.push_back(l);
+  return r;
+}
+
+// `wren chat`'s /retry: greedy, the retried answer equals the first one and its whole prompt comes
+// from the prefix cache (nothing prefilled); with the cache off it is prefilled again, same answer.
+TEST(ChatCliRetry, RetryResumesFromTheCacheAndGreedyGivesTheSameAnswer) {
+  const std::string dir = test::temp_dir("chat-retry");
+  std::ofstream(dir + "/in.txt") << "/retry\nHello\n/retry\nAnd again\n/retry\n/exit\n";
+  const Tokenizer tok = Tokenizer::load(test::golden_dir());
+  const ChatFormat fmt(tok);
+  const size_t first = fmt.render({{"user", "Hello", ""}}, false).size() + fmt.generation_prompt(false).size();
+  for (const char* cache : {"64M", "0"}) {
+    SCOPED_TRACE(std::string("--prefix-cache ") + cache);
+    // stdout (the answers) and stderr (the stats) apart: they interleave mid-line otherwise.
+    ASSERT_EQ(0, std::system((std::string(WREN_BINARY) + " chat --model " + test::golden_dir() +
+                              " -n 5 --no-think --temperature 0 --prefix-cache " + cache + " < " + dir + "/in.txt > " +
+                              dir + "/out.txt 2> " + dir + "/err.txt").c_str()));
+    std::ifstream fo(dir + "/out.txt"), fe(dir + "/err.txt");
+    const std::string answers((std::istreambuf_iterator<char>(fo)), {}), err((std::istreambuf_iterator<char>(fe)), {});
+    const std::string out = answers + err;
+    EXPECT_NE(out.find("[nothing to retry yet]"), std::string::npos) << out;
+    const std::vector<std::string> lines = chat_lines(answers);
+    ASSERT_EQ(lines.size(), 5u) << out;  // the note, then two answers each followed by its retry
+    EXPECT_EQ(lines[1], lines[2]) << out;
+    EXPECT_EQ(lines[3], lines[4]) << out;
+    const std::string retried = std::to_string(first) + " prompt tokens (" + std::to_string(first) + " from the prefix cache)";
+    if (std::string(cache) == "0") {
+      EXPECT_EQ(out.find("from the prefix cache"), std::string::npos) << out;
+    } else {
+      EXPECT_NE(out.find(retried), std::string::npos) << out;
+    }
+  }
+  std::filesystem::remove_all(dir);
 }
 
 }  // namespace
