@@ -1,5 +1,6 @@
-// `wren serve` with the prefix cache, in process on the golden model: answers resumed from cached
-// prefixes equal those of a server without the cache (greedy), usage reports
+// `wren serve` with the prefix cache and batched decode (--max-seqs 8), in process on the golden
+// model: answers resumed from cached prefixes, decoded in batches, equal those of a server without
+// either (greedy), usage reports
 // prompt_tokens_details.cached_tokens, /health and /metrics count hits; A->B->A, a conversation
 // edited at turn 2, concurrent clients sharing a prefix while one of them hangs up mid-stream.
 #include <arpa/inet.h>
@@ -67,8 +68,11 @@ class ServePrefixCache : public ::testing::Test {
     engine_ = new Engine(o);
   }
   static void TearDownTestSuite() { delete engine_; }
+  /// With the cache on, 8 sequences decode together (batched steps); the reference server has
+  /// neither (one request at a time, fresh prefill).
   static server::ServerOptions opts(size_t cache) {
     server::ServerOptions o;
+    o.max_seqs = cache ? 8 : 1;
     o.port = 0;
     o.model_id = "k3-tiny-a";
     o.ctx = 512;
@@ -200,7 +204,8 @@ bool hang_up_after_first_delta(int port, const std::string& body) {
 TEST_F(ServePrefixCache, ConcurrentClientsShareAPrefixWhileOneHangsUp) {
   const json sys = {{"role", "system"}, {"content", kLong}};
   const std::vector<std::string> qs = {"Who?", "When was it?", "Where did it start?", "Why did it matter?",
-                                       "How fast did it spread?", "What came next?"};
+                                       "How fast did it spread?", "What came next?", "Was it costly?",
+                                       "Name one printer."};  // 8 + the hang-up: more than --max-seqs
   std::vector<json> fresh;
   {
     Running plain(*engine_, opts(0));

@@ -26,6 +26,7 @@ struct ServeArgs {
   std::string replay_file;  ///< hidden test flag --replay-ids
   std::string api_key_file;
   std::string prefix_cache = "1G";  ///< --prefix-cache
+  int max_seqs = 0;                 ///< --max-seqs (0 = 16 on the CPU, 1 elsewhere)
   EngineOptions engine;
   CpuFlags cpu;  ///< the same CPU engine flags as `wren run` (threads, --isa, --quant, --mx-act)
   CudaFlags cuda;  ///< and the same CUDA ones (--cuda-kda ...)
@@ -103,6 +104,9 @@ void serve(ServeArgs& a) {
   }
   a.server.ctx = a.engine.ctx;
   a.server.prefix_cache = parse_size(a.prefix_cache, "--prefix-cache");
+  // Batched decode is tested bit-identical to solo runs on the CPU only: elsewhere one at a time
+  // unless asked (docs/serve.md).
+  a.server.max_seqs = a.max_seqs > 0 ? a.max_seqs : std::string(e.backend().name()) == "cpu" ? 16 : 1;
   server::Server s(e, a.server);
   const int port = s.bind();
   SignalStopper stopper(s);
@@ -138,6 +142,9 @@ void add_serve(CLI::App& app) {
                   "Host memory for prefix-cache snapshots of the sequence state, e.g. 1G, 256M; 0 = off (default 1G)");
   sub->add_option("--prefix-interval", a->server.prefix_interval,
                   "Snapshot a prompt every this many tokens for the prefix cache (default 256)")
+      ->check(positive());
+  sub->add_option("--max-seqs", a->max_seqs,
+                  "Sequences decoded together, one batched step at a time (default 16 on the CPU, 1 on a GPU)")
       ->check(positive());
   sub->add_option("--max-queue", a->server.max_queue, "Requests allowed to wait behind the running one (503 beyond)")
       ->check(positive());

@@ -47,6 +47,13 @@ struct GenerateStats {
   uint64_t logits_fnv1a64 = 0;
 };
 
+/// generate()'s prompt pass: runs `prompt` into `state` (through opts.prefix_cache when set:
+/// resume, interval and end-of-prompt snapshots) and leaves the last position's logits in
+/// `last_logits` [V] (with opts.prompt_logits: all of them there too). Sets st.cached_tokens.
+/// Returns the prefix cache in use (null when none applies).
+PrefixCache* prefill(TokenStep& fwd, SequenceState& state, const std::vector<int>& prompt, const GenerateOptions& opts,
+                     float* last_logits, GenerateStats& st);
+
 /// Prefills `prompt` into `state` (which may already hold a prefix) and decodes up to
 /// max_new_tokens, calling `on_token` for each new id. Returns the generated ids.
 std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vector<int>& prompt,

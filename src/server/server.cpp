@@ -70,7 +70,7 @@ Server::Server(Engine& engine, ServerOptions o)
     : engine_(engine),
       o_(std::move(o)),
       cache_(o_.prefix_cache, o_.prefix_interval),
-      queue_(engine, o_.max_queue, &cache_),
+      queue_(engine, o_.max_queue, &cache_, o_.max_seqs),
       started_(now_s()) {
   if (!o_.replay.empty()) queue_.set_replay(o_.replay);
   queue_.set_metrics(&metrics_);
@@ -128,7 +128,7 @@ void Server::routes() {
     const QueueStats q = queue_.stats();
     MetricsGauges g;
     g.queued = q.queued;
-    g.running = q.busy ? 1 : 0;
+    g.running = q.running;
     g.has_store = q.has_store;
     g.expert_hits = q.expert_hits;
     g.expert_misses = q.expert_misses;
@@ -167,7 +167,7 @@ void Server::listen() { http_.listen_after_bind(); }
 void Server::health(Response& res) {
   const QueueStats s = queue_.stats();
   nlohmann::json h = {{"status", "ok"}, {"model", o_.model_id}, {"queued", s.queued}, {"busy", s.busy},
-                      {"completed", s.completed}, {"cancelled", s.cancelled}, {"failed", s.failed}};
+                      {"running", s.running}, {"completed", s.completed}, {"cancelled", s.cancelled}, {"failed", s.failed}};
   if (s.has_prefix_cache)
     h["prefix_cache"] = {{"lookups", s.prefix.lookups}, {"hits", s.prefix.hits},
                          {"cached_tokens", s.prefix.cached_tokens}, {"entries", s.prefix.entries},

@@ -29,6 +29,7 @@ struct ServerOptions {
   bool log_requests = true;  ///< one line per request on stderr
   size_t prefix_cache = 0;   ///< --prefix-cache: host bytes of state snapshots (0 = off; runtime/prefix_cache.h)
   int prefix_interval = 256; ///< snapshot every this many prompt tokens
+  int max_seqs = 1;          ///< --max-seqs: sequences decoded together (runtime/scheduler.h)
 };
 
 /// `a == b` in time that depends only on a's length (the secret is b).
