@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "runtime/generate.h"
 #include "runtime/runner.h"
+#include "runtime/scheduler.h"
 #include "test_util.h"
 
 namespace wren {
@@ -105,6 +106,55 @@ TEST_F(Batched, AStateTwiceInOneBatchIsAnError) {
   SequenceState* twice[] = {&a, &b, &a};
   const int ids[] = {1, 2, 3};
   EXPECT_THROW(fwd.run_batch(twice, ids, 3, nullptr), Error);
+}
+
+// The scheduler over 8 different prompts at once (max_seqs 3: they queue, join and leave), sampled
+// with per-request seeds: every sequence's ids equal its solo generate(); a request whose token
+// callback throws fails alone (on_error) and the others finish.
+TEST_F(Batched, SchedulerEightPromptsEqualSoloAndAThrowingCallbackFailsOnlyItsSequence) {
+  const Config& c = model_->config;
+  CpuBackend be;
+  Runner fwd(*model_, be);
+  std::vector<std::vector<int>> prompts, want;
+  for (int i = 0; i < 8; ++i) prompts.push_back(some_ids(4 + 3 * i, c.vocab, 70 + i));
+  auto opts = [](int i) {
+    GenerateOptions o;
+    o.max_new_tokens = 4 + i % 3;
+    o.sampling.temperature = 0.9f;
+    o.sampling.seed = 100 + i;
+    return o;
+  };
+  for (int i = 0; i < 8; ++i) {
+    SequenceState st(be, c, 128);
+    want.push_back(generate(fwd, st, prompts[i], opts(i)));
+  }
+  Scheduler sched(fwd, [&] { return std::make_unique<SequenceState>(be, c, 128); }, 3);
+  std::vector<std::vector<int>> got(9);
+  std::vector<int> done(9, 0), failed(9, 0);
+  for (int i = 0; i < 9; ++i) {
+    SeqRequest r;
+    r.prompt = prompts[i % 8];
+    r.opts = opts(i % 8);
+    r.on_token = [&, i](int id) {
+      if (i == 8 && !got[8].empty()) throw Error("the reply side failed");
+      got[i].push_back(id);
+    };
+    r.on_done = [&, i](const GenerateStats&) { ++done[i]; };
+    r.on_error = [&, i](const std::string&) { ++failed[i]; };
+    sched.add(std::move(r));
+  }
+  for (int n = 0; n < 200 && !sched.idle(); ++n) {
+    sched.step();
+    EXPECT_LE(sched.running(), 3);
+  }
+  EXPECT_TRUE(sched.idle());
+  for (int i = 0; i < 8; ++i) {
+    EXPECT_EQ(got[i], want[i]) << "sequence " << i;
+    EXPECT_EQ(done[i], 1);
+    EXPECT_EQ(failed[i], 0);
+  }
+  EXPECT_EQ(failed[8], 1);
+  EXPECT_EQ(done[8], 0);
 }
 
 // A measurement, not a check (disabled; run with --gtest_also_run_disabled_tests): decode

@@ -53,6 +53,28 @@ void Scheduler::finish(Seq& s) {
   if (s.req.on_done) s.req.on_done(s.stats);
 }
 
+bool Scheduler::guarded(Seq& s, const std::function<void()>& fn) {
+  try {
+    fn();
+    return true;
+  } catch (const std::exception& e) {  // e.g. the reply side could not decode an id: this sequence fails
+    if (s.req.on_error) s.req.on_error(e.what());
+    return false;
+  }
+}
+
+bool Scheduler::advance(Seq& s, bool done) {
+  bool running = false;
+  const bool ok = guarded(s, [&] {
+    if (!done && !draw(s)) {
+      running = true;
+      return;
+    }
+    finish(s);
+  });
+  return ok && running;
+}
+
 void Scheduler::step() {
   const int V = fwd_.config().vocab;
   // Admit in arrival order while slots are free; each prefill runs alone, between decode steps.
@@ -81,18 +103,14 @@ void Scheduler::step() {
     }
     s->t1 = Clock::now();
     s->stats.prefill_s = secs(s->t1 - s->t0);
-    if (o.max_new_tokens <= 0 || draw(*s)) {
-      finish(*s);
-      continue;
-    }
-    running_.push_back(std::move(s));
+    if (advance(*s, o.max_new_tokens <= 0)) running_.push_back(std::move(s));
   }
   // A cancelled sequence leaves now (its drawn token was already delivered).
   for (size_t i = 0; i < running_.size();) {
     Seq& s = *running_[i];
     if (s.req.opts.cancel && s.req.opts.cancel->load()) {
       s.stats.cancelled = true;
-      finish(s);
+      guarded(s, [&] { finish(s); });
       running_.erase(running_.begin() + long(i));
     } else {
       ++i;
@@ -117,8 +135,7 @@ void Scheduler::step() {
   for (int b = 0; b < B; ++b) {
     auto& s = running_[size_t(b)];
     std::copy(logits.begin() + long(b) * V, logits.begin() + long(b + 1) * V, s->logits.begin());
-    if (draw(*s)) finish(*s);
-    else still.push_back(std::move(s));
+    if (advance(*s, false)) still.push_back(std::move(s));
   }
   running_ = std::move(still);
 }

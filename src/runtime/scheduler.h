@@ -45,6 +45,10 @@ class Scheduler {
   /// Draws the next token from seq's logits; true when the sequence is finished.
   bool draw(Seq& s);
   void finish(Seq& s);
+  /// Runs fn; an exception from it (a callback's) fails this sequence alone (on_error). True when none.
+  bool guarded(Seq& s, const std::function<void()>& fn);
+  /// Draws the next token (unless `done`) and finishes the sequence when it ends; true while it runs on.
+  bool advance(Seq& s, bool done);
   TokenStep& fwd_;
   std::function<std::unique_ptr<SequenceState>()> make_state_;
   int max_seqs_;
