@@ -1,5 +1,5 @@
 // `wren serve`: an OpenAI-compatible HTTP server (chat and text completions, streaming or not)
-// over one loaded model; requests are generated one at a time in arrival order (docs/serve.md).
+// over one loaded model; requests join a batched decode in arrival order (docs/serve.md).
 #include <signal.h>
 
 #include <atomic>
