@@ -140,8 +140,13 @@ def main():
         log(f"running: {cmd}")
         t1 = time.time()
         p = subprocess.run(cmd, shell=True, capture_output=True, text=True)
-        sys.stdout.write(p.stdout[-4000:])
+        # The tables in full (bench prefill --profile prints one per length); the JSON line is kept
+        # whole in wren_stdout.txt beside --json.
+        sys.stdout.write("\n".join(l for l in p.stdout.splitlines() if not l.startswith("{"))[-30000:] + "\n")
         sys.stderr.write(p.stderr[-4000:])
+        if a.json:
+            with open(os.path.join(os.path.dirname(a.json) or ".", "wren_stdout.txt"), "a") as f:
+                f.write(p.stdout)
         log(f"exit {p.returncode} after {time.time() - t1:.1f} s")
         for line in p.stdout.splitlines():
             if line.startswith("{"):

@@ -7,7 +7,8 @@
 # source: `git archive <commit> fla | tar -x -C DIR`); nothing is installed from the network.
 # Give DIR a flash_linear_attention-VERSION.dist-info (METADATA, top_level.txt) so that
 # importlib.metadata finds the version transformers checks. Pinned here: fla-org/flash-linear-attention
-# bc3b101dcb713ddc5bd8924b66754eb68b5ccf89 (fla 0.5.2).
+# bc3b101dcb713ddc5bd8924b66754eb68b5ccf89 (fla 0.5.2). WREN_EXTRA: more flags for the Wren run (e.g.
+# --profile: a per-launch device-time table per length).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 wren=${1:-./build/wren}
@@ -19,4 +20,4 @@ lengths=${LENGTHS:-512,4096,16384}
 export PYTHONUNBUFFERED=1
 common="$wren bench prefill --model $ckpt --backend cuda --quant bf16 --json"
 python3 bench/gpu_vs_fla.py --out "$ckpt" --lengths "$lengths" --repeat 3 --json "$out/gpu_vs_fla.json" \
-  --wren "$common --gpu-precision fast --prompts $lengths --repeat 3 --also-exact 512"
+  --wren "$common --gpu-precision fast --prompts $lengths --repeat 3 --also-exact 512 ${WREN_EXTRA:-}"

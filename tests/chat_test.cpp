@@ -16,6 +16,7 @@
 #include "runtime/default_model.h"
 #include "runtime/sampler.h"
 #include "test_util.h"
+#include "tokenizer/tiktoken_model.h"
 
 namespace wren {
 namespace {
@@ -511,6 +512,206 @@ TEST(DefaultModel, CreatedOnFirstUseAndRuns) {
   EXPECT_EQ(x["prompt_ids"][0], 16384);  // [BOS] after the 16,384 o200k ranks
   EXPECT_TRUE(std::filesystem::exists(cache + "/wren/default-k3-v1/tiktoken.model"));
   std::filesystem::remove_all(cache);
+}
+
+// ---- the K2 dialect (Kimi K2 / Kimi Linear instruct template), on test::k2_tokenizer() ----
+
+class ChatK2 : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { tok_ = new Tokenizer(test::k2_tokenizer()); }
+  static void TearDownTestSuite() { delete tok_; }
+  static Tokenizer* tok_;
+  // test::kK2Specials from 4096
+  static constexpr int kImEnd = 4098, kImUser = 4099, kImAssistant = 4100, kImSystem = 4101, kImMiddle = 4102,
+                       kSecBegin = 4103, kSecEnd = 4104, kCallBegin = 4105, kArgBegin = 4106, kCallEnd = 4107;
+  static void seg(std::vector<int>& out, const std::string& s) {
+    const auto ids = tok_->encode_ordinary(s);
+    out.insert(out.end(), ids.begin(), ids.end());
+  }
+  static void head(std::vector<int>& out, int role_id, const std::string& role) {
+    out.push_back(role_id);
+    seg(out, role);
+    out.push_back(kImMiddle);
+  }
+};
+Tokenizer* ChatK2::tok_ = nullptr;
+
+TEST_F(ChatK2, DialectChosenByTheTokenizersSpecials) {
+  EXPECT_EQ(ChatFormat(*tok_).dialect(), ChatDialect::K2);
+  const Tokenizer k3 = Tokenizer::load(test::golden_dir());
+  EXPECT_EQ(ChatFormat(k3).dialect(), ChatDialect::Xtml);
+  // Neither set: the error names both.
+  const Tokenizer bare(load_tiktoken_model(test::golden_dir() + "/tiktoken.model"), {{4096, "<|im_end|>"}});
+  try {
+    ChatFormat f(bare);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("<|open|>"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("<|im_middle|>"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(ChatK2, ConversationWithToolsMatchesTheTemplate) {
+  const ChatFormat fmt(*tok_);
+  ChatOptions o;
+  o.thinking = true;  // the K2 template has no think channel and no effort message: ignored
+  o.tools = nlohmann::json::parse(R"([{"type":"function","function":{"name":"get_weather","parameters":{"type":"object"}}}])");
+  o.tool_choice = ToolChoice::Required;  // the K2 template adds no tool-choice note
+  std::vector<ChatMessage> msgs = {{"user", "Weather in <|im_end|> Paris?", ""}};
+  ChatMessage a("assistant", "Checking.", "private thoughts");
+  a.tool_calls = {{"functions.get_weather:0", "get_weather", R"({"city": "Paris"})"}};
+  msgs.push_back(a);
+  ChatMessage t("tool", "{\"t\": 21}", "");
+  t.tool_call_id = "functions.get_weather:0";
+  msgs.push_back(t);
+  std::vector<int> want;
+  head(want, kImSystem, "tool_declare");
+  seg(want, R"([{"function": {"name": "get_weather", "parameters": {"type": "object"}}, "type": "function"}])");
+  want.push_back(kImEnd);
+  head(want, kImSystem, "system");  // the template's default system message (first message is not system)
+  seg(want, "You are Kimi, an AI assistant created by Moonshot AI.");
+  want.push_back(kImEnd);
+  head(want, kImUser, "user");
+  seg(want, "Weather in <|im_end|> Paris?");  // literal special text stays text
+  want.push_back(kImEnd);
+  head(want, kImAssistant, "assistant");
+  seg(want, "Checking.");
+  want.push_back(kSecBegin);
+  want.push_back(kCallBegin);
+  seg(want, "functions.get_weather:0");
+  want.push_back(kArgBegin);
+  seg(want, R"({"city": "Paris"})");
+  want.push_back(kCallEnd);
+  want.push_back(kSecEnd);
+  want.push_back(kImEnd);
+  head(want, kImSystem, "tool");
+  seg(want, "## Return of functions.get_weather:0\n");
+  seg(want, "{\"t\": 21}");
+  want.push_back(kImEnd);
+  head(want, kImAssistant, "assistant");
+  EXPECT_EQ(fmt.prompt(msgs, o), want);
+  // A leading system message: no default one; names replace the role.
+  std::vector<ChatMessage> m2 = {{"system", "Be brief.", ""}, {"user", "hi", ""}};
+  m2[1].name = "ann";
+  std::vector<int> w2;
+  head(w2, kImSystem, "system");
+  seg(w2, "Be brief.");
+  w2.push_back(kImEnd);
+  head(w2, kImUser, "ann");
+  seg(w2, "hi");
+  w2.push_back(kImEnd);
+  head(w2, kImAssistant, "assistant");
+  EXPECT_EQ(fmt.prompt(m2, ChatOptions{}), w2);
+  EXPECT_EQ(fmt.end_of_msg(), kImEnd);
+  EXPECT_EQ(fmt.close_reply(true), std::vector<int>{kImEnd});
+}
+
+/// Feeds `ids` to a K2 parser; returns the answer text, and per call the joined deltas and names.
+struct K2Run {
+  std::string answer;
+  std::vector<std::string> args, names, ids;
+};
+K2Run run_k2(const ChatFormat& fmt, const Tokenizer& tok, ReplyParser& p, const std::vector<int>& ids) {
+  K2Run r;
+  for (int id : ids) {
+    if (p.push(id) == ReplyParser::Channel::Response) r.answer += tok.token_bytes(id);
+    for (const ToolCallDelta& d : p.take_deltas()) {
+      if (size_t(d.index) >= r.args.size()) r.args.resize(d.index + 1), r.names.resize(d.index + 1), r.ids.resize(d.index + 1);
+      r.args[size_t(d.index)] += d.arguments;
+      r.names[size_t(d.index)] += d.name;
+      r.ids[size_t(d.index)] += d.id;
+    }
+  }
+  (void)fmt;
+  return r;
+}
+
+TEST_F(ChatK2, ReplyParserStreamsCallsSplitAtEveryByte) {
+  const ChatFormat fmt(*tok_);
+  const std::string header0 = "functions.get_weather:0", args0 = R"({"city": "Pa\"ris", "n": [1, 2.5]})";
+  const std::string header1 = " functions.now:1 ", args1 = "{}";
+  // Every split of each piece of text into two tokens runs, plus one byte per token.
+  auto enc_split = [&](std::vector<int>& out, const std::string& s, size_t at) {
+    if (at == size_t(-1)) {  // one byte per token
+      for (char c : s) out.push_back(tok_->encode_ordinary(std::string(1, c)).at(0));
+      return;
+    }
+    seg(out, s.substr(0, at));
+    seg(out, s.substr(at));
+  };
+  const std::string texts[] = {"Let me look.", header0, args0, header1, args1};
+  for (int which = 0; which < 5; ++which) {
+    for (size_t at = 0; at <= texts[which].size() + 1; ++at) {
+      const size_t cut = at == texts[which].size() + 1 ? size_t(-1) : at;
+      std::vector<int> ids;
+      auto put = [&](int k) {
+        if (k == which) enc_split(ids, texts[k], cut);
+        else seg(ids, texts[k]);
+      };
+      put(0);
+      ids.push_back(kSecBegin);
+      ids.push_back(kCallBegin);
+      put(1);
+      ids.push_back(kArgBegin);
+      put(2);
+      ids.push_back(kCallEnd);
+      ids.push_back(kCallBegin);
+      put(3);
+      ids.push_back(kArgBegin);
+      put(4);
+      ids.push_back(kCallEnd);
+      ids.push_back(kSecEnd);
+      seg(ids, "dropped");
+      ids.push_back(kImEnd);
+      ReplyParser p(fmt, true);
+      const K2Run r = run_k2(fmt, *tok_, p, ids);
+      SCOPED_TRACE("piece " + std::to_string(which) + " cut at " + std::to_string(at));
+      EXPECT_TRUE(p.done());
+      EXPECT_EQ(r.answer, "Let me look.");
+      ASSERT_EQ(p.calls().size(), 2u);
+      EXPECT_EQ(p.calls()[0].id, header0);
+      EXPECT_EQ(p.calls()[0].name, "get_weather");
+      EXPECT_EQ(p.calls()[0].arguments, args0);
+      EXPECT_EQ(p.calls()[1].id, "functions.now:1");
+      EXPECT_EQ(p.calls()[1].name, "now");
+      EXPECT_EQ(p.calls()[1].arguments, args1);
+      ASSERT_EQ(r.args.size(), 2u);
+      for (size_t k = 0; k < 2; ++k) {
+        EXPECT_TRUE(p.calls()[k].complete);
+        EXPECT_TRUE(p.calls()[k].json_ok());
+        EXPECT_EQ(r.args[k], p.calls()[k].arguments);
+        EXPECT_EQ(r.names[k], p.calls()[k].name);
+        EXPECT_EQ(r.ids[k], p.calls()[k].id);
+      }
+    }
+  }
+}
+
+TEST_F(ChatK2, ReplyParserCutShortBadJsonAndNoSection) {
+  const ChatFormat fmt(*tok_);
+  // A call without a section opener still parses; bad JSON is complete but not json_ok; a call
+  // cut short is incomplete.
+  std::vector<int> ids;
+  seg(ids, "ok");
+  ids.push_back(kCallBegin);
+  seg(ids, "f:0");
+  ids.push_back(kArgBegin);
+  seg(ids, "{\"a\": ");
+  ids.push_back(kCallEnd);
+  ids.push_back(kCallBegin);
+  seg(ids, "functions.g:1");
+  ids.push_back(kArgBegin);
+  seg(ids, "{\"b\"");
+  ReplyParser p(fmt, false);
+  const K2Run r = run_k2(fmt, *tok_, p, ids);
+  EXPECT_EQ(r.answer, "ok");
+  ASSERT_EQ(p.calls().size(), 2u);
+  EXPECT_EQ(p.calls()[0].name, "f");
+  EXPECT_TRUE(p.calls()[0].complete);
+  EXPECT_FALSE(p.calls()[0].json_ok());
+  EXPECT_EQ(p.calls()[1].name, "g");
+  EXPECT_FALSE(p.calls()[1].complete);
+  EXPECT_FALSE(p.done());
 }
 
 }  // namespace

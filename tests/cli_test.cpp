@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "core/hash.h"
+#include "model/load.h"
 #include "test_util.h"
 
 namespace wren {
@@ -268,6 +269,47 @@ TEST(Cli, BadArgumentsExitNonZero) {
   EXPECT_NE(out.find("outside the vocabulary"), std::string::npos) << out;
   EXPECT_NE(0, test::run_wren("run --model /nonexistent --ids 1", &out));
   EXPECT_NE(out.find("/nonexistent/config.json"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace wren
+
+namespace wren {
+namespace {
+
+TEST(LoadProgress, CallbackCountsEveryDenseByteOnce) {
+  std::vector<std::pair<uint64_t, uint64_t>> calls;
+  const auto m = load_model(test::golden_dir(), {}, LoadOptions{nullptr, [&](uint64_t done, uint64_t total) { calls.push_back({done, total}); }});
+  ASSERT_FALSE(calls.empty());
+  uint64_t prev = 0;
+  for (const auto& [done, total] : calls) {
+    EXPECT_EQ(total, calls.front().second);
+    EXPECT_GT(done, prev);  // every call reports progress
+    prev = done;
+  }
+  EXPECT_EQ(calls.back().first, calls.back().second);
+  // The total is the dense tensors' stored bytes: the embedding alone is V x D elements of 2 or 4 bytes.
+  EXPECT_GE(calls.back().second, uint64_t(m->config.vocab) * m->config.hidden * 2);
+}
+
+TEST(LoadProgress, LineOnlyOnATerminalAndNotWithQuiet) {
+  std::string out;
+  ASSERT_EQ(0, test::run_wren("run " + model_arg() + " --ids " + kPrompt0 + " -n 1", &out)) << out;
+  EXPECT_EQ(out.find("loading weights"), std::string::npos) << "stderr is a pipe here: no progress line\n" << out;
+  if (std::system("command -v script >/dev/null 2>&1") != 0) GTEST_SKIP() << "no `script` to give wren a terminal";
+  const std::string wren = WREN_BINARY;
+  for (bool quiet : {false, true}) {
+    const std::string cmd = "script -qec '" + wren + " run " + model_arg() + " --ids " + kPrompt0 + " -n 1" +
+                            (quiet ? " --quiet" : "") + "' /dev/null 2>&1";
+    FILE* p = popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    std::string tty;
+    char buf[4096];
+    for (size_t n; (n = std::fread(buf, 1, sizeof buf, p)) > 0;) tty.append(buf, n);
+    ASSERT_EQ(0, pclose(p)) << tty;
+    if (quiet) EXPECT_EQ(tty.find("loading weights"), std::string::npos) << tty;
+    else EXPECT_NE(tty.find("wren: loading weights 100% ("), std::string::npos) << tty;
+  }
 }
 
 }  // namespace

@@ -21,12 +21,7 @@ namespace {
 
 using cpu::Isa;
 
-std::vector<Isa> levels() {
-  std::vector<Isa> out;
-  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
-    if (cpu::isa_supported(i)) out.push_back(i);
-  return out;
-}
+std::vector<Isa> levels() { return test::cpu_levels(); }
 
 std::vector<int> some_ids(int n, int vocab, int seed) {
   std::vector<int> ids;

@@ -36,15 +36,9 @@ namespace {
 TEST(CudaFast, NotBuilt) { GTEST_SKIP() << "CUDA backend not built (configure with -DWREN_CUDA=ON; nvcc needed)"; }
 #else
 
-std::vector<float> rnd(std::mt19937& g, size_t n, float lo = -1.f, float hi = 1.f) {
-  std::uniform_real_distribution<float> u(lo, hi);
-  std::vector<float> v(n);
-  for (float& x : v) {
-    do x = u(g);
-    while (x == 0.f);
-  }
-  return v;
-}
+using test::HostWeight;
+
+std::vector<float> rnd(std::mt19937& g, size_t n, float lo = -1.f, float hi = 1.f) { return test::random_vec(g, n, lo, hi); }
 
 size_t nan_count(const std::vector<float>& v) {
   size_t n = 0;
@@ -58,7 +52,7 @@ struct Worst {
   void add(double r) { rel = std::max(rel, r), ++cases; }
 };
 
-class CudaFast : public ::testing::Test {
+class CudaFast : public ::testing::Test, protected test::BackendBuffers {
  protected:
   void SetUp() override {
     std::string why;
@@ -67,34 +61,13 @@ class CudaFast : public ::testing::Test {
     be_->set_precision(GpuPrecision::Fast);
   }
   void TearDown() override {
-    if (be_)
-      for (float* p : owned_) be_->release(p);
+    if (be_) release_owned();
   }
-  float* dev(const std::vector<float>& h) {
-    float* p = be_->alloc(h.size());
-    be_->from_host(h.data(), h.size(), p);
-    owned_.push_back(p);
-    return p;
-  }
-  float* poisoned(size_t n) { return dev(std::vector<float>(n, std::nanf(""))); }
+  Backend& buffers_backend() override { return *be_; }
   /// Backend::routed_moe's workspace: ys, and the dense host path's g/u/act rows of `inter`.
   RoutedMoeWork work(float* ys, int inter) { return RoutedMoeWork{ys, poisoned(inter), poisoned(inter), poisoned(inter)}; }
-  std::vector<float> host(const float* d, size_t n) {
-    std::vector<float> h(n);
-    be_->to_host(d, n, h.data());
-    return h;
-  }
   std::unique_ptr<CudaBackend> be_;
   CpuBackend cpu_;
-  std::vector<float*> owned_;
-};
-
-struct HostWeight {
-  std::vector<float> data;
-  DenseWeight w;
-  HostWeight(std::vector<float> d, int64_t rows, int64_t cols) : data(std::move(d)) {
-    w.rows = rows, w.cols = cols, w.data = data.data();
-  }
 };
 
 // cuBLASLt GEMM (rows % 4 == 0 and cols % 8 == 0 take it; the others the f32 kernel), f32 and
@@ -223,7 +196,10 @@ TEST_F(CudaFast, RoutedMoeGroupedMatchesCpu) {
                         {false, 64, 8, 256, 128, 2.827f, false}, {false, 8, 8, 512, 96, 1.f, false},
                         {false, 4, 2, 256, 1024, 0.5f, false},  {true, 16, 4, 64, 40, 1.f, true},
                         {true, 33, 8, 72, 96, 2.446f, true},     {true, 8, 2, 256, 64, 1.f, false},
-                        {true, 64, 8, 128, 256, 1.f, true}};
+                        {true, 64, 8, 128, 256, 1.f, true},
+                        // the grouped MMA kernel: k-loops past its 4-stage ring (K 576 = 18 steps,
+                        // 200 = 6.25: a partial step), partial 64/128-column tiles, 2 row tiles an expert
+                        {true, 64, 8, 576, 200, 2.446f, true},   {true, 4, 2, 320, 136, 1.f, false}};
   Worst mx, dn;
   for (const Case& c : cases)
     for (int T : {1, 2, 7, 33, 64, 130}) {
@@ -278,6 +254,38 @@ TEST_F(CudaFast, RoutedMoeGroupedMatchesCpu) {
     }
   std::printf("[ cuda fast ] grouped routed experts: mxfp4 %d cases worst rel-L2 %.3g; dense %d cases worst %.3g\n",
               mx.cases, mx.rel, dn.cases, dn.rel);
+}
+
+// Per-launch profiling (bench prefill --profile): the span's labels name the launches made in it,
+// with counts, and the outputs are those of an unprofiled call (events only, same kernels).
+TEST_F(CudaFast, ProfileNamesTheLaunchesAndChangesNothing) {
+  std::mt19937 g(35);
+  HostWeight w(rnd(g, size_t(256) * 512), 256, 512);
+  be_->upload(w.w);
+  const auto x = rnd(g, size_t(40) * 512);
+  float* dx = dev(x);
+  float* dy = poisoned(size_t(40) * 256);
+  be_->gemm(w.w, dx, 40, dy);
+  const auto plain = host(dy, size_t(40) * 256);
+  be_->profile_begin();
+  for (int i = 0; i < 3; ++i) be_->gemm(w.w, dx, 40, dy);
+  double total = 0;
+  const std::vector<CudaOpTime> prof = be_->profile_end(&total);
+  EXPECT_GT(total, 0.0);
+  uint64_t gemms = 0, conversions = 0;
+  double sum = 0;
+  for (const CudaOpTime& t : prof) {
+    if (t.name == "gemm (fast, cuBLASLt) 256x512") gemms = t.launches;
+    if (t.name == "gemm (fast) activation conversion") conversions = t.launches;
+    sum += t.ms;
+  }
+  EXPECT_EQ(gemms, 3u);
+  EXPECT_EQ(conversions, 3u);
+  EXPECT_NEAR(sum, total, 1e-6 * std::max(1.0, total));
+  const auto again = host(dy, size_t(40) * 256);
+  EXPECT_EQ(0, std::memcmp(plain.data(), again.data(), plain.size() * 4));
+  double none = -1;
+  EXPECT_TRUE(be_->profile_end(&none).empty()) << "a second end without a begin reports nothing";
 }
 
 // Exact mode keeps routing dense experts on the host (a counted fallback) and keeps the MXFP4

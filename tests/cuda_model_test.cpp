@@ -18,6 +18,7 @@
 #include "model/load.h"
 #include "model/quant.h"
 #include "runtime/backend_factory.h"
+#include "runtime/engine.h"
 #include "runtime/expert_store.h"
 #include "runtime/generate.h"
 #include "runtime/runner.h"
@@ -64,19 +65,8 @@ TEST(Bench, TinyPresetRunsOnTheCpu) {
 TEST(CudaModel, NotBuilt) { GTEST_SKIP() << "CUDA backend not built (configure with -DWREN_CUDA=ON; nvcc needed)"; }
 #else
 
-struct GoldenCase {
-  std::string name;
-  std::vector<int> ids, greedy;
-  std::vector<double> margins;
-};
-
-std::vector<GoldenCase> golden_cases() {
-  std::ifstream f(test::golden_dir() + "/golden/golden.json");
-  const auto j = nlohmann::json::parse(f);
-  std::vector<GoldenCase> out;
-  for (const auto& c : j["cases"]) out.push_back({c["name"], c["ids"], c["greedy_next"], c["greedy_margins"]});
-  return out;
-}
+using test::GoldenCase;
+using test::golden_cases;
 
 /// Greedy decode recording the top1 − top2 margin at every step.
 struct Greedy {
@@ -188,38 +178,119 @@ TEST(CudaModelQuant, GoldenPackedPresetsMatchCpu) {
   }
 }
 
+// Loading straight to the device (issue 14, place.cu): the golden model loaded with the CUDA
+// backend as LoadOptions::place_on has every dense matrix in device memory (none in the model's
+// host arena), the device bytes equal the host loader's (BF16 -> f32 upcast on the device is
+// exact; packed formats are converted by the loader), and the logits on the device equal those
+// of the upload path bit for bit (same bytes, same kernels), for the exact and packed presets.
+TEST(CudaPlace, PlacedLoadEqualsUploadBitForBit) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  const GoldenCase gc = golden_cases()[0];
+  for (const char* preset : {"exact", "bf16", "q8", "default"}) {
+    SCOPED_TRACE(preset);
+    const QuantPlan plan = QuantPlan::preset(preset);
+    const auto host = load_model(test::golden_dir(), plan);
+    CudaBackend up;
+    up.upload(weight_list(host->weights));
+    CudaBackend dev;
+    LoadOptions lo;
+    lo.place_on = &dev;
+    const auto placed = load_model(test::golden_dir(), plan, lo);
+    dev.upload(weight_list(placed->weights));  // the vectors and the experts
+    const WeightList a = weight_list(host->weights), b = weight_list(placed->weights);
+    int matrices = 0;
+    for (size_t i = 0; i < a.dense.size(); ++i) {
+      const DenseWeight &x = *a.dense[i], &y = *b.dense[i];
+      if (!x.data) continue;
+      ASSERT_EQ(y.placed_on, x.rows > 1 ? static_cast<const Backend*>(&dev) : nullptr) << "weight " << i;
+      if (x.rows == 1) continue;
+      ++matrices;
+      ASSERT_EQ(x.format, y.format);
+      const size_t words = wformat_data_bytes(x.format, x.rows, x.cols) / 4;
+      std::vector<float> back(words);
+      dev.to_host(static_cast<const float*>(y.data), words, back.data());
+      EXPECT_EQ(std::memcmp(back.data(), x.data, words * 4), 0) << "device bytes of weight " << i;
+      if (const size_t ns = wformat_scale_count(x.format, x.rows, x.cols)) {
+        std::vector<float> sc(ns);
+        dev.to_host(y.scale, ns, sc.data());
+        EXPECT_EQ(std::memcmp(sc.data(), x.scale, ns * 4), 0) << "device scales of weight " << i;
+      }
+    }
+    EXPECT_GT(matrices, 20);
+    EXPECT_EQ(dev.stats().uploaded_bytes, up.stats().uploaded_bytes);
+    const auto want = logits_of(*host, up, gc.ids);
+    const auto got = logits_of(*placed, dev, gc.ids);
+    EXPECT_EQ(std::memcmp(want.data(), got.data(), want.size() * 4), 0) << "logits differ";
+    // A second backend refuses weights placed on the first (they are the first one's memory).
+    CudaBackend other;
+    EXPECT_THROW(other.upload(weight_list(placed->weights)), Error);
+  }
+}
+
+// A NaN in a matrix the device upcasts (exact mode) is found by the device check and reported by
+// place_finish, naming the tensor, as the host loader refuses it.
+TEST(CudaPlace, NonFiniteWeightIsRefusedNamingTheTensor) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  const std::string name = "language_model.model.layers.1.self_attn.k_proj.weight";
+  const std::string dir = test::patched_golden_copy("cuda_place_nan", name, 2 * 1000, std::string("\x80\x7f", 2));
+  CudaBackend dev;
+  LoadOptions lo;
+  lo.place_on = &dev;
+  try {
+    load_model(dir, {}, lo);
+    FAIL() << "a NaN weight was accepted";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("tensor '" + name + "'"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("finite"), std::string::npos) << msg;
+  }
+}
+
+// The engine on CUDA places the weights (no host copy of the matrices) and, after an injected
+// fault, falls back on a host copy it loads then: the continuation is the golden one.
+TEST(CudaPlace, EnginePlacesAndFallsBackOnAHostCopy) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  const GoldenCase gc = golden_cases()[0];
+  EngineOptions o;
+  o.model_dir = test::golden_dir();
+  o.backend = "cuda";
+  o.announce = false;
+  o.cuda.precision = GpuPrecision::Exact;
+  o.cuda.kda = CudaKda::Recurrent;
+  o.cuda.fault_at = 600;
+  Engine e(o);
+  EXPECT_NE(e.model().weights.lm_head.placed_on, nullptr) << "the engine should load straight to the device";
+  const Model* device_model = &e.model();
+  auto st = e.new_sequence();
+  const int V = e.config().vocab;
+  std::vector<float> logits(V);
+  testing::internal::CaptureStderr();
+  e.forward().run(*st, gc.ids.data(), nullptr, int(gc.ids.size()), logits.data(), false);
+  std::vector<int> got;
+  for (size_t i = 0; i < gc.greedy.size(); ++i) {
+    got.push_back(argmax(logits.data(), V));
+    e.forward().run(*st, &got.back(), nullptr, 1, logits.data(), false);
+  }
+  testing::internal::GetCapturedStderr();
+  ASSERT_TRUE(e.forward().on_fallback());
+  EXPECT_NE(&e.model(), device_model) << "on the fallback the engine reports the host copy";
+  EXPECT_EQ(e.model().weights.lm_head.placed_on, nullptr);
+  EXPECT_EQ(got, gc.greedy);
+}
+
 TEST_F(CudaModel, GoldenTraceAndLogitsMatch) {
   const Config& c = golden_->config;
   CpuBackend cpu;
   for (const GoldenCase& gc : golden_cases()) {
-    const int T = int(gc.ids.size()), L = c.n_layers, D = c.hidden, V = c.vocab;
+    const int L = c.n_layers, D = c.hidden, V = c.vocab;
     std::vector<float> trace, ctrace;
     const auto logits = logits_of(*golden_, *be_, gc.ids, 32, &trace);
     const auto clogits = logits_of(*golden_, cpu, gc.ids, 32, &ctrace);
-    const auto gtrace = test::read_all_f32(test::golden_dir() + "/golden/" + gc.name + ".trace.f32");
-    const auto glogits = test::read_all_f32(test::golden_dir() + "/golden/" + gc.name + ".logits.f32");
-    ASSERT_EQ(gtrace.size(), trace.size());
-    ASSERT_EQ(glogits.size(), logits.size());
-    double worst_row = 0, worst_layer = 0;
-    for (int i = 0; i < L; ++i) {
-      std::vector<float> a(size_t(T) * D), b(size_t(T) * D);
-      for (int t = 0; t < T; ++t) {
-        const size_t off = (size_t(t) * L + i) * D;
-        std::copy(trace.begin() + off, trace.begin() + off + D, a.begin() + size_t(t) * D);
-        std::copy(gtrace.begin() + off, gtrace.begin() + off + D, b.begin() + size_t(t) * D);
-        const double r = test::rel_l2(trace.data() + off, gtrace.data() + off, D);
-        worst_row = std::max(worst_row, r);
-        EXPECT_LT(r, 3e-4) << gc.name << " token " << t << " layer " << i;
-      }
-      const double r = test::rel_l2(a.data(), b.data(), a.size());
-      worst_layer = std::max(worst_layer, r);
-      EXPECT_LT(r, 1e-4) << gc.name << " layer " << i;
-    }
-    const double lr = test::rel_l2(logits.data(), glogits.data(), logits.size());
-    EXPECT_LT(lr, 1e-4) << gc.name;
-    for (int t = 0; t < T; ++t)
-      EXPECT_EQ(argmax(logits.data() + size_t(t) * V, V), argmax(glogits.data() + size_t(t) * V, V))
-          << gc.name << " position " << t;
+    const auto [worst_row, worst_layer] = test::expect_golden_trace(trace, gc, L, D, gc.name);
+    const double lr = test::expect_golden_logits(logits, gc, V, gc.name);
     const double vs_cpu_trace = test::rel_l2(trace.data(), ctrace.data(), trace.size());
     const double vs_cpu = test::rel_l2(logits.data(), clogits.data(), logits.size());
     EXPECT_LT(vs_cpu, 1e-4) << gc.name << ": CUDA vs CPU logits";

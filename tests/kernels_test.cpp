@@ -17,18 +17,14 @@
 #include "core/error.h"
 #include "core/mxfp4.h"
 #include "model/quant.h"
+#include "test_util.h"
 
 namespace wren {
 namespace {
 
 using cpu::Isa;
 
-std::vector<Isa> levels() {
-  std::vector<Isa> out;
-  for (Isa i : {Isa::Scalar, Isa::Avx2, Isa::Avx512})
-    if (cpu::isa_supported(i)) out.push_back(i);
-  return out;
-}
+std::vector<Isa> levels() { return test::cpu_levels(); }
 
 std::vector<float> random_vec(size_t n, std::mt19937& rng, float scale = 1.0f) {
   std::uniform_real_distribution<float> u(-1.0f, 1.0f);

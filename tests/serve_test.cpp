@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <chrono>
@@ -25,6 +26,7 @@
 #include <thread>
 
 #include "runtime/chat_format.h"
+#include "server/gen_queue.h"
 #include "server/openai_json.h"
 #include "server/server.h"
 #include "server/stop_matcher.h"
@@ -888,3 +890,148 @@ TEST(ServeJson, ParsesFieldsAndThinkingSwitch) {
 
 }  // namespace
 }  // namespace wren
+
+namespace wren::server {
+namespace {
+
+// ---- constrained replies (tool_choice required / named, response_format), through the replay
+// hook: a replayed id the constraint refuses is replaced by the lowest allowed one, as a model's
+// masked logits would be.
+
+TEST(ServeConstrained, ForcedCallsJsonRepliesAndInvalidOutputErrors) {
+  const Tokenizer tok = Tokenizer::load(test::golden_dir());
+  const ChatFormat fmt(tok);
+  auto reply = [&](const ChatMessage& m) { return reply_ids(fmt, m, false); };
+  ChatMessage good("assistant", "", "");
+  good.tool_calls = {{"", "get_weather", R"({"city": "Paris"})"}};
+  ChatMessage bad = good;  // a number argument that is not JSON: the call is complete but invalid
+  std::vector<int> bad_ids = reply(good);
+  {
+    std::vector<int> want_bad;
+    const std::vector<int> str = tok.encode_ordinary("string"), num = tok.encode_ordinary("number");
+    const std::vector<int> paris = tok.encode_ordinary("Paris"), twelve = tok.encode_ordinary("twelve");
+    auto replace = [](std::vector<int>& v, const std::vector<int>& a, const std::vector<int>& b) {
+      auto it = std::search(v.begin(), v.end(), a.begin(), a.end());
+      ASSERT_NE(it, v.end());
+      it = v.erase(it, it + long(a.size()));
+      v.insert(it, b.begin(), b.end());
+    };
+    replace(bad_ids, str, num);
+    replace(bad_ids, paris, twelve);
+  }
+  std::vector<int> garbage(120, tok.encode_ordinary("x").at(0));
+  ChatMessage obj("assistant", R"({"a": [1, 2]})", "");
+  json replay = json::array({reply(good), bad_ids, bad_ids, garbage, reply(obj), reply(obj), reply(good), reply(good)});
+  const std::string dir = test::temp_dir("serve-constrained");
+  std::ofstream(dir + "/replay.json") << replay.dump();
+  ServeProcess server({"--ctx", "1024", "--replay-ids", dir + "/replay.json"});
+  httplib::Client c("127.0.0.1", server.port());
+  c.set_read_timeout(60, 0);
+  auto body = [&](const json& extra) {
+    json b = {{"messages", {{{"role", "user"}, {"content", "Weather in Paris?"}}}}, {"max_tokens", 100}, {"thinking", false}};
+    b.update(extra);
+    return b.dump();
+  };
+  const json named = {{"tools", tools_decl()}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}};
+  // 0: a conforming call passes through.
+  auto r = c.Post("/v1/chat/completions", body(named), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  json j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "tool_calls") << r->body;
+  ASSERT_EQ(j["choices"][0]["message"]["tool_calls"].size(), 1u) << r->body;
+  EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(j["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})");
+  // 1: a typed argument that is not JSON: a clear error, not a silent string.
+  expect_error(c, "/v1/chat/completions", body(named), 500, "not a JSON object", "invalid_model_output");
+  // 2: the same streamed: the deltas, then an error event instead of the finish chunk.
+  json s = named;
+  s["stream"] = true;
+  r = c.Post("/v1/chat/completions", body(s), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_NE(r->body.find("\"code\":\"invalid_model_output\""), std::string::npos) << r->body;
+  EXPECT_EQ(r->body.find("\"finish_reason\":\"tool_calls\""), std::string::npos) << r->body;
+  // 3: a model that only writes "x": the call to get_weather is forced open (cut by max_tokens).
+  s["max_tokens"] = 90;  // the replay spells forced text with the lowest allowed ids: one byte each
+  r = c.Post("/v1/chat/completions", body(s), "application/json");
+  ASSERT_TRUE(r);
+  EXPECT_NE(r->body.find("\"name\":\"get_weather\""), std::string::npos) << r->body;
+  EXPECT_NE(r->body.find("\"finish_reason\":\"length\""), std::string::npos) << r->body;
+  EXPECT_EQ(r->body.find("\"content\":\"x"), std::string::npos) << "no answer text: the response is forced empty\n" << r->body;
+  // 4: response_format json_object: the JSON answer passes.
+  r = c.Post("/v1/chat/completions", body({{"response_format", {{"type", "json_object"}}}}), "application/json");
+  ASSERT_TRUE(r);
+  ASSERT_EQ(r->status, 200) << r->body;
+  j = json::parse(r->body);
+  EXPECT_EQ(j["choices"][0]["message"]["content"], R"({"a": [1, 2]})");
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "stop");
+  // 5: json_schema whose required key is missing: the error names it.
+  expect_error(c, "/v1/chat/completions",
+               body({{"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "w"}, {"schema",
+                     {{"type", "object"}, {"required", {"city"}}}}}}}}}),
+               500, "'city'", "invalid_model_output");
+  // Bad response_format requests are 400s.
+  expect_error(c, "/v1/chat/completions", body({{"response_format", {{"type", "yaml"}}}}), 400, "json_object");
+  expect_error(c, "/v1/chat/completions", body({{"response_format", {{"type", "json_schema"}}}}), 400, "schema");
+  json both = named;
+  both["response_format"] = {{"type", "json_object"}};
+  expect_error(c, "/v1/chat/completions", body(both), 400, "cannot be combined");
+  // 6, 7: the official openai client, streaming and not, with tool_choice named.
+  json reqs = json::array();
+  for (bool stream : {false, true}) {
+    json params = json::parse(body(named));
+    reqs.push_back({{"kind", "chat"}, {"stream", stream}, {"params", params}});
+  }
+  const json got = node_client(server.port(), reqs, false);
+  ASSERT_EQ(got.size(), 2u) << got.dump();
+  for (const json& g : got) {
+    SCOPED_TRACE(g.dump());
+    ASSERT_FALSE(g.contains("error"));
+    EXPECT_EQ(g["finish_reason"], "tool_calls");
+    ASSERT_EQ(g["tool_calls"].size(), 1u);
+    EXPECT_EQ(g["tool_calls"][0]["function"]["name"], "get_weather");
+    EXPECT_EQ(g["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})");
+  }
+}
+
+TEST(ServeK2, ReplyStreamGivesTheModelsCallIdsAndToolCallsFinish) {
+  const Tokenizer tok = test::k2_tokenizer();
+  const int kSecBegin = 4103, kSecEnd = 4104, kCallBegin = 4105, kArgBegin = 4106, kCallEnd = 4107, kImEnd = 4098;
+  GenRequest req;
+  req.chat = true;
+  Job job(req, {1, 2, 3}, 100, "t1");
+  ReplyStream out(tok, job, {});
+  std::vector<int> ids = tok.encode_ordinary("Sure.");
+  ids.push_back(kSecBegin);
+  ids.push_back(kCallBegin);
+  for (int id : tok.encode_ordinary("functions.get_weather:0")) ids.push_back(id);
+  ids.push_back(kArgBegin);
+  for (int id : tok.encode_ordinary(R"({"city": "Paris"})")) ids.push_back(id);
+  ids.push_back(kCallEnd);
+  ids.push_back(kSecEnd);
+  ids.push_back(kImEnd);
+  ASSERT_EQ(out.stop_ids(), std::vector<int>{kImEnd});
+  for (int id : ids) out.token(id);
+  out.finish(int(ids.size()), true);
+  std::vector<Piece> pieces;
+  ASSERT_TRUE(job.take(pieces, std::chrono::milliseconds(0)));
+  const GenResult& r = job.result();
+  EXPECT_EQ(r.content, "Sure.");
+  EXPECT_EQ(r.finish_reason, "tool_calls");
+  ASSERT_EQ(r.tool_calls.size(), 1u);
+  EXPECT_EQ(r.tool_calls[0].id, "functions.get_weather:0");  // the id the K2 template renders back
+  EXPECT_EQ(r.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(r.tool_calls[0].arguments, R"({"city": "Paris"})");
+  std::string streamed;
+  for (const Piece& p : pieces)
+    if (p.kind == Piece::Kind::Tool) {
+      if (!p.tool.name.empty()) {
+        EXPECT_EQ(p.tool_id, "functions.get_weather:0");
+      }
+      streamed += p.tool.arguments;
+    }
+  EXPECT_EQ(streamed, r.tool_calls[0].arguments);
+}
+
+}  // namespace
+}  // namespace wren::server

@@ -34,17 +34,7 @@ using Ids = std::vector<int>;
 
 const std::string kOracleDir = std::string(WREN_SOURCE_DIR) + "/tests/tokenizer";
 
-/// Runs a shell command; returns its exit code and stdout+stderr in *out.
-int run_cmd(const std::string& cmd, std::string* out) {
-  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
-  if (!p) return -1;
-  std::array<char, 4096> buf;
-  out->clear();
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out->append(buf.data(), n);
-  const int st = pclose(p);
-  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-}
+using test::run_cmd;
 
 /// Single-quotes a path for the shell (test paths contain no quotes).
 std::string shq(const std::string& s) { return "'" + s + "'"; }

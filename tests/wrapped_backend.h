@@ -1,10 +1,19 @@
 // A test backend that forwards every op to another backend, with two hooks: `before(op)` runs
 // before each op (fault injection: throw DeviceError there) and `after(op, out, n)` sees each
-// op's float output (planted bugs: perturb it). Used by the fallback and validate tests.
+// op's float output (planted bugs: perturb it). Used by the fallback and validate tests. With
+// `place` set it also stands in for a backend that places its own weights at load (as CUDA does,
+// Backend::place_dense): it keeps them in its own host storage, upcast by the same rule (exact), so
+// the inner CPU backend reads them; `placed` counts them and a non-finite f32 weight is reported
+// by place_finish (the CUDA contract: float data checked on the device, reported at the end).
 #pragma once
+#include <cmath>
+#include <cstring>
 #include <functional>
+#include <memory>
 #include <string>
+#include <vector>
 
+#include "core/error.h"
 #include "ops/backend.h"
 
 namespace wren::test {
@@ -18,7 +27,52 @@ class WrappedBackend final : public Backend {
   /// the host-routed reference through this wrapper's ops, as the default does.
   bool decline_moe = false;
 
+  bool place = false;
+  int placed = 0;  ///< weights placed so far
+
   const char* name() const override { return "wrapped"; }
+  bool places_dense() const override { return place; }
+  void place_dense(DenseWeight& w, const PlaceRequest& r) override {
+    if (!place) return Backend::place_dense(w, r);
+    const size_t n = size_t(w.rows * w.cols);
+    const auto* src = static_cast<const uint8_t*>(r.src);
+    if (w.format == WFormat::F32) {
+      check(r.count == n, r.where + ": wrong element count");
+      auto& v = store_.emplace_back(new uint8_t[n * 4]);
+      float* f = reinterpret_cast<float*>(v.get());
+      for (size_t i = 0; i < n; ++i) {
+        uint32_t u = 0;
+        uint16_t h = 0;
+        if (r.src_dtype == DType::F32) std::memcpy(&u, src + 4 * i, 4);
+        else if (r.src_dtype == DType::BF16) std::memcpy(&h, src + 2 * i, 2), u = uint32_t(h) << 16;
+        else throw Error(r.where + ": the test placer takes F32 and BF16 only");
+        std::memcpy(f + i, &u, 4);
+        if (!std::isfinite(f[i]) && bad_.empty()) bad_ = r.where;
+      }
+      if (r.consumed) r.consumed(0, n * dtype_size(r.src_dtype));
+      w.dtype = DType::F32, w.data = f, w.scale = nullptr;
+    } else {
+      check(r.count == wformat_data_bytes(w.format, w.rows, w.cols), r.where + ": wrong byte count");
+      auto& v = store_.emplace_back(new uint8_t[r.count]);
+      std::memcpy(v.get(), src, r.count);
+      if (r.src_dtype == DType::BF16)  // stored bytes kept as they are: the backend checks them
+        for (size_t i = 0; i + 1 < r.count; i += 2)
+          if ((src[i + 1] & 0x7f) == 0x7f && (src[i] & 0x80) && bad_.empty()) bad_ = r.where;
+      w.data = v.get();
+      w.scale = nullptr;
+      if (const size_t ns = wformat_scale_count(w.format, w.rows, w.cols)) {
+        auto& sv = store_.emplace_back(new uint8_t[ns * 4]);
+        std::memcpy(sv.get(), r.scale, ns * 4);
+        w.scale = reinterpret_cast<const float*>(sv.get());
+      }
+      w.dtype = w.format == WFormat::BF16 ? DType::BF16 : w.format == WFormat::Q8_ROW ? DType::I8 : DType::U8;
+    }
+    w.placed_on = this;
+    ++placed;
+  }
+  void place_finish() override {
+    if (!bad_.empty()) throw Error(bad_ + ": holds a NaN or an infinity; every weight must be a finite number");
+  }
   float* alloc(size_t n) override { return in_.alloc(n); }
   void release(float* p) override { in_.release(p); }
   void to_host(const float* s, size_t n, float* d) override { hook("to_host"), in_.to_host(s, n, d); }
@@ -83,6 +137,8 @@ class WrappedBackend final : public Backend {
     if (after) after(op, o, n);
   }
   Backend& in_;
+  std::vector<std::unique_ptr<uint8_t[]>> store_;  ///< placed weights (the stand-in device memory)
+  std::string bad_;                                ///< the first non-finite f32 weight placed
 };
 
 }  // namespace wren::test

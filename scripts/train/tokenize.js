@@ -1,6 +1,6 @@
 // Tokenizes the corpus of make_corpus.py with the default model's tokenizer (the first 16,384 ranks of
 // o200k_base + the K3 specials at 16384..16639), using the npm `tiktoken` core with the Kimi pre-tokenizer
-// pattern (the same pattern as tests/tokenizer/oracle.js).
+// pattern (tests/tokenizer/kimi_pattern.js, shared with tests/tokenizer/oracle.js).
 //   node scripts/train/tokenize.js CORPUS_DIR VOCAB_FILE
 // Writes CORPUS_DIR/train.u16 (little-endian uint16 ids of all training documents, concatenated),
 // CORPUS_DIR/heldout.txt (held-out raw documents, one blank line between), CORPUS_DIR/heldout-text.u16
@@ -13,16 +13,7 @@ const fs = require("fs");
 const path = require("path");
 const { Tiktoken } = require(require.resolve("tiktoken/lite", { paths: [path.join(__dirname, "../../tests/tokenizer")] }));
 
-const KIMI_PAT = [
-  "[\\p{Han}]+",
-  "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-  "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-  "\\p{N}{1,3}",
-  " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*",
-  "\\s*[\\r\\n]+",
-  "\\s+(?!\\S)",
-  "\\s+",
-].join("|");
+const { KIMI_PAT } = require(path.join(__dirname, "../../tests/tokenizer/kimi_pattern.js"));
 
 const [dir, vocab] = process.argv.slice(2);
 const lines = fs.readFileSync(vocab, "utf8").trim().split("\n");

@@ -82,6 +82,7 @@ struct PrefillArgs {
   std::string prompts = "512,4096,16384";
   int repeat = 3;
   int also_exact = 0;
+  bool profile = false;  ///< GPU: one more prefill per length with per-launch timing, printed
   uint64_t seed = 1;
   bool json = false;
   std::string cpu_line;

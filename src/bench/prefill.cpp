@@ -56,6 +56,11 @@ void run_prefill(PrefillArgs a) {
                         {"chunk", e.chunk()}};
   const int V = e.config().vocab;
   std::vector<float> logits(V);
+  if (a.profile && gpu) {  // the tensor-core ceiling of this run, for the profile's TFLOP/s column
+    const double peak = gpu_bf16_peak_tflops(e.backend());
+    std::printf("bf16 tensor-core peak (cuBLASLt 8192^3, this run): %.0f TFLOP/s\n", peak);
+    out["bf16_peak_tflops"] = peak;
+  }
   std::printf("%-8s %12s %12s\n", "tokens", "prefill_s", "tok/s");
   for (int n : lengths) {
     std::mt19937 g(uint32_t(a.seed) + uint32_t(n));
@@ -73,6 +78,39 @@ void run_prefill(PrefillArgs a) {
     const double med = t[t.size() / 2];
     std::printf("%-8d %12.4f %12.1f\n", n, med, n / med);
     out["runs"].push_back({{"tokens", n}, {"prefill_s", med}, {"tok_s", n / med}, {"times_s", t}});
+    if (a.profile && gpu) {  // one more prefill, every launch followed by an event (same numerics)
+      auto st = e.new_sequence();
+      gpu_profile_begin(e.backend());
+      e.forward().run(*st, ids.data(), nullptr, n, logits.data(), false);
+      double total = 0;
+      const std::vector<GpuOpTime> prof = gpu_profile_end(e.backend(), &total);
+      std::printf("profile, %d tokens: %.2f ms of device timeline (launch-to-launch; host-bound gaps charged to "
+                  "the launch that waited)\n", n, total);
+      std::printf("  %-64s %10s %7s %9s %9s\n", "launch", "ms", "%", "launches", "TFLOP/s");
+      nlohmann::json pj = nlohmann::json::array();
+      const double tpl = std::min(n, e.chunk());  // tokens per launch (the lengths here are chunk multiples)
+      const Config& c = e.config();
+      for (const GpuOpTime& op : prof) {
+        // Useful FLOPs of the labels with a known shape: dense GEMMs (RxC) and the grouped experts.
+        double flop = 0;
+        int r = 0, cc = 0;
+        if (std::sscanf(op.name.c_str(), "gemm (fast, cuBLASLt) %dx%d", &r, &cc) == 2) flop = 2.0 * r * cc * tpl * op.launches;
+        else if (op.name == "routed_moe (fast) dense gate/up grouped MMA")
+          flop = 2.0 * tpl * c.top_k * 2.0 * c.moe_inter * c.expert_io() * op.launches;
+        else if (op.name == "routed_moe (fast) dense down grouped MMA")
+          flop = 2.0 * tpl * c.top_k * double(c.moe_inter) * c.expert_io() * op.launches;
+        const double tf = flop > 0 && op.ms > 0 ? flop / (op.ms * 1e-3) / 1e12 : 0;
+        if (op.ms >= 0.005 * total) {
+          std::printf("  %-64s %10.3f %6.1f%% %9llu", op.name.c_str(), op.ms, 100 * op.ms / std::max(total, 1e-9),
+                      (unsigned long long)op.launches);
+          if (tf > 0) std::printf(" %9.1f", tf);
+          std::printf("\n");
+        }
+        pj.push_back({{"name", op.name}, {"ms", op.ms}, {"launches", op.launches}, {"tflops", tf}});
+      }
+      out["runs"].back()["profile"] = pj;
+      out["runs"].back()["profile_total_ms"] = total;
+    }
   }
   if (a.also_exact > 0 && std::string(e.backend().name()) != "cpu") {
     // The exact mode on the same loaded weights (the "before" number, same run): chunk 32.

@@ -21,6 +21,8 @@ void add_bench_prefill(CLI::App* bench) {
   sub->add_option("--seed", a->seed, "Seed of the random prompt ids");
   sub->add_option("--also-exact", a->also_exact, "GPU: then one exact-mode prefill of N tokens on the same weights")
       ->check(non_negative());
+  sub->add_flag("--profile", a->profile,
+               "GPU: after the timed runs, one more prefill per length with per-launch device timing (table by kernel)");
   cpu->add_to(sub);
   cuda->add_to(sub);
   sub->add_flag("--json", a->json, "Also print the numbers as one JSON object");

@@ -160,7 +160,7 @@ void chat(ChatArgs& a) {
     msgs.push_back({"user", line, ""});
     // The first turn is the whole prompt as the encoder renders it (effort message included);
     // later turns append the new message to the state.
-    std::vector<int> prompt = first ? fmt.preamble(chat_options(a.common)) : std::vector<int>{};
+    std::vector<int> prompt = first ? fmt.preamble(chat_options(a.common), msgs) : std::vector<int>{};
     const std::vector<int> body = fmt.render(msgs, a.common.think), gen = fmt.generation_prompt(a.common.think);
     prompt.insert(prompt.end(), body.begin(), body.end());
     prompt.insert(prompt.end(), gen.begin(), gen.end());

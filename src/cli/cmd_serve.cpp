@@ -1,6 +1,7 @@
 // `wren serve`: an OpenAI-compatible HTTP server (chat and text completions, streaming or not)
 // over one loaded model; requests join a batched decode in arrival order (docs/serve.md).
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cctype>
@@ -30,6 +31,7 @@ struct ServeArgs {
   EngineOptions engine;
   CpuFlags cpu;  ///< the same CPU engine flags as `wren run` (threads, --isa, --quant, --mx-act)
   CudaFlags cuda;  ///< and the same CUDA ones (--cuda-kda ...)
+  bool quiet = false;  ///< --quiet: no load-progress line
   server::ServerOptions server;
 };
 
@@ -78,6 +80,7 @@ void serve(ServeArgs& a) {
   a.engine.cpu = a.cpu.backend();
   a.engine.cuda = a.cuda.backend();
   print_run_header(a.engine.backend, a.engine.cpu, a.engine.plan, a.engine.cuda);
+  a.engine.progress = !a.quiet && isatty(STDERR_FILENO);
   Engine e(a.engine);
   if (const std::string g = describe_gpu(e, a.engine); !g.empty()) std::fprintf(stderr, "wren: %s\n", g.c_str());
   check(e.has_tokenizer(), "wren serve needs a model with a tokenizer (tiktoken.model in " + e.dir() + ")");
@@ -136,6 +139,7 @@ void add_serve(CLI::App& app) {
                 "On a GPU failure, say so and continue on the CPU (default) or stop with the error");
   a->cpu.add_to(sub);
   a->cuda.add_to(sub);
+  sub->add_flag("--quiet", a->quiet, "No load-progress line on stderr (it is shown only when stderr is a terminal)");
   sub->add_flag("--check-finite", a->engine.check_finite,
                 "Check every layer's output for NaN/Inf and name the first layer that produced one (slower)");
   sub->add_option("--prefix-cache", a->prefix_cache,

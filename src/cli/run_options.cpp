@@ -4,6 +4,7 @@
 #include "core/sizes.h"
 
 #include <cstdio>
+#include <unistd.h>
 #include <map>
 #include <string>
 
@@ -44,6 +45,7 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
   sub->add_flag("--check-finite", engine.check_finite,
                 "Check every layer's output for NaN/Inf and name the first layer that produced one (slower)");
   sub->add_option("--ctx", engine.ctx, "Context capacity in tokens (MLA cache size)")->check(positive());
+  sub->add_flag("--quiet", quiet, "No load-progress line on stderr (it is shown only when stderr is a terminal)");
 }
 
 ChatOptions chat_options(const CommonArgs& a) {
@@ -55,6 +57,7 @@ ChatOptions chat_options(const CommonArgs& a) {
 
 EngineOptions CommonArgs::engine_options() const {
   EngineOptions o = engine;
+  o.progress = !quiet && isatty(STDERR_FILENO);
   o.plan = cpu.plan();
   o.cpu = cpu.backend();
   o.cuda = cuda.backend();

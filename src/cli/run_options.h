@@ -20,6 +20,7 @@ struct CommonArgs {
   std::optional<std::string> system;  ///< given (even empty: the encoder renders an empty system message)
   CpuFlags cpu;
   CudaFlags cuda;
+  bool quiet = false;  ///< --quiet: no load-progress line
   void add_to(CLI::App* sub, float default_temperature);
   /// The engine options with the CPU and CUDA flags resolved (throws wren::Error on bad names);
   /// prints the run header.

@@ -127,6 +127,13 @@ void SafetensorsFile::release_pages() const {
   if (base_) ::madvise(const_cast<uint8_t*>(base_), size_, MADV_DONTNEED);
 }
 
+void SafetensorsFile::release_range(uint64_t offset, uint64_t nbytes) const {
+  if (!base_ || nbytes == 0 || offset >= size_) return;
+  static const uint64_t page = uint64_t(::sysconf(_SC_PAGESIZE));
+  const uint64_t lo = offset / page * page, hi = std::min(size_, offset + nbytes);
+  ::madvise(const_cast<uint8_t*>(base_) + lo, size_t(hi - lo), MADV_DONTNEED);
+}
+
 const TensorInfo* SafetensorsFile::find(const std::string& name) const {
   auto it = tensors_.find(name);
   return it == tensors_.end() ? nullptr : &it->second;

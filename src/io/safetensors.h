@@ -43,6 +43,10 @@ class SafetensorsFile {
   /// Drops the mapping's resident pages (they fault back in if touched again). Called after the
   /// dense weights were copied out, so RSS counts only what the engine holds.
   void release_pages() const;
+  /// Drops the resident pages of the byte range [offset, offset + nbytes) of the file (widened to
+  /// whole pages; they fault back in if touched again). The loader calls it after each weight
+  /// it streamed to a device, so the mapping never holds the checkpoint at once.
+  void release_range(uint64_t offset, uint64_t nbytes) const;
 
  private:
   std::string path_;

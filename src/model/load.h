@@ -1,5 +1,7 @@
 // Loading a checkpoint into ModelWeights through the tensor table.
 #pragma once
+#include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -23,6 +25,26 @@ struct Model {
 /// the mapping. Vision tensors are never touched. Dense matrices are then stored in the format
 /// `plan` gives their class (default: all f32, the exact mode); vectors always stay f32.
 std::unique_ptr<Model> load_model(const std::string& dir, const QuantPlan& plan = {});
+
+/// Called after each dense tensor with the stored bytes read so far and the total stored bytes of
+/// the dense tensors (the routed experts stay in the mapping and are not counted).
+using LoadProgress = std::function<void(uint64_t done_bytes, uint64_t total_bytes)>;
+
+/// How load_model places the weights beyond the plan.
+struct LoadOptions {
+  /// A backend that places_dense(): every dense matrix (rows > 1) goes straight from the mapped
+  /// checkpoint to that backend's memory (Backend::place_dense: f32 matrices as stored, for the
+  /// backend to upcast; other formats converted here one tensor at a time), so the host holds no
+  /// copy of them; each tensor's mapped pages are dropped once it is placed. Vectors stay host f32
+  /// (the backend takes them with the experts afterwards, e.g. CudaBackend::upload). The model's
+  /// weights then serve that backend only (a CPU fallback loads its own copy).
+  Backend* place_on = nullptr;
+  /// Progress after each dense tensor (may be empty); for a progress display.
+  LoadProgress progress;
+};
+
+/// load_model as above, with `o` (placement on a backend, progress).
+std::unique_ptr<Model> load_model(const std::string& dir, const QuantPlan& plan, const LoadOptions& o);
 
 struct TensorSpec;
 /// Checks a located tensor's stored shape and dtype against its table entry (header only, no

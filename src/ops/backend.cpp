@@ -25,6 +25,11 @@ struct Backend::HostMoe {
 Backend::Backend() = default;
 Backend::~Backend() = default;
 
+void Backend::place_dense(DenseWeight& w, const PlaceRequest& r) {
+  (void)w;
+  throw Error(std::string(name()) + " backend: " + r.where + ": this backend does not place weights (places_dense() is false)");
+}
+
 void Backend::note_fallback(const std::string& what) {
   ++fallbacks_;
   if (strict_)

@@ -6,6 +6,7 @@
 #pragma once
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -83,6 +84,23 @@ struct StepInfo {
   int n_moe = 0;
 };
 
+/// One dense tensor for Backend::place_dense, as the loader hands it over (model/load.h).
+struct PlaceRequest {
+  /// Format F32: the tensor's elements as stored in the checkpoint (BF16, F16 or F32: `src_dtype`),
+  /// which the backend upcasts to f32 (exact). Format BF16 with `src_dtype` BF16: the stored bytes
+  /// as they are. Other cases: the weight's bytes already in its format (wformat_data_bytes,
+  /// `src_dtype` I8 or U8), converted (and checked) by the loader. Host memory, read only during
+  /// the call. Float data (src_dtype F32, BF16, F16) the backend checks for NaN and infinity.
+  const void* src = nullptr;
+  DType src_dtype = DType::F32;
+  size_t count = 0;              ///< elements at src (format F32), or bytes (other formats)
+  const float* scale = nullptr;  ///< Q8_ROW / Q4_G64: wformat_scale_count floats (host, during the call)
+  std::string where;             ///< "SHARD: tensor 'NAME'", for errors
+  /// When set, the backend calls it as it finishes reading each part [offset, offset + bytes) of
+  /// src, so the loader can drop those mapped pages at once (a large tensor never sits in RSS whole).
+  std::function<void(size_t offset, size_t bytes)> consumed;
+};
+
 /// The ops. All are synchronous from the caller's view; T >= 1 tokens in original order.
 class Backend {
  public:
@@ -99,6 +117,20 @@ class Backend {
   virtual void from_host(const float* src, size_t n, float* dst) = 0;
   virtual void copy(const float* src, size_t n, float* dst) = 0;
   virtual void fill_zero(float* p, size_t n) = 0;
+
+  // ---- weight placement (the loader asks, model/load.h) ----
+  /// True when this backend keeps dense matrices (rows > 1) in its own memory, placed at load
+  /// straight from the checkpoint through place_dense (CUDA: device memory, no host copy). The
+  /// default (the CPU) reads host weights, which the loader converts as before.
+  virtual bool places_dense() const { return false; }
+  /// Places one dense matrix: `w` has rows, cols and format set; the backend converts `r` into
+  /// its own memory and sets w.data (and w.scale), w.dtype and w.placed_on = this. The check of
+  /// float data (every value finite) may complete later: place_finish reports it. Throws
+  /// wren::Error naming r.where (the default: this backend places nothing).
+  virtual void place_dense(DenseWeight& w, const PlaceRequest& r);
+  /// Waits until every placement is complete; throws wren::Error naming the tensor when placed
+  /// float data held a NaN or an infinity.
+  virtual void place_finish() {}
 
   // ---- dense math ----
   /// x[T, D] = rows ids[t] of the table [V, D].

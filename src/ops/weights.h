@@ -13,6 +13,8 @@
 
 namespace wren {
 
+class Backend;
+
 /// Compute format of a dense matrix, chosen per tensor class at load (model/quant.h). Layouts,
 /// row-major [rows, cols] unless stated:
 ///   F32     float [rows, cols]
@@ -31,13 +33,16 @@ enum class WClass : uint8_t { Vector, Attn, Mla, Dense, Shared, Latent, Router, 
 constexpr int kWClasses = 9;
 
 /// A dense matrix [rows, cols] (or a vector: rows = 1) in a compute format. In the exact mode every
-/// dense weight is F32 (BF16/F16 upcast at load, which is exact).
+/// dense weight is F32 (BF16/F16 upcast at load, which is exact). `data` and `scale` are host
+/// memory, unless `placed_on` names the backend that placed the weight in its own memory at load
+/// (Backend::place_dense, e.g. CUDA device memory): then only that backend may read them.
 struct DenseWeight {
   DType dtype = DType::F32;  ///< element type of `data` (F32, BF16, I8, U8), always set with `format`
   int64_t rows = 0, cols = 0;
   const void* data = nullptr;
   WFormat format = WFormat::F32;
   const float* scale = nullptr;  ///< Q8_ROW [rows]; Q4_G64 [rows, q4_groups()]; else null
+  const Backend* placed_on = nullptr;  ///< the backend whose memory data/scale are in; null = host
   const float* f32() const { return static_cast<const float*>(data); }  ///< only when format == F32
   int64_t q4_groups() const { return q4::groups(cols); }
 };

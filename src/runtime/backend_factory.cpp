@@ -41,9 +41,8 @@ std::string resolve_backend(const std::string& name) {
   throw Error("--backend: '" + name + "' is not a backend (expected cpu, cuda or auto)");
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
-                                      const CpuOptions& cpu, const std::string& vram_experts,
-                                      const CudaOptions& cuda) {
+std::unique_ptr<Backend> create_backend(const std::string& name, const CpuOptions& cpu, const std::string& vram_experts,
+                                        const CudaOptions& cuda) {
   check_cuda_options(cuda, "--cuda-kda-chunk");
   const std::string kind = resolve_backend(name);
   uint64_t budget = 0;  // default: all that fit with a margin
@@ -53,7 +52,6 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
   if (kind == "cuda") {
     auto be = std::make_unique<CudaBackend>(0, cuda);
     be->set_vram_expert_budget(budget == ~uint64_t(0) ? CudaBackend::kAllExperts : budget);
-    be->upload(weight_list(weights));
     return be;
   }
 #else
@@ -61,6 +59,21 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
   (void)cuda;
 #endif
   return std::make_unique<CpuBackend>(cpu);
+}
+
+void give_weights(Backend& be, const ModelWeights& weights) {
+#ifdef WREN_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) cuda->upload(weight_list(weights));
+#endif
+  (void)be, (void)weights;
+}
+
+std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
+                                      const CpuOptions& cpu, const std::string& vram_experts,
+                                      const CudaOptions& cuda) {
+  auto be = create_backend(name, cpu, vram_experts, cuda);
+  give_weights(*be, weights);
+  return be;
 }
 
 double gpu_bf16_peak_tflops(Backend& be) {
@@ -76,6 +89,28 @@ void set_backend_gpu_precision(Backend& be, GpuPrecision p) {
   if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) cuda->set_precision(p);
 #endif
   (void)be, (void)p;
+}
+
+bool gpu_profile_begin(Backend& be) {
+#ifdef WREN_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) {
+    cuda->profile_begin();
+    return true;
+  }
+#endif
+  (void)be;
+  return false;
+}
+
+std::vector<GpuOpTime> gpu_profile_end(Backend& be, double* total_ms) {
+  std::vector<GpuOpTime> out;
+  if (total_ms) *total_ms = 0;
+#ifdef WREN_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be))
+    for (const CudaOpTime& t : cuda->profile_end(total_ms)) out.push_back({t.name, t.ms, t.launches});
+#endif
+  (void)be;
+  return out;
 }
 
 uint64_t device_free_bytes(Backend& be) {

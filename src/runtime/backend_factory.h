@@ -2,6 +2,7 @@
 #pragma once
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_options.h"
@@ -32,12 +33,32 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
                                       const CpuOptions& cpu = {}, const std::string& vram_experts = "",
                                       const CudaOptions& cuda = {});
 
+/// make_backend in two steps, for loading straight to the backend (load_model with
+/// LoadOptions::place_on when the backend places_dense()): create_backend makes the backend
+/// without weights, give_weights then hands it the model's weights (CUDA: mirrors the host ones,
+/// the vectors and the routed experts, to device memory; weights it placed itself stay as they are).
+std::unique_ptr<Backend> create_backend(const std::string& name, const CpuOptions& cpu = {},
+                                        const std::string& vram_experts = "", const CudaOptions& cuda = {});
+void give_weights(Backend& be, const ModelWeights& weights);
+
 /// TFLOP/s of a large BF16 GEMM on `be`'s tensor cores, measured now (CUDA); 0 for the CPU backend.
 double gpu_bf16_peak_tflops(Backend& be);
 
 /// Switches `be`'s GPU precision mode (CUDA; no-op elsewhere) between calls, for benchmarks that
 /// time both modes on one loaded model. Takes effect from the next op.
 void set_backend_gpu_precision(Backend& be, GpuPrecision p);
+
+/// Device time of one kind of GPU launch over a profiled span (see gpu_profile_end).
+struct GpuOpTime {
+  std::string name;
+  double ms = 0;
+  uint64_t launches = 0;
+};
+/// Starts per-launch GPU timing on `be` (CUDA; false and nothing done elsewhere).
+bool gpu_profile_begin(Backend& be);
+/// Ends it: device milliseconds per launch label, largest first (host-bound gaps are charged to
+/// the launch that waited); *total_ms = the whole span. Empty for the CPU backend.
+std::vector<GpuOpTime> gpu_profile_end(Backend& be, double* total_ms);
 
 /// Free device memory of `be` in bytes (cudaMemGetInfo); 0 for the CPU backend.
 uint64_t device_free_bytes(Backend& be);

@@ -105,12 +105,90 @@ std::vector<ChatMessage> order_tool_results(const std::vector<ChatMessage>& in) 
 
 }  // namespace
 
-ChatFormat::ChatFormat(const Tokenizer& tok)
-    : tok_(tok),
-      open_(need_special(tok, "<|open|>")),
-      close_(need_special(tok, "<|close|>")),
-      sep_(need_special(tok, "<|sep|>")),
-      eom_(need_special(tok, "<|end_of_msg|>")) {}
+ChatFormat::ChatFormat(const Tokenizer& tok) : tok_(tok) {
+  auto id = [&](const char* s) { return tok.special_id(s).value_or(-1); };
+  const bool xtml = id("<|open|>") >= 0 && id("<|close|>") >= 0 && id("<|sep|>") >= 0 && id("<|end_of_msg|>") >= 0;
+  const bool k2 = id("<|im_system|>") >= 0 && id("<|im_user|>") >= 0 && id("<|im_assistant|>") >= 0 &&
+                  id("<|im_middle|>") >= 0 && id("<|im_end|>") >= 0;
+  if (!xtml && k2) {
+    dialect_ = ChatDialect::K2;
+    eom_ = id("<|im_end|>");
+    k2_ = {id("<|tool_calls_section_begin|>"), id("<|tool_calls_section_end|>"), id("<|tool_call_begin|>"),
+           id("<|tool_call_argument_begin|>"), id("<|tool_call_end|>"), id("<|im_system|>"), id("<|im_user|>"),
+           id("<|im_assistant|>"), id("<|im_middle|>")};
+    return;
+  }
+  check(xtml, "the tokenizer (tokenizer_config.json added_tokens_decoder) has neither the K3 chat specials "
+              "<|open|> <|close|> <|sep|> <|end_of_msg|> nor the K2 ones <|im_system|> <|im_user|> "
+              "<|im_assistant|> <|im_middle|> <|im_end|>: no chat format fits it");
+  open_ = need_special(tok, "<|open|>");
+  close_ = need_special(tok, "<|close|>");
+  sep_ = need_special(tok, "<|sep|>");
+  eom_ = need_special(tok, "<|end_of_msg|>");
+}
+
+int ChatFormat::need_k2(int id, const char* what) const {
+  check(id >= 0, std::string("the tokenizer has no special token ") + what +
+                     " (tokenizer_config.json added_tokens_decoder): K2-style tool calls need it");
+  return id;
+}
+
+bool ParsedToolCall::json_ok() const {
+  if (!complete || bad_value) return false;
+  try {
+    return ordered_json::parse(arguments).is_object();
+  } catch (const ordered_json::exception&) {
+    return false;
+  }
+}
+
+// ---- K2 dialect ----
+// The Kimi K2 instruct chat template (as public copies of Kimi-K2-Instruct-0905's
+// chat_template.jinja show it; docs/serve.md#chat-dialects), rendered segment by segment:
+//   [tools]  <|im_system|>tool_declare<|im_middle|>TOOLS_JSON<|im_end|>
+//   [first message not system] <|im_system|>system<|im_middle|>You are Kimi, an AI assistant created by Moonshot AI.<|im_end|>
+//   user     <|im_user|>NAME_OR_ROLE<|im_middle|>CONTENT<|im_end|>
+//   assistant <|im_assistant|>NAME_OR_ROLE<|im_middle|>CONTENT[<|tool_calls_section_begin|>
+//            (<|tool_call_begin|>ID<|tool_call_argument_begin|>ARGS<|tool_call_end|>)*<|tool_calls_section_end|>]<|im_end|>
+//   tool     <|im_system|>NAME_OR_ROLE<|im_middle|>## Return of TOOL_CALL_ID\nCONTENT<|im_end|>
+//   system   <|im_system|>NAME_OR_ROLE<|im_middle|>CONTENT<|im_end|>
+//   generation prompt <|im_assistant|>assistant<|im_middle|>
+
+void ChatFormat::k2_header(std::vector<int>& out, int role_id, const std::string& role) const {
+  out.push_back(role_id);
+  text(out, role);
+  out.push_back(k2_.im_middle);
+}
+
+std::vector<int> ChatFormat::render_k2(const std::vector<ChatMessage>& messages) const {
+  std::vector<int> out;
+  for (const ChatMessage& m : messages) {
+    check(m.role == "system" || m.role == "user" || m.role == "assistant" || m.role == "tool",
+          "chat message role '" + m.role + "' (expected system, user, assistant or tool)");
+    const std::string& role_name = m.name.empty() ? m.role : m.name;
+    k2_header(out, m.role == "user" ? k2_.im_user : m.role == "assistant" ? k2_.im_assistant : k2_.im_system,
+              role_name);
+    if (m.role == "assistant" && !m.tool_calls.empty()) {
+      text(out, m.content);
+      out.push_back(need_k2(k2_.section_begin, "<|tool_calls_section_begin|>"));
+      for (const ToolCall& c : m.tool_calls) {
+        out.push_back(need_k2(k2_.call_begin, "<|tool_call_begin|>"));
+        text(out, c.id);
+        out.push_back(need_k2(k2_.argument_begin, "<|tool_call_argument_begin|>"));
+        text(out, c.arguments);
+        out.push_back(need_k2(k2_.call_end, "<|tool_call_end|>"));
+      }
+      out.push_back(need_k2(k2_.section_end, "<|tool_calls_section_end|>"));
+    } else if (m.role == "tool") {
+      text(out, "## Return of " + m.tool_call_id + "\n");
+      text(out, m.content);
+    } else {
+      text(out, m.content);
+    }
+    out.push_back(eom_);
+  }
+  return out;
+}
 
 std::string ChatFormat::escape_attribute(const std::string& v) {
   std::string a;
@@ -209,6 +287,7 @@ void ChatFormat::assistant(std::vector<int>& out, const ChatMessage& m, bool thi
 }
 
 std::vector<int> ChatFormat::render(const std::vector<ChatMessage>& messages_in, bool thinking) const {
+  if (dialect_ == ChatDialect::K2) return render_k2(messages_in);
   const std::vector<ChatMessage> messages = order_tool_results(messages_in);
   std::vector<int> out;
   const std::vector<ToolCall>* last_calls = nullptr;
@@ -246,8 +325,21 @@ std::vector<int> ChatFormat::render(const std::vector<ChatMessage>& messages_in,
   return out;
 }
 
-std::vector<int> ChatFormat::preamble(const ChatOptions& o) const {
+std::vector<int> ChatFormat::preamble(const ChatOptions& o, const std::vector<ChatMessage>& messages) const {
   std::vector<int> out;
+  if (dialect_ == ChatDialect::K2) {
+    if (o.tools.is_array() && !o.tools.empty()) {
+      k2_header(out, k2_.im_system, "tool_declare");
+      text(out, python_dumps(ordered_json::parse(o.tools.dump())));
+      out.push_back(eom_);
+    }
+    if (!messages.empty() && messages.front().role != "system") {
+      k2_header(out, k2_.im_system, "system");
+      text(out, "You are Kimi, an AI assistant created by Moonshot AI.");
+      out.push_back(eom_);
+    }
+    return out;
+  }
   if (o.tools.is_array() && !o.tools.empty()) tool_declare(out, o.tools, false);
   if (o.thinking && valid_effort(o.effort))
     system_note(out, "thinking-effort",
@@ -258,8 +350,15 @@ std::vector<int> ChatFormat::preamble(const ChatOptions& o) const {
 }
 
 std::vector<int> ChatFormat::prompt(const std::vector<ChatMessage>& messages, const ChatOptions& o) const {
+  if (dialect_ == ChatDialect::K2) {  // no effort message and no tool-choice note in the K2 template
+    std::vector<int> out = preamble(o, messages);
+    const std::vector<int> body = render_k2(messages), gen = generation_prompt(false);
+    out.insert(out.end(), body.begin(), body.end());
+    out.insert(out.end(), gen.begin(), gen.end());
+    return out;
+  }
   check(!o.thinking || valid_effort(o.effort), "thinking effort '" + o.effort + "' (expected low, high or max)");
-  std::vector<int> out = preamble(o);
+  std::vector<int> out = preamble(o, messages);
   const std::vector<int> body = render(messages, o.thinking);
   out.insert(out.end(), body.begin(), body.end());
   if (o.tool_choice == ToolChoice::Required)
@@ -274,6 +373,10 @@ std::vector<int> ChatFormat::prompt(const std::vector<ChatMessage>& messages, co
 
 std::vector<int> ChatFormat::generation_prompt(bool thinking) const {
   std::vector<int> out;
+  if (dialect_ == ChatDialect::K2) {
+    k2_header(out, k2_.im_assistant, "assistant");
+    return out;
+  }
   open_tag(out, "message", {{"role", "assistant"}});
   open_tag(out, thinking ? "think" : "response");
   return out;
@@ -281,6 +384,7 @@ std::vector<int> ChatFormat::generation_prompt(bool thinking) const {
 
 std::vector<int> ChatFormat::close_reply(bool in_think) const {
   std::vector<int> out;
+  if (dialect_ == ChatDialect::K2) return {eom_};
   if (in_think) {
     close_tag(out, "think");
     open_tag(out, "response");
@@ -332,7 +436,58 @@ std::string parse_tag(const std::string& tag, std::map<std::string, std::string>
 }  // namespace
 
 ReplyParser::ReplyParser(const ChatFormat& fmt, bool thinking)
-    : fmt_(fmt), channel_(thinking ? Channel::Think : Channel::Response) {}
+    : fmt_(fmt), channel_(thinking && fmt.dialect() == ChatDialect::Xtml ? Channel::Think : Channel::Response) {}
+
+ReplyParser::Channel ReplyParser::push_k2(int id) {
+  const ChatFormat::K2Ids& k = fmt_.k2();
+  if (id == fmt_.end_of_msg()) {
+    done_ = true;
+    return Channel::Tag;
+  }
+  if (id == k.section_begin) {
+    in_tools_ = true;
+    channel_ = Channel::Tools;
+    return Channel::Tag;
+  }
+  if (id == k.section_end) {
+    in_tools_ = false;
+    k2_state_ = K2State::None;
+    channel_ = Channel::Other;  // what follows the section is dropped
+    return Channel::Tag;
+  }
+  if (id == k.call_begin) {  // recognised also outside a section
+    k2_state_ = K2State::Header;
+    header_.clear();
+    channel_ = Channel::Tools;
+    return Channel::Tag;
+  }
+  if (id == k.argument_begin && k2_state_ == K2State::Header) {
+    const std::string h = strip(header_);
+    std::string name = h.substr(0, h.rfind(':') == std::string::npos ? h.size() : h.rfind(':'));
+    if (name.rfind("functions.", 0) == 0) name = name.substr(10);
+    calls_.push_back({h, name, "", false});
+    deltas_.push_back({int(calls_.size()) - 1, h, name, ""});
+    k2_state_ = K2State::Args;
+    return Channel::Tag;
+  }
+  if (id == k.call_end && k2_state_ == K2State::Args) {
+    calls_.back().complete = true;
+    k2_state_ = K2State::None;
+    channel_ = in_tools_ ? Channel::Tools : Channel::Other;
+    return Channel::Tag;
+  }
+  if (k2_state_ == K2State::Header) {
+    header_ += fmt_.tokenizer().token_bytes(id);
+    return Channel::Tools;
+  }
+  if (k2_state_ == K2State::Args) {
+    const std::string piece(fmt_.tokenizer().token_bytes(id));
+    calls_.back().arguments += piece;
+    deltas_.push_back({int(calls_.size()) - 1, "", "", piece});
+    return Channel::Tools;
+  }
+  return channel_;
+}
 
 std::vector<ToolCallDelta> ReplyParser::take_deltas() {
   std::vector<ToolCallDelta> d;
@@ -348,7 +503,7 @@ void ReplyParser::arg_done(const std::string& json_value) {
   piece += json_value;
   ++call_args_;
   calls_.back().arguments += piece;
-  deltas_.push_back({int(calls_.size()) - 1, "", piece});
+  deltas_.push_back({int(calls_.size()) - 1, "", "", piece});
 }
 
 void ReplyParser::on_tag(bool opening, const std::string& tag) {
@@ -362,8 +517,8 @@ void ReplyParser::on_tag(bool opening, const std::string& tag) {
     if (name == "call") {
       in_call_ = true;
       call_args_ = 0;
-      calls_.push_back({attrs["tool"], "", false});
-      deltas_.push_back({int(calls_.size()) - 1, attrs["tool"], ""});
+      calls_.push_back({"", attrs["tool"], "", false});
+      deltas_.push_back({int(calls_.size()) - 1, "", attrs["tool"], ""});
     } else if (in_call_ && name == "argument") {
       block_ = Block::Argument;
       arg_key_ = attrs["key"];
@@ -383,6 +538,7 @@ void ReplyParser::on_tag(bool opening, const std::string& tag) {
       try {
         v = dump_text(ordered_json::parse(value_));
       } catch (const ordered_json::parse_error&) {  // not JSON after all: keep it as a string
+        calls_.back().bad_value = true;
       }
     }
     arg_done(v);
@@ -392,11 +548,13 @@ void ReplyParser::on_tag(bool opening, const std::string& tag) {
     try {
       const ordered_json j = ordered_json::parse(value_);
       if (j.is_object()) piece = dump_text(j);
+      else calls_.back().bad_value = true;
     } catch (const ordered_json::parse_error&) {
+      calls_.back().bad_value = true;
     }
     if (call_args_ == 0) {
       calls_.back().arguments += piece;
-      deltas_.push_back({int(calls_.size()) - 1, "", piece});
+      deltas_.push_back({int(calls_.size()) - 1, "", "", piece});
       call_args_ = -1;  // the whole object came as one block
     }
   } else if (in_tools_ && in_call_ && name == "call") {
@@ -405,7 +563,7 @@ void ReplyParser::on_tag(bool opening, const std::string& tag) {
     const std::string tail = call_args_ == 0 ? "{}" : call_args_ > 0 ? "}" : "";
     calls_.back().arguments += tail;
     calls_.back().complete = true;
-    if (!tail.empty()) deltas_.push_back({int(calls_.size()) - 1, "", tail});
+    if (!tail.empty()) deltas_.push_back({int(calls_.size()) - 1, "", "", tail});
   } else if (name == "tools") {
     in_tools_ = false, in_call_ = false, block_ = Block::None;
     channel_ = Channel::Other;
@@ -416,6 +574,7 @@ void ReplyParser::on_tag(bool opening, const std::string& tag) {
 
 ReplyParser::Channel ReplyParser::push(int id) {
   if (done_) return Channel::Other;
+  if (fmt_.dialect() == ChatDialect::K2) return push_k2(id);
   if (id == fmt_.end_of_msg()) {
     done_ = true;
     return Channel::Tag;

@@ -18,6 +18,11 @@
 //   - a system message carrying `tools` (dynamic tools) is a tool-declare message with the
 //     "New Tools Available" header, whatever its content;
 //   - tool_choice `required` / `none` add a `tool-choice` system message after the messages.
+//
+// A second dialect, K2 (the `<|im_...|>` messages and `<|tool_calls_section_begin|>` tool calls of
+// Kimi K2 and the public Kimi Linear instruct checkpoints), is chosen when the tokenizer has the K2
+// specials instead of the XTML ones (docs/serve.md#chat-dialects: what it renders, and which parts
+// of it are not pinned down by the spec).
 #pragma once
 #include <nlohmann/json.hpp>
 #include <string>
@@ -47,6 +52,12 @@ struct ChatMessage {
   nlohmann::json tools;              ///< system: dynamic tool declarations (null = none)
 };
 
+/// Which chat format the tokenizer's specials call for (never chosen by model name).
+enum class ChatDialect {
+  Xtml,  ///< K3: <|open|> <|close|> <|sep|> <|end_of_msg|> (docs/model.md#chat-format)
+  K2,    ///< Kimi K2 / Kimi Linear: <|im_system|> <|im_user|> <|im_assistant|> <|im_middle|> <|im_end|>
+};
+
 /// How the model may use tools (OpenAI `tool_choice`).
 enum class ToolChoice { Auto, None, Required, Named };
 
@@ -65,8 +76,11 @@ struct ChatOptions {
 /// ports emit none for chat (docs/model.md#open-points, 1; colibri's engine adds one — unsettled).
 class ChatFormat {
  public:
-  /// Throws wren::Error if the tokenizer lacks one of the four structural specials.
+  /// Picks the dialect from the tokenizer's specials: XTML when it has the four XTML specials,
+  /// else K2 when it has the five `<|im_...|>` specials (its tool-call specials are then needed
+  /// only to render or parse tool calls). Throws wren::Error naming the missing specials otherwise.
   explicit ChatFormat(const Tokenizer& tok);
+  ChatDialect dialect() const { return dialect_; }
 
   /// The ids of `messages` alone (no declarations, effort or tool-choice notes): used to append
   /// turns to a conversation already rendered. With `thinking`, assistant messages carry a
@@ -77,8 +91,10 @@ class ChatFormat {
   /// The whole prompt as the encoder renders it: tool declarations, the thinking-effort message
   /// (thinking on), the messages, the tool-choice note, then the generation prompt.
   std::vector<int> prompt(const std::vector<ChatMessage>& messages, const ChatOptions& o) const;
-  /// What precedes the first message: the tool declarations and (thinking on) the effort message.
-  std::vector<int> preamble(const ChatOptions& o) const;
+  /// What precedes the first message: the tool declarations and (XTML, thinking on) the effort
+  /// message; K2: also the template's default system message when `messages` (the first turn)
+  /// does not start with a system message.
+  std::vector<int> preamble(const ChatOptions& o, const std::vector<ChatMessage>& messages = {}) const;
   /// The assistant generation prompt: `<|open|>message role="assistant"<|sep|>` then
   /// `<|open|>think<|sep|>` (thinking) or `<|open|>response<|sep|>`.
   std::vector<int> generation_prompt(bool thinking) const;
@@ -87,7 +103,14 @@ class ChatFormat {
   /// `<|close|>message<|sep|><|end_of_msg|>`.
   std::vector<int> close_reply(bool in_think) const;
 
+  /// The id that ends an assistant reply: <|end_of_msg|> (XTML) or <|im_end|> (K2).
   int end_of_msg() const { return eom_; }
+  /// K2 tool-call specials (-1 when the tokenizer lacks one; XTML: all -1).
+  struct K2Ids {
+    int section_begin = -1, section_end = -1, call_begin = -1, argument_begin = -1, call_end = -1;
+    int im_system = -1, im_user = -1, im_assistant = -1, im_middle = -1;
+  };
+  const K2Ids& k2() const { return k2_; }
   int open_id() const { return open_; }
   int close_id() const { return close_; }
   int sep_id() const { return sep_; }
@@ -108,21 +131,31 @@ class ChatFormat {
   void system_note(std::vector<int>& out, const std::string& type, const std::string& body) const;
   void tool_declare(std::vector<int>& out, const nlohmann::json& tools, bool dynamic) const;
   void assistant(std::vector<int>& out, const ChatMessage& m, bool thinking) const;
+  std::vector<int> render_k2(const std::vector<ChatMessage>& messages) const;
+  void k2_header(std::vector<int>& out, int role_id, const std::string& role) const;
+  int need_k2(int id, const char* what) const;
   const Tokenizer& tok_;
-  int open_, close_, sep_, eom_;
+  ChatDialect dialect_ = ChatDialect::Xtml;
+  int open_ = -1, close_ = -1, sep_ = -1, eom_ = -1;
+  K2Ids k2_;
 };
 
 /// One parsed tool call of a reply.
 struct ParsedToolCall {
+  std::string id;  ///< K2: the model's own call id (`functions.NAME:IDX`); XTML: empty
   std::string name;
   std::string arguments;  ///< JSON object text, keys in the order the model wrote them
-  bool complete = false;  ///< its `<|close|>call<|sep|>` was seen
+  bool complete = false;  ///< its `<|close|>call<|sep|>` (K2: `<|tool_call_end|>`) was seen
+  /// Complete and `arguments` is a JSON object (XTML: every typed argument parsed as JSON).
+  bool json_ok() const;
+  bool bad_value = false;  ///< XTML: a non-string argument or json block was not valid JSON
 };
 
 /// A piece of a tool call for streaming: the first piece of a call carries its name; the
 /// arguments pieces of one call concatenate to its final `arguments`.
 struct ToolCallDelta {
   int index = 0;  ///< 0-based position of the call in the reply
+  std::string id;  ///< first piece, K2 only: the model's call id
   std::string name;
   std::string arguments;
 };
@@ -132,6 +165,12 @@ struct ToolCallDelta {
 /// (parsed here: `call` blocks with `argument` or `json` children); tag names between `<|open|>`
 /// or `<|close|>` and `<|sep|>` are consumed, `<|end_of_msg|>` ends the reply. A tools channel is
 /// recognised anywhere (also straight after an unclosed think channel).
+///
+/// K2 dialect: there is no think channel; text is the answer until `<|tool_calls_section_begin|>`;
+/// each `<|tool_call_begin|>HEADER<|tool_call_argument_begin|>ARGS<|tool_call_end|>` is a call
+/// (HEADER `functions.NAME:IDX` gives the id and, without the `functions.` prefix and `:IDX`, the
+/// name; ARGS are streamed byte for byte as they come); text after `<|tool_calls_section_end|>`
+/// is dropped (as vLLM's K2 parser does); `<|im_end|>` ends the reply.
 class ReplyParser {
  public:
   enum class Channel { Think, Response, Tag, Other, Tools };
@@ -151,7 +190,10 @@ class ReplyParser {
  private:
   void on_tag(bool opening, const std::string& tag);
   void arg_done(const std::string& json_value);
+  Channel push_k2(int id);
   const ChatFormat& fmt_;
+  enum class K2State { None, Header, Args } k2_state_ = K2State::None;
+  std::string header_;
   Channel channel_;
   bool in_tag_ = false, opening_ = false, done_ = false, in_tools_ = false;
   std::string tag_;

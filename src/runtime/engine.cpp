@@ -1,9 +1,13 @@
 // One loaded model ready to generate (see engine.h).
 #include "runtime/engine.h"
 
-#include <cstdio>
+#include <unistd.h>
+
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
+#include <memory>
 
 #include "core/error.h"
 #include "core/sizes.h"
@@ -53,12 +57,46 @@ int default_chunk(const std::string& backend, GpuPrecision precision, const Conf
   return 32;
 }
 
+LoadProgress load_progress_line() {
+  using clock = std::chrono::steady_clock;
+  const auto t0 = clock::now();
+  auto last = std::make_shared<clock::time_point>(t0 - std::chrono::seconds(1));
+  return [t0, last](uint64_t done, uint64_t total) {
+    const auto now = clock::now();
+    const bool end = done >= total;
+    if (!end && now - *last < std::chrono::milliseconds(100)) return;  // at most 10 redraws a second
+    *last = now;
+    const double s = std::chrono::duration<double>(now - t0).count();
+    std::fprintf(stderr, "\rwren: loading weights %3.0f%% (%.2f / %.2f GB, %.2f GB/s)%s", total ? 100.0 * done / total : 100.0,
+                 done / 1e9, total / 1e9, s > 0 ? done / 1e9 / s : 0.0, end ? "\n" : "");
+    std::fflush(stderr);
+  };
+}
+
 Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   const std::string backend = resolve_backend(o.backend);  // fail on a bad --backend before loading
   dir_ = o.model_dir.empty() ? ensure_default_model(default_vocab_file()) : o.model_dir;
-  model_ = load_model(dir_, o.plan);
+  // The backend first, so that one that places its own weights (CUDA) takes each dense matrix
+  // straight from the mapped checkpoint: no host copy of what lives on the device.
+  be_ = create_backend(backend, o.cpu, o.vram_experts, o.cuda);
+  LoadOptions lo;
+  if (be_->places_dense()) lo.place_on = be_.get();
+  uint64_t placed_bytes = 0;
+  const LoadProgress line = o.progress ? load_progress_line() : LoadProgress{};
+  if (line || (lo.place_on && o.announce))
+    lo.progress = [&](uint64_t done, uint64_t total) {
+      placed_bytes = total;
+      if (line) line(done, total);
+    };
+  const auto t0 = std::chrono::steady_clock::now();
+  model_ = load_model(dir_, o.plan, lo);
+  if (lo.place_on && o.announce) {
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::fprintf(stderr, "wren: loaded %.2f GB of dense weights straight to the %s backend in %.2f s (%.2f GB/s)\n",
+                 placed_bytes / 1e9, be_->name(), s, s > 0 ? placed_bytes / 1e9 / s : 0.0);
+  }
   check_sizes(o, model_->config, backend);
-  be_ = make_backend(backend, model_->weights, o.cpu, o.vram_experts, o.cuda);
+  give_weights(*be_, model_->weights);
   // The store serves the CPU backend, and the CUDA backend's VRAM tier when its budget does not
   // hold every expert (disk -> host store -> VRAM slots); with all experts in VRAM it is not needed.
   be_->set_strict(o.strict);
@@ -71,7 +109,17 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
       *model_, *be_, ForwardOptions{.max_chunk = chunk_, .layers = o.layers, .check_finite = o.check_finite});
   if (backend != "cpu" && o.cpu_fallback) {
     const CpuOptions cpu = o.cpu;
-    fwd_->set_fallback([this, cpu] { return make_backend("cpu", model_->weights, cpu); });
+    const QuantPlan plan = o.plan;
+    const bool placed = lo.place_on != nullptr;
+    fwd_->set_fallback_with_model([this, cpu, plan, placed] {
+      Runner::Fallback fb;
+      if (placed) {  // the weights live on the failed device: the CPU loads its own copy now
+        host_model_ = load_model(dir_, plan);
+        fb.model = host_model_.get();
+      }
+      fb.backend = make_backend("cpu", (placed ? host_model_ : model_)->weights, cpu);
+      return fb;
+    });
   }
   if (std::filesystem::exists(dir_ + "/tiktoken.model")) {
     tok_ = Tokenizer::load(dir_);

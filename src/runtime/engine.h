@@ -9,6 +9,7 @@
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_options.h"
 #include "model/forward.h"
+#include "model/load.h"
 #include "model/quant.h"
 #include "ops/backend.h"
 #include "runtime/expert_store.h"
@@ -30,6 +31,9 @@ struct EngineOptions {
   CpuOptions cpu;                  ///< CPU backend: threads, kernel level, MXFP4 activations
   CudaOptions cuda;                ///< CUDA backend: precision mode, KDA path, the fault-injection test hook
   bool announce = true;            ///< print the expert-cache line on stderr
+  /// A load-progress line on stderr while the weights are read (percent, GB, GB/s), redrawn in
+  /// place; front ends set it when stderr is a terminal and --quiet is not given.
+  bool progress = false;
   bool cpu_fallback = true;        ///< on a GPU failure, continue on the CPU (Runner::set_fallback)
   /// --strict: a backend's slow fallback (e.g. CUDA routing the MoE on the host) is an error
   /// instead of a counted, logged-once slower path (Backend::set_strict).
@@ -42,6 +46,10 @@ struct EngineOptions {
 /// needing more host memory than /proc/meminfo says is available (both amounts in the message).
 void check_sizes(const EngineOptions& o, const Config& c, const std::string& backend);
 
+/// The load-progress callback EngineOptions::progress installs: `\rwren: loading weights 42% (1.20
+/// / 2.85 GB, 1.61 GB/s)` on stderr, redrawn at most every 100 ms, ended with a newline at 100%.
+LoadProgress load_progress_line();
+
 /// The default prefill chunk: 32 on the CPU and in exact GPU mode; in fast GPU mode the largest
 /// power of two up to 4096 whose activation workspace (Forward::workspace_bytes, plus the fast
 /// path's BF16 scratch) fits in a quarter of the device's free memory (at least 32).
@@ -52,7 +60,9 @@ class Engine {
   /// Loads the model (and its tokenizer if DIR has tiktoken.model). Throws wren::Error.
   explicit Engine(const EngineOptions& o);
 
-  const Model& model() const { return *model_; }
+  /// The model the current backend reads (a host copy of it once a GPU failure made the run fall
+  /// back to the CPU, when the weights had been placed on the device).
+  const Model& model() const { return fwd_->model(); }
   const Config& config() const { return model_->config; }
   /// The step front ends run tokens through: the forward pass with the CPU fallback policy.
   Runner& forward() { return *fwd_; }
@@ -72,6 +82,7 @@ class Engine {
   int ctx_;
   int chunk_ = 32;
   std::unique_ptr<Model> model_;
+  std::unique_ptr<Model> host_model_;  ///< the CPU fallback's copy when model_'s weights are on the device
   std::unique_ptr<Backend> be_;
   std::unique_ptr<ExpertStore> store_;
   std::unique_ptr<Runner> fwd_;

@@ -62,6 +62,7 @@ std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vecto
   uint64_t hash = kFnv1a64Offset;
   for (int n = 0; n < opts.max_new_tokens; ++n) {
     if (opts.hash_logits) hash = fnv1a64(logits.data(), logits.size() * sizeof(float), hash);
+    if (opts.constrain) opts.constrain(logits.data(), V);
     TokenLogprobs lp;
     const bool want_lp = opts.top_logprobs >= 0 && opts.on_logprobs;
     const int id = sampler.sample(logits.data(), V, want_lp ? &lp : nullptr, opts.top_logprobs);
@@ -76,7 +77,8 @@ std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vecto
     fwd.run(state, &id, nullptr, 1, logits.data(), false);
     if (last) break;
   }
-  if (cache && !out.empty()) cache->store(state, logits.data(), V);  // the end of the exchange (next turns)
+  // The end of the exchange (next turns); masked logits (constrain) are not the model's: not kept.
+  if (cache && !out.empty()) cache->store(state, opts.constrain ? nullptr : logits.data(), V);
   st.generated_tokens = int(out.size());
   if (opts.hash_logits) st.logits_fnv1a64 = hash;
   st.prefill_s = secs(t1 - t0);

@@ -32,6 +32,9 @@ struct GenerateOptions {
   /// the prompt is snapshotted at every multiple of the cache's interval, at its end (with its
   /// logits) and at the end of generation. Ignored with x0, prompt_logits or hooks.
   PrefixCache* prefix_cache = nullptr;
+  /// Called on each logits row [V] just before a token is drawn from it (after the hash): may set
+  /// ids to -inf so they cannot be drawn (constrained decoding, runtime/reply_constraint.h).
+  std::function<void(float* logits, int n)> constrain;
 };
 
 /// Timings of one generation, in seconds.

@@ -29,9 +29,10 @@ void Runner::run(SequenceState& st, const int* ids, const float* x0, int T, floa
 void Runner::start_fallback(const DeviceError& e) {
   std::fprintf(stderr, "wren: the %s backend failed: %s\nwren: continuing on the CPU from here on "
                        "(each sequence's state is rebuilt there from its tokens)\n", fwd_.backend().name(), e.what());
-  fallback_be_ = make_fallback_();
+  Fallback fb = make_fallback_();
+  fallback_be_ = std::move(fb.backend);
   fallback_be_->set_expert_source(fwd_.backend().expert_source());  // the same experts (e.g. the store)
-  fallback_ = std::make_unique<Forward>(fwd_.model(), *fallback_be_, fwd_.options());
+  fallback_ = std::make_unique<Forward>(fb.model ? *fb.model : fwd_.model(), *fallback_be_, fwd_.options());
 }
 
 void Runner::run_batch(SequenceState* const* sts, const int* ids, int B, float* logits) {

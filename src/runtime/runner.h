@@ -21,7 +21,17 @@ class Runner final : public TokenStep {
   /// Makes device failures survivable (see the top of this file): `make` returns the fallback
   /// backend, called once on the first failure. A state fed through x0 cannot be rebuilt: then
   /// the DeviceError propagates, as it does without a fallback.
-  void set_fallback(std::function<std::unique_ptr<Backend>()> make) { make_fallback_ = std::move(make); }
+  void set_fallback(std::function<std::unique_ptr<Backend>()> make) {
+    make_fallback_ = [make = std::move(make)] { return Fallback{make(), nullptr}; };
+  }
+  /// What a fallback runs on: the backend, and the model whose weights it reads (null = the
+  /// runner's model; a model whose weights were placed on the failed device needs a host copy).
+  struct Fallback {
+    std::unique_ptr<Backend> backend;
+    const Model* model = nullptr;
+  };
+  /// As set_fallback above, with the model the fallback backend reads (loaded when it is made).
+  void set_fallback_with_model(std::function<Fallback()> make) { make_fallback_ = std::move(make); }
   /// True once the runner runs on its fallback backend.
   bool on_fallback() const { return fallback_ != nullptr; }
 
@@ -37,6 +47,8 @@ class Runner final : public TokenStep {
   int layers_run() const override { return fwd_.layers_run(); }
   /// The forward pass on the backend given at construction.
   Forward& forward() { return fwd_; }
+  /// The model the current backend reads (the fallback's own once on the fallback).
+  const Model& model() const { return fallback_ ? fallback_->model() : fwd_.model(); }
 
  private:
   /// Says so on stderr and creates the fallback backend and forward (the first failure).
@@ -44,7 +56,7 @@ class Runner final : public TokenStep {
   void run_fallback(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
                     bool all_logits, const ForwardHooks* hooks);
   Forward fwd_;
-  std::function<std::unique_ptr<Backend>()> make_fallback_;
+  std::function<Fallback()> make_fallback_;
   std::unique_ptr<Backend> fallback_be_;
   std::unique_ptr<Forward> fallback_;  ///< the same forward on fallback_be_, once a step failed
 };

@@ -34,6 +34,7 @@ Scheduler::~Scheduler() = default;
 
 bool Scheduler::draw(Seq& s) {
   const GenerateOptions& o = s.req.opts;
+  if (o.constrain) o.constrain(s.logits.data(), int(s.logits.size()));  // as generate(): mask, then draw
   TokenLogprobs lp;
   const bool want_lp = o.top_logprobs >= 0 && o.on_logprobs;
   const int id = s.sampler.sample(s.logits.data(), int(s.logits.size()), want_lp ? &lp : nullptr, o.top_logprobs);
@@ -48,7 +49,9 @@ bool Scheduler::draw(Seq& s) {
 
 void Scheduler::finish(Seq& s) {
   // The end of the exchange, as generate() stores it (the last drawn id not run; its logits row).
-  if (s.cache && s.stats.generated_tokens > 0) s.cache->store(*s.state, s.logits.data(), int(s.logits.size()));
+  // Masked logits (constrain) are not the model's: then the snapshot keeps none.
+  if (s.cache && s.stats.generated_tokens > 0)
+    s.cache->store(*s.state, s.req.opts.constrain ? nullptr : s.logits.data(), int(s.logits.size()));
   s.stats.decode_s = secs(Clock::now() - s.t1);
   if (s.req.on_done) s.req.on_done(s.stats);
 }

@@ -132,6 +132,7 @@ void GenQueue::admit(Scheduler& sched, const std::shared_ptr<Job>& job) {
   o.sampling = job->req.sampling;
   o.cancel = &job->halt_flag();
   o.prefix_cache = cache_;
+  if (out->constrained()) o.constrain = [out](float* logits, int n) { out->mask(logits, n); };
   if (job->req.logprobs) {
     o.top_logprobs = job->req.top_logprobs;
     o.on_logprobs = [out](const TokenLogprobs& lp) { out->logprobs(lp); };
@@ -158,6 +159,20 @@ ReplyStream::ReplyStream(const Tokenizer& tok, Job& job, std::vector<int> stop_i
     parser_ = std::make_unique<ReplyParser>(*fmt_, job.req.thinking);
     if (std::find(stop_ids_.begin(), stop_ids_.end(), fmt_->end_of_msg()) == stop_ids_.end())
       stop_ids_.push_back(fmt_->end_of_msg());
+    const GenRequest& q = job.req;
+    if (q.tool_choice == ToolChoice::Named) {
+      rule_.kind = ReplyRule::Kind::ToolCall;
+      rule_.tools = {q.tool_choice_name};
+    } else if (q.tool_choice == ToolChoice::Required) {
+      rule_.kind = ReplyRule::Kind::ToolCall;
+      for (const auto& t : q.tools) rule_.tools.push_back(t["function"]["name"].get<std::string>());
+    } else if (q.response_format != "text") {
+      rule_.kind = ReplyRule::Kind::JsonObject;
+      if (q.json_schema.contains("required"))
+        for (const auto& k : q.json_schema["required"]) rule_.required.push_back(k.get<std::string>());
+    }
+    if (rule_.kind != ReplyRule::Kind::Free)
+      constraint_ = std::make_unique<ReplyConstraint>(*fmt_, rule_, q.thinking, stop_ids_);
   }
 }
 
@@ -189,7 +204,7 @@ void ReplyStream::tool_deltas() {
   for (ToolCallDelta& d : parser_->take_deltas()) {
     Piece p;
     p.kind = Piece::Kind::Tool;
-    if (!d.name.empty()) p.tool_id = "call_" + job_.id + "_" + std::to_string(d.index);
+    if (!d.name.empty()) p.tool_id = !d.id.empty() ? d.id : "call_" + job_.id + "_" + std::to_string(d.index);
     p.tool = std::move(d);
     job_.emit(std::move(p));
   }
@@ -200,6 +215,7 @@ void ReplyStream::token(int id) {
   if (tokens_++ == 0) r_.ttft_s = std::chrono::duration<double>(now - job_.submitted).count();
   else r_.gaps_s.push_back(std::chrono::duration<double>(now - last_).count());
   last_ = now;
+  if (constraint_) constraint_->accept(id);
   std::vector<LogprobEntry> lps;
   const bool want = has_lp_ && job_.req.logprobs;
   has_lp_ = false;
@@ -228,11 +244,17 @@ void ReplyStream::finish(int generated_tokens, bool stopped) {
     const std::vector<ParsedToolCall>& calls = parser_->calls();
     for (size_t k = 0; k < calls.size(); ++k)
       if (calls[k].complete)
-        r_.tool_calls.push_back({"call_" + job_.id + "_" + std::to_string(k), calls[k].name, calls[k].arguments});
+        r_.tool_calls.push_back({!calls[k].id.empty() ? calls[k].id : "call_" + job_.id + "_" + std::to_string(k),
+                                 calls[k].name, calls[k].arguments});
   }
   r_.prompt_tokens = int(job_.prompt.size());
   r_.completion_tokens = generated_tokens;
   r_.finish_reason = stop_.matched() ? "stop" : !stopped ? "length" : !r_.tool_calls.empty() ? "tool_calls" : "stop";
+  if (rule_.kind != ReplyRule::Kind::Free && r_.finish_reason != "length" && !job_.client_gone()) {
+    r_.invalid = rule_.check(parser_->calls(), r_.content);
+    if (!r_.invalid.empty()) r_.invalid = "the model's reply breaks the request's " +
+        std::string(rule_.kind == ReplyRule::Kind::ToolCall ? "tool_choice" : "response_format") + ": " + r_.invalid;
+  }
   if (metrics_) metrics_->generation(r_.prompt_tokens, r_.completion_tokens, r_.ttft_s, r_.gaps_s);
   job_.finish(std::move(r_));
 }
@@ -243,8 +265,15 @@ void GenQueue::run(Job& job) {
     const std::vector<int>& ids = replay_[replayed_++ % replay_.size()];
     int n = 0;
     bool stopped = false;
+    std::vector<float> fake;  // constrained: the replayed id if the constraint allows it, else the lowest allowed
     for (; n < int(ids.size()) && n < job.max_tokens && !job.halt_flag();) {
-      const int id = ids[size_t(n++)];
+      int id = ids[size_t(n++)];
+      if (out.constrained()) {
+        fake.assign(size_t(engine_.config().vocab), 0.f);
+        if (id >= 0 && id < int(fake.size())) fake[size_t(id)] = 1.f;
+        out.mask(fake.data(), int(fake.size()));
+        id = argmax(fake.data(), int(fake.size()));
+      }
       out.token(id);
       stopped = std::find(out.stop_ids().begin(), out.stop_ids().end(), id) != out.stop_ids().end();
       if (stopped) break;
@@ -257,6 +286,7 @@ void GenQueue::run(Job& job) {
   o.stop_ids = out.stop_ids();
   o.sampling = job.req.sampling;
   o.cancel = &job.halt_flag();
+  if (out.constrained()) o.constrain = [&](float* logits, int n) { out.mask(logits, n); };
   if (job.req.logprobs) {
     o.top_logprobs = job.req.top_logprobs;
     o.on_logprobs = [&](const TokenLogprobs& lp) { out.logprobs(lp); };

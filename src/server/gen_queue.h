@@ -14,6 +14,7 @@
 #include "runtime/engine.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/scheduler.h"
+#include "runtime/reply_constraint.h"
 #include "server/metrics.h"
 #include "server/openai_json.h"
 #include "server/stop_matcher.h"
@@ -97,6 +98,10 @@ class ReplyStream {
   void finish(int generated_tokens, bool stopped);
   /// The ids generation stops on (the config's eos list, plus <|end_of_msg|> for chat).
   const std::vector<int>& stop_ids() const { return stop_ids_; }
+  /// The request constrains the reply (tool_choice required / named, response_format JSON):
+  /// call mask() on each logits row before drawing from it.
+  bool constrained() const { return constraint_ != nullptr; }
+  void mask(float* logits, int n) const { constraint_->mask(logits, n); }
 
  private:
   void content(const std::string& s, std::vector<LogprobEntry> lps);
@@ -109,6 +114,8 @@ class ReplyStream {
   Metrics* metrics_;
   std::unique_ptr<ChatFormat> fmt_;
   std::unique_ptr<ReplyParser> parser_;
+  ReplyRule rule_;
+  std::unique_ptr<ReplyConstraint> constraint_;
   StreamDecoder text_, thought_;
   StopMatcher stop_;
   GenResult r_;

@@ -1,6 +1,7 @@
 // OpenAI request validation and response building for `wren serve`.
 #include "server/openai_json.h"
 
+#include <algorithm>
 #include <cmath>
 #include <limits>
 
@@ -234,6 +235,29 @@ void tool_choice(const json& j, GenRequest& r) {
     bad("tool_choice", "'tool_choice' names the function '" + r.tool_choice_name + "', which 'tools' does not declare");
 }
 
+/// response_format: {"type": "text"}, {"type": "json_object"} or
+/// {"type": "json_schema", "json_schema": {"name": .., "schema": {..}, "strict": ..}}.
+void response_format(const json& j, GenRequest& r) {
+  if (!j.contains("response_format") || j["response_format"].is_null()) return;
+  const json& f = j["response_format"];
+  if (!f.is_object() || !f.contains("type") || !f["type"].is_string())
+    bad("response_format", "'response_format' must be an object with a 'type': text, json_object or json_schema");
+  r.response_format = f["type"].get<std::string>();
+  if (r.response_format == "text" || r.response_format == "json_object") return;
+  if (r.response_format != "json_schema")
+    bad("response_format.type", "'response_format.type' must be text, json_object or json_schema, got '" +
+                                    r.response_format + "'");
+  if (!f.contains("json_schema") || !f["json_schema"].is_object() || !f["json_schema"].contains("schema") ||
+      !f["json_schema"]["schema"].is_object())
+    bad("response_format.json_schema", "'response_format.json_schema.schema' must be a JSON Schema object");
+  r.json_schema = f["json_schema"]["schema"];
+  if (r.json_schema.contains("type") && r.json_schema["type"] != "object")
+    bad("response_format.json_schema", "only object schemas are supported ('type': 'object')");
+  if (r.json_schema.contains("required") && (!r.json_schema["required"].is_array() ||
+      !std::all_of(r.json_schema["required"].begin(), r.json_schema["required"].end(), [](const json& k) { return k.is_string(); })))
+    bad("response_format.json_schema", "the schema's 'required' must be a list of strings");
+}
+
 /// reasoning_effort / thinking_effort (body or chat_template_kwargs), the encoder's rules:
 /// "none" turns thinking off; otherwise low, high or max (default max).
 void effort(const json& j, GenRequest& r) {
@@ -275,6 +299,9 @@ GenRequest parse_chat_request(const std::string& body, const std::string& model_
   effort(j, r);
   r.tools = tools_list(j);
   tool_choice(j, r);
+  response_format(j, r);
+  if (r.response_format != "text" && (r.tool_choice == ToolChoice::Required || r.tool_choice == ToolChoice::Named))
+    bad("response_format", "'response_format' json_object / json_schema and a forced 'tool_choice' cannot be combined");
   boolean(j, "parallel_tool_calls", true);  // accepted; the model decides how many calls it makes
   r.logprobs = boolean(j, "logprobs", false);
   r.top_logprobs = int(integer(j, "top_logprobs", 0, 0, 20));

@@ -37,6 +37,10 @@ struct GenRequest {
   SamplerOptions sampling;
   bool seeded = false;                ///< `seed` was given
   std::vector<std::string> stop;      ///< stop strings (not included in the output)
+  /// chat `response_format.type`: "text", "json_object" or "json_schema" (decoding constrained
+  /// to a JSON object; the schema's top-level `required` keys are checked after generation).
+  std::string response_format = "text";
+  nlohmann::json json_schema;         ///< json_schema: `response_format.json_schema.schema`
 };
 
 /// Parses a POST /v1/chat/completions body. `model_id` is the one served model. Throws RequestError.
@@ -60,6 +64,9 @@ struct ResultToolCall {
 struct GenResult {
   std::string content, reasoning;
   std::vector<ResultToolCall> tool_calls;  ///< complete calls parsed from the tools channel
+  /// Non-empty when the reply breaks the request's tool_choice (required / named) or
+  /// response_format: why (the server answers with an `invalid_model_output` error).
+  std::string invalid;
   std::vector<LogprobEntry> logprobs;      ///< the content tokens' logprobs (when asked)
   int prompt_tokens = 0, completion_tokens = 0;
   int cached_tokens = 0;                 ///< prompt tokens resumed from the prefix cache

@@ -243,6 +243,7 @@ void Server::generate(const Request& req, Response& res, bool chat) {
   }
   job->wait();
   if (!job->error().empty()) throw std::runtime_error("generation failed: " + job->error());
+  if (!job->result().invalid.empty()) throw RequestError(500, job->result().invalid, "", "invalid_model_output");
   const bool lp = job->req.logprobs;
   res.set_content(dump(chat ? chat_response(meta, job->result(), lp) : completion_response(meta, job->result(), lp)),
                   "application/json");

@@ -48,6 +48,8 @@ bool write_sse(const std::shared_ptr<Job>& job, const ResponseMeta& meta, httpli
   const GenResult& r = job->result();
   if (!job->error().empty()) {
     if (!data(error_json("generation failed: " + job->error(), "server_error", "", ""))) return false;
+  } else if (!r.invalid.empty()) {
+    if (!data(error_json(r.invalid, "server_error", "", "invalid_model_output"))) return false;
   } else {
     if (!data(chat ? chat_chunk(meta, nlohmann::json::object(), r.finish_reason)
                    : completion_chunk(meta, "", r.finish_reason)))

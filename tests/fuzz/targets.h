@@ -156,11 +156,43 @@ inline int openai_request(const uint8_t* data, size_t size) {
 // the K3 specials). First byte even: the rest is an OpenAI chat request body; an accepted request
 // is rendered as the server renders it (tool declarations, effort note, messages, tool calls and
 // tool results). First byte odd: the rest is a reply, two bytes per id, fed to ReplyParser as the
-// model's output; the streamed tool-call pieces must join to each call's final arguments.
+// model's output; the streamed tool-call pieces must join to each call's final arguments. First
+// byte 0xFF: the same for the K2 dialect (the k3-tiny-a ranks plus the K2 specials).
+inline int chat_k2_reply(const uint8_t* data, size_t size) {
+  static const Tokenizer tok = [] {
+    RankTable ranks = load_tiktoken_model(std::string(WREN_FUZZ_TOKENIZER) + "/tiktoken.model");
+    std::vector<SpecialToken> sp;
+    int id = ranks.size();
+    for (const char* s : {"<|im_end|>", "<|im_user|>", "<|im_assistant|>", "<|im_system|>", "<|im_middle|>",
+                          "<|tool_calls_section_begin|>", "<|tool_calls_section_end|>", "<|tool_call_begin|>",
+                          "<|tool_call_argument_begin|>", "<|tool_call_end|>"})
+      sp.push_back({id++, s});
+    return Tokenizer(std::move(ranks), std::move(sp));
+  }();
+  static const ChatFormat fmt(tok);
+  const int n_ranks = tok.n_ranks();
+  ReplyParser p(fmt, true);
+  std::vector<std::string> joined;
+  for (size_t i = 1; i + 1 < size && !p.done(); i += 2) {
+    const int v = data[i] | (data[i + 1] << 8);
+    const int id = (v & 3) == 0 ? n_ranks + (v >> 2) % 10 : (v >> 2) % n_ranks;  // specials common
+    p.push(id);
+    for (const ToolCallDelta& d : p.take_deltas()) {
+      if (d.index < 0 || d.index > int(joined.size())) __builtin_trap();
+      if (d.index == int(joined.size())) joined.emplace_back();
+      joined[d.index] += d.arguments;
+    }
+  }
+  for (size_t k = 0; k < p.calls().size() && k < joined.size(); ++k)
+    if (joined[k] != p.calls()[k].arguments) __builtin_trap();  // K2 arguments stream byte for byte
+  return 0;
+}
+
 inline int chat(const uint8_t* data, size_t size) {
   static const Tokenizer tok = Tokenizer::load(WREN_FUZZ_TOKENIZER);
   static const ChatFormat fmt(tok);
   if (size == 0) return 0;
+  if (data[0] == 0xFF) return chat_k2_reply(data, size);
   if (data[0] % 2 == 0) {
     const std::string body(reinterpret_cast<const char*>(data) + 1, size - 1);
     try {

@@ -36,16 +36,7 @@ function requireTiktoken() {
   }
 }
 
-const KIMI_PAT = [
-  "[\\p{Han}]+",
-  "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-  "[^\\r\\n\\p{L}\\p{N}]?[\\p{Lu}\\p{Lt}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]+[\\p{Ll}\\p{Lm}\\p{Lo}\\p{M}&&[^\\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?",
-  "\\p{N}{1,3}",
-  " ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*",
-  "\\s*[\\r\\n]+",
-  "\\s+(?!\\S)",
-  "\\s+",
-].join("|");
+const { KIMI_PAT } = require("./kimi_pattern");
 
 // Python's str.isspace() (general category Zs, or bidi class WS, B, S), checked against CPython.
 const PY_SPACE = /^[\t\n\v\f\r\x1c-\x1f \x85\xa0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]$/u;

@@ -1,4 +1,5 @@
-// CUDA backend: device selection, the compute stream, weight upload (host-pointer -> device map),
+// CUDA backend: device selection, the compute stream, weight upload (host-pointer -> device map;
+// weights placed at load, place.cu, are in the map under their own device address),
 // device memory ops and scratch. Layout: activations f32 device buffers from alloc(); weights in
 // arenas, each tensor 256-byte aligned (dense f32 [rows, cols]; expert packed then scale bytes).
 #include <algorithm>
@@ -78,6 +79,48 @@ void CudaBackend::Impl::launched(const char* what) {
     throw DeviceError(std::string("CUDA backend: ") + what + ": injected fault at launch " +
                       std::to_string(opts.fault_at) + " (--cuda-fault-at)");
   check_cuda(cudaGetLastError(), what);
+  if (profiling && !capturing) prof_mark(what);
+}
+
+void CudaBackend::Impl::prof_mark(const char* what) {
+  const size_t i = prof_labels.size();
+  if (i == prof_events.size()) {
+    cudaEvent_t e = nullptr;
+    check_cuda(cudaEventCreate(&e), "cudaEventCreate (profile)");
+    prof_events.push_back(e);
+  }
+  check_cuda(cudaEventRecord(prof_events[i], stream), "cudaEventRecord (profile)");
+  prof_labels.emplace_back(what);
+}
+
+void CudaBackend::profile_begin() {
+  Impl& m = *impl_;
+  m.sync("profile begin");
+  m.prof_labels.clear();
+  m.profiling = true;
+  m.prof_mark("(span start)");
+}
+
+std::vector<CudaOpTime> CudaBackend::profile_end(double* total_ms) {
+  Impl& m = *impl_;
+  m.profiling = false;  // before the sync: its own mark would not have completed
+  m.sync("profile end");
+  std::vector<CudaOpTime> out;
+  std::unordered_map<std::string, size_t> at;
+  double total = 0;
+  for (size_t i = 1; i < m.prof_labels.size(); ++i) {
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, m.prof_events[i - 1], m.prof_events[i]), "cudaEventElapsedTime (profile)");
+    auto [it, fresh] = at.emplace(m.prof_labels[i], out.size());
+    if (fresh) out.push_back({m.prof_labels[i], 0, 0});
+    out[it->second].ms += ms;
+    ++out[it->second].launches;
+    total += ms;
+  }
+  m.prof_labels.clear();
+  std::sort(out.begin(), out.end(), [](const CudaOpTime& a, const CudaOpTime& b) { return a.ms > b.ms; });
+  if (total_ms) *total_ms = total;
+  return out;
 }
 
 void CudaBackend::inject_fault(uint64_t at_launch) { impl_->opts.fault_at = at_launch; }
@@ -94,6 +137,7 @@ void CudaBackend::Impl::sync(const char* what) {
     throw Error(std::string("CUDA backend: ") + what + " waits for the host while a decode graph is being recorded");
   ++stats.host_syncs;
   check_cuda(cudaStreamSynchronize(stream), what);
+  if (profiling) prof_mark((std::string("host sync: ") + what).c_str());
 }
 
 // ---- lifetime ----
@@ -118,6 +162,7 @@ CudaBackend::~CudaBackend() {
   Impl& m = *impl_;
   if (m.stream) cudaStreamSynchronize(m.stream);
   cuda::lt_destroy(m);
+  cuda::placer_destroy(m);
   for (cuda::Scratch* s : {&m.ids, &m.act, &m.scores, &m.router_ids, &m.router_w})
     if (s->ptr) cudaFree(s->ptr);
   for (void* a : m.arenas) cudaFree(a);
@@ -126,6 +171,7 @@ CudaBackend::~CudaBackend() {
     if (t.dev) cudaFree(t.dev);
   for (void* p : m.deferred_free) cudaFree(p);
   if (m.graph_exec) cudaGraphExecDestroy(m.graph_exec);
+  for (cudaEvent_t e : m.prof_events) cudaEventDestroy(e);
   if (m.pinned_ids) cudaFreeHost(m.pinned_ids);
   if (m.pinned_w) cudaFreeHost(m.pinned_w);
   if (m.stream) cudaStreamDestroy(m.stream);
@@ -159,10 +205,12 @@ struct Piece {
 
 /// A dense weight's bytes as stored (f32, bf16, int8, or Q4_G64 groups) and, for Q8_ROW / Q4_G64,
 /// its f32 scale array as a second tensor (both keyed by their host pointers).
-void add_dense(std::vector<Piece>& out, const DenseWeight& w) {
+void add_dense(std::vector<Piece>& out, const DenseWeight& w, const Backend* self) {
   if (!w.data) return;
   const std::string what = "CUDA backend: upload: " + std::string(wformat_name(w.format)) + " dense weight [" +
                            std::to_string(w.rows) + ", " + std::to_string(w.cols) + "]";
+  if (w.placed_on == self) return;  // placed in this backend's memory at load (place.cu)
+  check(w.placed_on == nullptr, what + " lives in another backend's memory (placed there at load)");
   check(w.format != WFormat::F32 || w.dtype == DType::F32, what + " has element type other than f32");
   out.push_back({w.data, wformat_data_bytes(w.format, w.rows, w.cols)});
   if (const size_t ns = wformat_scale_count(w.format, w.rows, w.cols); ns != 0) {
@@ -179,9 +227,9 @@ void add_mx(std::vector<Piece>& out, const MxMatrix& m) {
   out.push_back({m.scale, size_t(m.rows) * size_t(m.cols / 32)});
 }
 
-void add_expert(std::vector<Piece>& out, const ExpertRef& e) {
+void add_expert(std::vector<Piece>& out, const ExpertRef& e, const Backend* self) {
   if (!e.w1.packed) {  // dense experts (Kimi Linear)
-    for (const DenseWeight* d : {&e.d1, &e.d2, &e.d3}) add_dense(out, *d);
+    for (const DenseWeight* d : {&e.d1, &e.d2, &e.d3}) add_dense(out, *d, self);
     return;
   }
   add_mx(out, e.w1);
@@ -243,9 +291,9 @@ void upload_pieces(CudaBackend::Impl& m, const std::vector<Piece>& pieces) {
 
 void CudaBackend::upload(const WeightList& w) {
   std::vector<Piece> p, experts;
-  for (const DenseWeight* d : w.dense) add_dense(p, *d);
+  for (const DenseWeight* d : w.dense) add_dense(p, *d, this);
   for (const std::vector<ExpertRef>* layer : w.experts)
-    for (const ExpertRef& e : *layer) add_expert(experts, e);
+    for (const ExpertRef& e : *layer) add_expert(experts, e, this);
   upload_pieces(*impl_, p);
   // Routed experts: all resident when they fit the VRAM expert budget, else the tier's slots.
   uint64_t expert_bytes = 0;
@@ -257,13 +305,13 @@ void CudaBackend::upload(const WeightList& w) {
 
 void CudaBackend::upload(const DenseWeight& w) {
   std::vector<Piece> p;
-  add_dense(p, w);
+  add_dense(p, w, this);
   upload_pieces(*impl_, p);
 }
 
 void CudaBackend::upload(const ExpertRef& e) {
   std::vector<Piece> p;
-  add_expert(p, e);
+  add_expert(p, e, this);
   upload_pieces(*impl_, p);
 }
 

@@ -25,8 +25,10 @@
 // attnres_mix), elementwise.cu, kda.cu, mla.cu, moe.cu (router, expert_ffn, weighted_sum).
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "backends/cuda/cuda_options.h"
 #include "ops/backend.h"
@@ -54,6 +56,16 @@ struct CudaStats {
   uint64_t lt_gemms = 0;         ///< fast mode: dense GEMMs run through cuBLASLt (gemm_lt.cu)
   uint64_t grouped_moe_calls = 0;  ///< fast mode: routed_moe calls run as one grouped GEMM (moe_grouped.cu)
   uint64_t bf16_weight_bytes = 0;  ///< fast mode: device bytes of BF16 weight copies made from f32
+  uint64_t kda_decode_calls = 0;   ///< kda_core calls run by the fused decode kernel (kda_decode.cu)
+};
+
+/// Device time of one kind of launch over a profiled span (CudaBackend::profile_begin/_end): the
+/// time from the previous launch's completion to this one's, so host-bound gaps (a stream the host
+/// does not keep fed) are charged to the launch that waited for the host.
+struct CudaOpTime {
+  std::string name;    ///< the launch's label (kernel, cuBLASLt product class, "host sync: ...")
+  double ms = 0;       ///< summed device-timeline milliseconds
+  uint64_t launches = 0;
 };
 
 /// The CUDA implementation of Backend. Construction selects the device, creates the compute
@@ -102,8 +114,24 @@ class CudaBackend final : public Backend {
   uint64_t free_device_bytes() const;
   /// Counters so far.
   CudaStats stats() const;
+  /// Per-launch timing (bench prefill --profile): from now on every launch is followed by a CUDA
+  /// event on the compute stream. Numerics are unchanged; each launch costs one event record more.
+  void profile_begin();
+  /// Ends the span begun by profile_begin: waits for the stream and returns the time per label,
+  /// largest first (see CudaOpTime); *total_ms = first to last event.
+  std::vector<CudaOpTime> profile_end(double* total_ms);
   /// Waits for all queued device work (timing, tests).
   void synchronize();
+  /// Benchmark helper (bench_timing.cu): device seconds per call of `op`. Records op(0) … op(n−1)
+  /// into one CUDA graph (stream capture: `op` may only enqueue device work, no host syncs),
+  /// launches it `reps` times between CUDA events and returns the median launch time / n. The
+  /// recorded work really runs reps + 1 times (state it updates advances). Throws DeviceError when
+  /// a CUDA call fails, wren::Error when n or reps < 1.
+  double time_recorded(const std::function<void(int)>& op, int n, int reps);
+  /// Benchmark helper: the reference copy kernel, dst[i] = src[i] for n floats (16-byte loads and
+  /// stores, one wave of grid-stride blocks), one launch on the compute stream; buffers 16-byte
+  /// aligned (alloc()'s are). Ratios in docs/gpu-results.md are taken against it.
+  void copy_kernel(const float* src, size_t n, float* dst);
   /// Fault injection (tests of the CPU fallback): the kernel launch numbered `at_launch` (counting
   /// from 1 over the backend's life, as CudaStats::launches) throws DeviceError; 0 turns it off.
   /// CudaOptions::fault_at (--cuda-fault-at) sets it at construction.
@@ -113,6 +141,13 @@ class CudaBackend final : public Backend {
   /// Replaces the options from the next op on (tests and benchmarks switch KDA paths in one
   /// process); throws wren::Error naming the option when one is invalid.
   void set_options(const CudaOptions& o);
+
+  /// Weights straight from the checkpoint to device memory (place.cu): each dense matrix is
+  /// streamed through pinned staging and, in format F32, upcast on the device; no host copy.
+  /// upload() then skips the weights placed here (and refuses ones placed on another backend).
+  bool places_dense() const override { return true; }
+  void place_dense(DenseWeight& w, const PlaceRequest& r) override;
+  void place_finish() override;
 
   float* alloc(size_t n) override;
   void release(float* p) override;

@@ -79,6 +79,7 @@ struct Scratch {
 };
 
 struct LtState;  ///< cuBLASLt handle, BF16 weight copies, grouped-MoE tables (gemm_lt.cu)
+struct Placer;   ///< weight placement at load: pinned staging, device arena block (place.cu)
 
 }  // namespace cuda
 
@@ -100,10 +101,17 @@ struct CudaBackend::Impl {
   cuda::ExpertTier tier;        ///< VRAM expert tier (expert_tier.cu)
   cuda::Scratch pair_table;     ///< device per-pair expert table (tier)
   cuda::LtState* lt = nullptr;  ///< fast mode state, created on first use (owned; cuda::lt_destroy)
+  cuda::Placer* placer = nullptr;  ///< load-time placement state (owned; cuda::placer_destroy)
   // Decode graphs (graph.cu).
   bool capturing = false;        ///< the stream is being recorded
   cudaGraphExec_t graph_exec = nullptr;  ///< last instantiated decode graph (updated in place)
   std::vector<void*> deferred_free;      ///< scratch replaced while recording (freed after launch)
+  // Per-launch profiling (profile_begin/_end in backend.cu).
+  bool profiling = false;
+  std::vector<cudaEvent_t> prof_events;   ///< pool (created on demand, reused)
+  std::vector<std::string> prof_labels;   ///< label of event i of the current span
+  /// Profiling: records the next event of the span labelled `what` (no-op otherwise).
+  void prof_mark(const char* what);
 
   /// Device copy of a dense f32 weight; throws naming `op` when it was never uploaded.
   const float* dense(const DenseWeight& w, const char* op) const;
@@ -190,6 +198,8 @@ bool lt_gemm(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, 
 const uint16_t* bf16_weight(CudaBackend::Impl& m, const DenseWeight& W, const char* op);
 /// Frees the fast-mode state (called by ~CudaBackend).
 void lt_destroy(CudaBackend::Impl& m);
+/// Frees the placement state (pinned staging, events); the placed weights stay (in m.arenas).
+void placer_destroy(CudaBackend::Impl& m) noexcept;
 /// Fast mode (moe_grouped.cu): the routed experts of a chunk as one grouped GEMM per matrix, after
 /// the router has written device ids/weights [T·k]; see the file comment. `table` is the layer's
 /// resident MXFP4 table (null for dense experts). Returns false when the layer does not qualify.

@@ -192,7 +192,8 @@ bool lt_gemm(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, 
                           kWorkspace, m.stream),
            "cublasLtMatmul");
   ++m.stats.lt_gemms;
-  m.launched("gemm (fast, cuBLASLt)");
+  if (m.profiling) m.launched(("gemm (fast, cuBLASLt) " + std::to_string(rows) + "x" + std::to_string(cols)).c_str());
+  else m.launched("gemm (fast, cuBLASLt)");
   return true;
 }
 
@@ -262,6 +263,19 @@ bool pick_product_algo(LtState& s, const ProductDesc& d, cublasLtMatmulAlgo_t* o
 
 }  // namespace
 
+const char* lt_tag_name(int tag) {
+  switch (tag) {
+    case 1: return "mla q_abs";
+    case 2: return "mla scores";
+    case 3: return "mla P.cache";
+    case 4: return "mla context out";
+    case 10: return "moe MXFP4 gate+up";
+    case 11: return "moe down";
+    case 12: return "moe dense gate/up";
+    default: return "other";
+  }
+}
+
 void lt_product(CudaBackend::Impl& m, const LtProduct& g, int tag) {
   if (g.M <= 0 || g.N <= 0 || g.K <= 0) return;
   LtState& s = lt_state(m);
@@ -301,7 +315,8 @@ void lt_product(CudaBackend::Impl& m, const LtProduct& g, int tag) {
   }
   check_lt(st, "cublasLtMatmul (batched product)");
   ++m.stats.lt_gemms;
-  m.launched("cuBLASLt product");
+  if (m.profiling) m.launched(("cuBLASLt product, tag " + std::to_string(tag) + " (" + lt_tag_name(tag) + ")").c_str());
+  else m.launched("cuBLASLt product");
 }
 
 }  // namespace wren::cuda

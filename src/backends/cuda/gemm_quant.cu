@@ -2,7 +2,9 @@
 // and Q4_G64 (layouts in ops/weights.h), plus the row decode used by embed and MLA.
 //
 // Correctness first: one warp per output row, 8 rows per 256-thread block, blockIdx.y walks token
-// tiles of TT (1, 4 or 8) so each weight byte is read once per tile. The packed bytes are read
+// tiles of TT (1, 4 or 8) so each weight byte is read once per tile; matrices of fewer than 2048
+// rows (the small projections: b_proj, f_a, router, ...) take one 256-thread block per row instead,
+// its 8 warp sums added in warp order. The packed bytes are read
 // directly (16-byte loads for BF16/Q8_ROW when a row allows it, 4-byte words for Q4_G64) and
 // widened to f32 in registers; the whole matrix is never dequantized in VRAM. Accumulation is f32
 // with explicit FMA; the summation order differs from the CPU kernels (rows_*_scalar in
@@ -19,6 +21,9 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kRows = kThreads / kWarp;  // one warp per row
+/// Below this many rows a warp per row gives fewer than ~2 waves of 8-row blocks on an H200's 132
+/// SMs, so each row gets a whole block instead (gemm_quant_row_block_kernel).
+constexpr int kRowBlockBelow = 2048;
 
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
@@ -53,21 +58,23 @@ __device__ __forceinline__ void fma_cols(const float (&wv)[N], const float* x, i
   }
 }
 
-/// One warp's partial dot products of row `row` with tokens x[0..nt) (x already offset to the tile).
+/// One thread's partial dot products of row `row` with tokens x[0..nt) (x already offset to the
+/// tile), `lane` of the `lanes` threads sharing the row (a warp: 32; a block: 256).
 template <int TT>
-__device__ void row_partials(const QuantView& v, int row, const float* x, int nt, int lane, float (&acc)[TT]) {
+__device__ void row_partials(const QuantView& v, int row, const float* x, int nt, int lane, int lanes,
+                             float (&acc)[TT]) {
   const int cols = v.cols;
   if (v.format == WFormat::BF16) {
     const uint16_t* w = static_cast<const uint16_t*>(v.data) + size_t(row) * cols;
     if ((cols & 7) == 0) {  // 16-byte aligned rows: 8 bf16 per load
-      for (int c = lane * 8; c < cols; c += kWarp * 8) {
+      for (int c = lane * 8; c < cols; c += lanes * 8) {
         const uint4 q = __ldg(reinterpret_cast<const uint4*>(w + c));
         const float wv[8] = {bf16_lo(q.x), bf16_hi(q.x), bf16_lo(q.y), bf16_hi(q.y),
                              bf16_lo(q.z), bf16_hi(q.z), bf16_lo(q.w), bf16_hi(q.w)};
         fma_cols<TT, 8>(wv, x, cols, c, nt, acc);
       }
     } else {
-      for (int c = lane; c < cols; c += kWarp) {
+      for (int c = lane; c < cols; c += lanes) {
         const float wv[1] = {__uint_as_float(uint32_t(__ldg(w + c)) << 16)};
         fma_cols<TT, 1>(wv, x, cols, c, nt, acc);
       }
@@ -75,7 +82,7 @@ __device__ void row_partials(const QuantView& v, int row, const float* x, int nt
   } else if (v.format == WFormat::Q8_ROW) {
     const int8_t* w = static_cast<const int8_t*>(v.data) + size_t(row) * cols;
     if ((cols & 15) == 0) {  // 16-byte aligned rows: 16 int8 per load
-      for (int c = lane * 16; c < cols; c += kWarp * 16) {
+      for (int c = lane * 16; c < cols; c += lanes * 16) {
         const uint4 q = __ldg(reinterpret_cast<const uint4*>(w + c));
         float wv[16];
 #pragma unroll
@@ -88,7 +95,7 @@ __device__ void row_partials(const QuantView& v, int row, const float* x, int nt
         fma_cols<TT, 16>(wv, x, cols, c, nt, acc);
       }
     } else {
-      for (int c = lane; c < cols; c += kWarp) {
+      for (int c = lane; c < cols; c += lanes) {
         const float wv[1] = {float(w[c])};
         fma_cols<TT, 1>(wv, x, cols, c, nt, acc);
       }
@@ -97,7 +104,7 @@ __device__ void row_partials(const QuantView& v, int row, const float* x, int nt
     const int groups = int(q4::groups(cols));
     const uint32_t* w = reinterpret_cast<const uint32_t*>(static_cast<const uint8_t*>(v.data) + size_t(row) * groups * 32);
     const float* sc = v.scale + size_t(row) * groups;
-    for (int i = lane; i < groups * 8; i += kWarp) {
+    for (int i = lane; i < groups * 8; i += lanes) {
       const int g = i >> 3, c = g * 64 + (i & 7) * 4;
       const uint32_t q = __ldg(w + i);
       const float s = __ldg(sc + g);
@@ -143,7 +150,7 @@ __global__ void __launch_bounds__(kThreads) gemm_quant_kernel(QuantView v, const
   float acc[TT];
 #pragma unroll
   for (int tt = 0; tt < TT; ++tt) acc[tt] = 0.f;
-  row_partials<TT>(v, row, x + size_t(t0) * v.cols, nt, lane, acc);
+  row_partials<TT>(v, row, x + size_t(t0) * v.cols, nt, lane, kWarp, acc);
   const float rs = v.format == WFormat::Q8_ROW ? v.scale[row] : 1.f;
 #pragma unroll
   for (int tt = 0; tt < TT; ++tt) {
@@ -151,6 +158,36 @@ __global__ void __launch_bounds__(kThreads) gemm_quant_kernel(QuantView v, const
 #pragma unroll
     for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFull, s, o);
     if (lane == 0 && tt < nt) y[size_t(t0 + tt) * v.rows + row] = s * rs;
+  }
+}
+
+/// Skinny shapes (few rows): one block per row, its 256 threads striding the columns (8 times the
+/// loads in flight per row of the warp-per-row kernel), then the 8 warp sums added in warp order.
+template <int TT>
+__global__ void __launch_bounds__(kThreads) gemm_quant_row_block_kernel(QuantView v, const float* __restrict__ x,
+                                                                          int T, float* __restrict__ y) {
+  __shared__ float red[kRows][TT];
+  const int lane = threadIdx.x & (kWarp - 1), warp = threadIdx.x >> 5;
+  const int row = blockIdx.x, t0 = blockIdx.y * TT;
+  const int nt = T - t0 < TT ? T - t0 : TT;
+  float acc[TT];
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) acc[tt] = 0.f;
+  row_partials<TT>(v, row, x + size_t(t0) * v.cols, nt, threadIdx.x, kThreads, acc);
+#pragma unroll
+  for (int tt = 0; tt < TT; ++tt) {
+    float s = acc[tt];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFull, s, o);
+    if (lane == 0) red[warp][tt] = s;
+  }
+  __syncthreads();
+  if (int(threadIdx.x) < nt) {
+    float s = red[0][threadIdx.x];
+#pragma unroll
+    for (int w = 1; w < kRows; ++w) s += red[w][threadIdx.x];
+    const float rs = v.format == WFormat::Q8_ROW ? v.scale[row] : 1.f;
+    y[size_t(t0 + threadIdx.x) * v.rows + row] = s * rs;
   }
 }
 
@@ -183,6 +220,13 @@ QuantView quant_view(const CudaBackend::Impl& m, const DenseWeight& w, const cha
 }
 
 void launch_gemm_quant(const QuantView& w, const float* x, int T, float* y, cudaStream_t stream) {
+  if (w.rows < kRowBlockBelow) {  // a block per row: enough blocks to fill the GPU
+    const unsigned gx = unsigned(w.rows);
+    if (T == 1) gemm_quant_row_block_kernel<1><<<dim3(gx, 1), kThreads, 0, stream>>>(w, x, T, y);
+    else if (T <= 4) gemm_quant_row_block_kernel<4><<<dim3(gx, 1), kThreads, 0, stream>>>(w, x, T, y);
+    else gemm_quant_row_block_kernel<8><<<dim3(gx, unsigned((T + 7) / 8)), kThreads, 0, stream>>>(w, x, T, y);
+    return;
+  }
   const unsigned gx = unsigned((w.rows + kRows - 1) / kRows);
   if (T == 1) gemm_quant_kernel<1><<<dim3(gx, 1), kThreads, 0, stream>>>(w, x, T, y);
   else if (T <= 4) gemm_quant_kernel<4><<<dim3(gx, 1), kThreads, 0, stream>>>(w, x, T, y);

@@ -13,7 +13,8 @@
 // Two paths (issue 6): this token-by-token kernel (exact mode: the CPU's summation order) and the
 // chunked form of kda_chunked.cu (parallel within a chunk of C tokens; same results up to f32
 // rounding, not bit-identical). Selection per call:
-// - T = 1 (decode): always the token kernel.
+// - T = 1 (decode): the fused decode kernel of kda_decode.cu (head_dim <= 128: one warp per 32 value
+//   columns, a cluster per head, S read once and written once); the token kernel above that.
 // - T > 1: the backend option CudaOptions::kda (--cuda-kda) = Recurrent (the token kernel for
 //   every T, exact mode) or Chunked (docs/gpu-method.md#kda-chunked); the CLI picks Chunked in fast
 //   precision mode and Recurrent in exact mode unless --cuda-kda says otherwise; kda_chunk
@@ -26,6 +27,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/kda_chunked.cuh"
+#include "backends/cuda/kda_decode.cuh"
 #include "core/kda_math.h"
 
 namespace wren {
@@ -174,6 +176,11 @@ void CudaBackend::kda_core(const KdaParams& p, const KdaWeights& w, KdaState& s,
     fill_kda_args(c, m, p, w, s, q, k, v, z, beta, gate, T, out);
     cuda::kda_chunked(m, c, C);
     return;
+  }
+  if (T == 1 && p.head_dim <= cuda::kKdaDecodeMaxDim) {
+    cuda::KdaDecodeArgs dec{};
+    fill_kda_args(dec, m, p, w, s, q, k, v, z, beta, gate, T, out);
+    if (cuda::kda_decode(m, dec)) return;
   }
   KdaArgs a{};
   fill_kda_args(a, m, p, w, s, q, k, v, z, beta, gate, T, out);

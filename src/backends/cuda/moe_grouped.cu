@@ -1,7 +1,12 @@
 // CUDA backend, fast precision mode: the routed experts of a chunk on tensor cores (BF16 operands,
 // f32 accumulation), grouped by expert.
 //
-// Default path (run 15): after the sort below, the expert row counts come to the host (one sync
+// Dense experts (Kimi Linear; BF16 or f32 checkpoints, f32 weights converted to BF16 once): after
+// the sort below, one pipelined tensor-core launch per matrix over every touched expert
+// (mma_grouped_kernel: mma.sync + ldmatrix + a cp.async ring; gate/up with the GLU fused, down
+// writing each pair's row), then the weighted sum; no host sync, no per-expert launches.
+//
+// MXFP4 experts (run 15 path): after the sort below, the expert row counts come to the host (one sync
 // per layer), the pairs' inputs are gathered in expert order as BF16, and each touched expert runs
 // as cuBLASLt products on its contiguous rows: [gate | up] (MXFP4 experts decoded to BF16 scratch,
 // kDequantBatch at a time; dense experts from their BF16 copies), a GLU kernel, down; then a
@@ -301,6 +306,201 @@ __global__ void scatter_rows_kernel(const float* __restrict__ y, const int* __re
     ys[size_t(order[i / io]) * io + i % io] = y[i];
 }
 
+// ---- dense experts: one pipelined tensor-core launch per matrix (the default for dense experts) ----
+//
+// mma.sync m16n8k16 (BF16 in, f32 accumulate) on 64-row × 128-column block tiles, 8 warps of 32 × 32,
+// k-steps of 32 staged by cp.async through a 4-deep shared-memory ring (rows padded to 40 BF16 =
+// 80 bytes, so ldmatrix's 8 row addresses hit 8 distinct 16-byte bank groups). The A operand is the
+// pairs' inputs gathered in expert order (BF16, contiguous rows); B is the expert's BF16 weight
+// [N, K] as stored (row n = output column n), which is ldmatrix's non-transposed B fragment.
+// gate/up: the 128 B rows are 64 rows of W1 and the same 64 rows of W3, so one block yields 64 GLU
+// columns (G and U meet in shared memory in the epilogue). Each output element is one k-loop in a
+// fixed order (k-steps ascending, the mma's internal order per step): a row's result does not depend
+// on the other rows of its tile, its expert's row count or the chunk.
+constexpr int kMB = 64, kMN = 128, kMK = 32, kStages = 4, kMmaThreads = 256;
+constexpr int kMLd = kMK + 8;                                   // BF16 per shared row
+constexpr int kStageElems = (kMB + kMN) * kMLd;                 // A rows then B rows
+constexpr size_t kMmaSmem = size_t(kStages) * kStageElems * 2;  // 61,440 bytes
+constexpr int kCLd = kMN + 4;                                   // f32 per epilogue row (gate/up)
+static_assert(size_t(kMB) * kCLd * 4 <= kMmaSmem, "epilogue tile fits the ring");
+static_assert(kMB == BM, "the sort kernel lists tiles of kMB rows");
+
+struct MmaArgs {
+  const DenseExpertPtrs* dense;  ///< [E] device
+  const int *order, *ebase, *tile_e, *tile_m0, *n_tiles;
+  const __nv_bfloat16* A;        ///< [pairs, K] BF16, sorted (expert) order
+  __nv_bfloat16* act_out;        ///< gate/up: [pairs, N] BF16, sorted order
+  float* ys;                     ///< down: [pairs, N] f32 by pair j
+  int K, N;                      ///< gate/up: K = io, N = inter; down: K = inter, N = io
+  float b1, b2;
+  int silu;
+};
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src, bool valid) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(dst));
+  const int n = valid ? 16 : 0;  // 0: the 16 bytes are zero-filled, nothing is read
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(n));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+__device__ __forceinline__ void ldmatrix_x4(unsigned (&r)[4], const void* p) {
+  const unsigned s = unsigned(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kMmaThreads) mma_grouped_kernel(MmaArgs a) {
+  extern __shared__ __align__(16) unsigned char mma_smem[];
+  if (int(blockIdx.x) >= *a.n_tiles) return;
+  const int e = a.tile_e[blockIdx.x], m0 = a.tile_m0[blockIdx.x], m_end = a.ebase[e + 1];
+  constexpr int kOutN = kGateUp ? kMN / 2 : kMN;  // output columns per block
+  const int n0 = int(blockIdx.y) * kOutN;
+  const DenseExpertPtrs p = a.dense[e];
+  __nv_bfloat16* sm = reinterpret_cast<__nv_bfloat16*>(mma_smem);
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, wm = warp / 4, wn = warp % 4;
+  const int K = a.K, KT = (K + kMK - 1) / kMK;
+  // Copy assignments: one 16-byte chunk of A (row tid/4) and two of B (rows tid/4, tid/4 + 64) per stage.
+  const int lr = tid / 4, lc = (tid % 4) * 8;
+  const bool a_ok = m0 + lr < m_end;
+  const __nv_bfloat16* a_src = a.A + size_t(a_ok ? m0 + lr : m0) * K + lc;
+  const uint16_t* b_src[2];
+  bool b_ok[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const uint16_t* w = kGateUp ? (i == 0 ? p.w1 : p.w3) : p.w2;
+    const int n = kGateUp ? n0 + lr : n0 + lr + 64 * i;
+    b_ok[i] = n < a.N;
+    b_src[i] = w + size_t(b_ok[i] ? n : 0) * K + lc;
+  }
+  auto load = [&](int stage, int kt) {
+    const int k = kt * kMK;
+    const bool kin = k + lc < K;  // K % 8 == 0: a chunk is all in or all out
+    __nv_bfloat16* As = sm + stage * kStageElems;
+    __nv_bfloat16* Bs = As + kMB * kMLd;
+    cp_async16(As + lr * kMLd + lc, a_src + (kin ? k : 0), a_ok && kin);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) cp_async16(Bs + (lr + 64 * i) * kMLd + lc, b_src[i] + (kin ? k : 0), b_ok[i] && kin);
+  };
+  float acc[2][4][4];
+#pragma unroll
+  for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+    for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+      for (int q = 0; q < 4; ++q) acc[mi][ni][q] = 0.f;
+#pragma unroll
+  for (int st = 0; st < kStages - 1; ++st) {
+    if (st < KT) load(st, st);
+    cp_async_commit();
+  }
+  for (int kt = 0; kt < KT; ++kt) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage kt landed for every thread; stage kt-1 is no longer read
+    if (kt + kStages - 1 < KT) load((kt + kStages - 1) % kStages, kt + kStages - 1);
+    cp_async_commit();
+    const __nv_bfloat16* As = sm + (kt % kStages) * kStageElems;
+    const __nv_bfloat16* Bs = As + kMB * kMLd;
+#pragma unroll
+    for (int kk = 0; kk < kMK; kk += 16) {
+      unsigned af[2][4], bfr[2][4];
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+        ldmatrix_x4(af[mi], As + (wm * 32 + mi * 16 + lane % 16) * kMLd + kk + (lane / 16) * 8);
+#pragma unroll
+      for (int nj = 0; nj < 2; ++nj)
+        ldmatrix_x4(bfr[nj], Bs + (wn * 32 + nj * 16 + lane % 8 + (lane / 16) * 8) * kMLd + kk + ((lane / 8) % 2) * 8);
+#pragma unroll
+      for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+          mma_bf16(acc[mi][ni], af[mi], bfr[ni / 2][(ni % 2) * 2], bfr[ni / 2][(ni % 2) * 2 + 1]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the ring is reused by the epilogue
+  const int g = lane / 4, c2 = (lane % 4) * 2;
+  if (kGateUp) {
+    float* Cs = reinterpret_cast<float*>(mma_smem);
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int r = wm * 32 + mi * 16 + g + 8 * h, c = wn * 32 + ni * 8 + c2;
+          Cs[r * kCLd + c] = acc[mi][ni][2 * h];
+          Cs[r * kCLd + c + 1] = acc[mi][ni][2 * h + 1];
+        }
+    __syncthreads();
+    for (int idx = tid; idx < kMB * kOutN; idx += kMmaThreads) {
+      const int r = idx / kOutN, c = idx % kOutN, row = m0 + r, n = n0 + c;
+      if (row >= m_end || n >= a.N) continue;
+      const float gv = Cs[r * kCLd + c], uv = Cs[r * kCLd + kOutN + c];
+      const float v = a.silu ? gv / (1.f + __expf(-gv)) * uv : situ_f(gv, uv, a.b1, a.b2);
+      a.act_out[size_t(row) * a.N + n] = __float2bfloat16_rn(v);
+    }
+  } else {
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int row = m0 + wm * 32 + mi * 16 + g + 8 * h;
+        if (row >= m_end) continue;
+        float* dst = a.ys + size_t(a.order[row]) * a.N;
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) {
+          const int n = n0 + wn * 32 + ni * 8 + c2;  // N % 8 == 0: n < N implies n + 1 < N
+          if (n < a.N) *reinterpret_cast<float2*>(dst + n) = make_float2(acc[mi][ni][2 * h], acc[mi][ni][2 * h + 1]);
+        }
+      }
+  }
+}
+
+/// The dense-expert path: gather, gate/up + GLU, down, weighted sum; no host sync.
+void mma_grouped_dense(CudaBackend::Impl& m, const RoutedMoeParams& p, const DenseTable& dt, const int* order,
+                       const int* ebase, const int* tile_e, const int* tile_m0, const int* n_tiles, int max_tiles,
+                       const float* dw, const float* z, int T, float* ys, float* out) {
+  LtState& s = lt_state(m);
+  const int k = p.top_k, pairs = T * k, io = p.io, inter = dt.inter;
+  static bool attr_set = false;  // per process: the attribute belongs to the kernel, not the device context
+  if (!attr_set) {
+    check_cuda(cudaFuncSetAttribute(mma_grouped_kernel<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMmaSmem)),
+               "cudaFuncSetAttribute (grouped MMA gate/up)");
+    check_cuda(cudaFuncSetAttribute(mma_grouped_kernel<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMmaSmem)),
+               "cudaFuncSetAttribute (grouped MMA down)");
+    attr_set = true;
+  }
+  auto* zs = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.xb, size_t(pairs) * io));
+  gather_rows_kernel<<<grid_for(size_t(pairs) * io, 256), 256, 0, m.stream>>>(z, order, pairs, k, io, zs);
+  m.launched("routed_moe (fast) gather kernel");
+  auto* act = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.act, size_t(pairs) * inter));
+  MmaArgs g{};
+  g.dense = dt.dev, g.order = order, g.ebase = ebase, g.tile_e = tile_e, g.tile_m0 = tile_m0, g.n_tiles = n_tiles;
+  g.A = zs, g.act_out = act, g.K = io, g.N = inter, g.b1 = p.b1, g.b2 = p.b2, g.silu = p.act == Activation::SiLU ? 1 : 0;
+  mma_grouped_kernel<true><<<dim3(unsigned(max_tiles), unsigned((inter + kMN / 2 - 1) / (kMN / 2))), kMmaThreads,
+                             kMmaSmem, m.stream>>>(g);
+  m.launched("routed_moe (fast) dense gate/up grouped MMA");
+  MmaArgs d = g;
+  d.A = act, d.act_out = nullptr, d.ys = ys, d.K = inter, d.N = io;
+  mma_grouped_kernel<false><<<dim3(unsigned(max_tiles), unsigned((io + kMN - 1) / kMN)), kMmaThreads, kMmaSmem,
+                              m.stream>>>(d);
+  m.launched("routed_moe (fast) dense down grouped MMA");
+  slot_sum_kernel<<<grid_for(size_t(T) * io, 256), 256, 0, m.stream>>>(ys, dw, k, io, T, out);
+  m.launched("routed_moe (fast) weighted-sum kernel");
+}
+
 /// The device table of `mw`'s dense experts as BF16 (converted once), or null when an expert is
 /// not f32/BF16 or the shapes do not fit the kernel.
 const DenseTable* dense_table(CudaBackend::Impl& m, const MoeWeights& mw, int io) {
@@ -366,6 +566,11 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
                "cudaFuncSetAttribute (grouped MoE sort)");
   sort_pairs_kernel<<<1, 1024, sort_smem, m.stream>>>(dids, pairs, E, order, ebase, tile_e, tile_m0, n_tiles);
   m.launched("routed_moe (fast) sort kernel");
+  if (dt) {  // dense experts: the pipelined grouped MMA kernels (no host sync)
+    mma_grouped_dense(m, p, *dt, order, ebase, tile_e, tile_m0, n_tiles, max_tiles, dw, z, T, ys, out);
+    ++m.stats.grouped_moe_calls;
+    return true;
+  }
   if (!m.capturing) {  // per-expert cuBLASLt products (see the file comment)
     std::vector<int> base(size_t(E) + 1);
     check_cuda(cudaMemcpyAsync(base.data(), ebase, base.size() * sizeof(int), cudaMemcpyDeviceToHost, m.stream),

@@ -1,0 +1,230 @@
+// CUDA backend: the fused KDA decode step (docs/model.md#kda, steps 2-7; docs/gpu-method.md#kda-decode),
+// one launch per layer and token. The delta rule makes the value columns of S_h independent once
+// q̂, k̂, α and β are known, so a head is split into ceil(d/32) blocks, each owning 32 value columns,
+// grouped as one thread-block cluster per head (Hopper, sm_90); a block is NW warps, warp w holding
+// rows [w·RW, (w+1)·RW) of the block's columns (d = 128: 2 warps of 64 rows; else warps of 32):
+//
+//   1. every thread issues the loads of its part of its column of S_h (kept in registers) before
+//      anything else, so the state read overlaps the rest of the prologue;
+//   2. thread c of warp 0 does the conv + SiLU of channel c of q, k and v (advancing those three
+//      windows: no other thread reads them), its decay α_c and the f64 squares of q_c, k_c;
+//   3. cluster barrier; each block gathers q, k, α of the whole head and the partial sums of the
+//      other blocks through distributed shared memory, summing the partials in block order (the
+//      same order in every block, so every block gets the same L2 factors);
+//   4. the delta rule on the thread's column, the CPU's order: S[r][c] ·= α_r and u += k̂_r·S[r][c]
+//      for r = 0, 1, … (one chain: warp 1 continues warp 0's partial sum); u = β(v_c − u);
+//      S[r][c] += k̂_r·u, o += q̂_r·S[r][c], each row written back as soon as it is final: S is read
+//      once and written once;
+//   5. the f64 Σo² of the head through the cluster again, then RMSNorm · o_norm · σ(gate).
+//
+// The arithmetic of each quantity is the token kernel's (kda.cu) expression by expression; only the
+// f64 partial sums of the three squared norms are grouped differently (f64, ~1e-16 relative).
+#include <cooperative_groups.h>
+
+#include "backends/cuda/kda_decode.cuh"
+#include "core/kda_math.h"
+
+namespace wren::cuda {
+
+namespace {
+
+namespace cg = cooperative_groups;
+
+/// f64 sum over the warp by an xor butterfly (every lane ends with the same bits: each step adds
+/// the same two values in either order).
+__device__ __forceinline__ double warp_sum(double v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+
+/// One block = 32 value columns of head blockIdx.y (the cluster, along x, is the head), as NW warps:
+/// warp w keeps rows [w·RW, (w+1)·RW) of those columns of S_h in registers (RW·NW >= d). The sums
+/// over rows stay one sequential chain in row order: warp w continues the partial sum that warp
+/// w − 1 handed over in shared memory (the products are formed before the hand-over arrives).
+/// FIXED: d == RW·NW at compile time (the row stride is an immediate offset, no guards).
+template <int RW, int NW, bool FIXED>
+__global__ void __launch_bounds__(kWarp * NW) kda_decode_kernel(KdaDecodeArgs a) {
+  constexpr int DMAX = RW * NW;
+  cg::cluster_group cluster = cg::this_cluster();
+  __shared__ float xq[kWarp], xk[kWarp], xa[kWarp];  // this block's conv'd q, k (before L2) and α
+  __shared__ float vcol[kWarp];                       // conv'd v of this block's columns
+  __shared__ float ubuf[kWarp], obuf[kWarp];          // the row chains of u and o, per column
+  __shared__ double part[3];                          // this block's Σq², Σk², then Σo²
+  __shared__ float qs[DMAX], ks[DMAX], al[DMAX];      // the head's q̂, k̂, α
+  const int d = FIXED ? DMAX : a.d, P = a.H * d, K = a.K;
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int h = blockIdx.y, rank = blockIdx.x, blocks = gridDim.x;
+  const int c = rank * kWarp + lane;  // value column (and channel within the head) of this thread
+  const bool live = c < d;
+  const int ch = h * d + c, r0 = warp * RW;
+  float* Sg = a.S + size_t(h) * d * d;
+
+  // 1. This warp's rows of the column into registers, issued first (a warp reads 32 consecutive
+  //    floats per row; nothing waits on them until step 4).
+  float s[RW];
+#pragma unroll
+  for (int i = 0; i < RW; ++i) s[i] = (live && (FIXED || r0 + i < d)) ? Sg[size_t(r0 + i) * d + c] : 0.f;
+
+  // 1b. Every other global input of the step into registers, before any store: as far as the
+  //    compiler knows the stores to S and to the windows may alias them, and a read issued after a
+  //    store waits for it (each such read was one more DRAM round trip on the critical path).
+  float xin[3] = {0, 0, 0}, zc = 0, gate_v = 0, onorm_v = 0;
+  float wc[3][kKdaDecodeMaxConv], wi[3][kKdaDecodeMaxConv];
+  const float alog = __ldg(a.a_log + h), braw = __ldg(a.beta + h);
+  if (warp == 0 && live) {
+    const float* in[3] = {a.q, a.k, a.v};
+    const float* cw[3] = {a.q_conv, a.k_conv, a.v_conv};
+#pragma unroll
+    for (int m = 0; m < 3; ++m) {
+      xin[m] = __ldg(in[m] + ch);
+      const float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
+#pragma unroll
+      for (int j = 0; j < kKdaDecodeMaxConv; ++j) {
+        wc[m][j] = j < K ? __ldg(cw[m] + size_t(ch) * K + j) : 0.f;
+        wi[m][j] = j < K - 1 ? win[j] : 0.f;
+      }
+    }
+    zc = __ldg(a.z + ch) + __ldg(a.dt_bias + ch);
+    gate_v = __ldg(a.gate + ch);
+    onorm_v = __ldg(a.o_norm + c);
+  }
+
+  // 2. Warp 0, channel c: conv + SiLU of q, k, v (the window advances), the decay α_c.
+  if (warp == 0) {
+    float yq = 0, yk = 0, yv = 0, alpha = 0;
+    if (live) {
+      float y[3];
+#pragma unroll
+      for (int m = 0; m < 3; ++m) {
+        y[m] = kda::conv_silu(wc[m], K, xin[m], kda::WindowTaps{wi[m]});
+        kda::conv_push(wi[m], K, xin[m]);
+        float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
+#pragma unroll
+        for (int j = 0; j < kKdaDecodeMaxConv - 1; ++j)
+          if (j < K - 1) win[j] = wi[m][j];
+      }
+      yq = y[0], yk = y[1], yv = y[2];
+      const float A = exp_f(alog);
+      alpha = exp_f(kda::log_decay(a.softplus_gate, A, zc, a.lower));
+    }
+  const double sq = warp_sum(double(yq) * yq), sk = warp_sum(double(yk) * yk);
+    xq[lane] = yq, xk[lane] = yk, xa[lane] = alpha, vcol[lane] = yv;
+    if (lane == 0) part[0] = sq, part[1] = sk;
+  }
+  cluster.sync();
+
+  // 3. The head's L2 factors (partials in block order) and q̂, k̂, α from every block.
+  double tq = 0, tk = 0;
+  for (int j = 0; j < blocks; ++j) {
+    const double* pj = cluster.map_shared_rank(part, j);
+    tq += pj[0];
+    tk += pj[1];
+  }
+  const float invq = kda::l2_factor(tq, 1.0f / sqrtf(float(d))), invk = kda::l2_factor(tk, 1.0f);
+  for (int r = tid; r < d; r += kWarp * NW) {
+    const int j = r / kWarp, i = r % kWarp;
+    qs[r] = cluster.map_shared_rank(xq, j)[i] * invq;
+    ks[r] = cluster.map_shared_rank(xk, j)[i] * invk;
+    al[r] = cluster.map_shared_rank(xa, j)[i];
+  }
+  __syncthreads();
+  const float b = kda::beta_gate(braw);
+
+  // 4a. Decay this warp's rows; u = kᵀS as one chain over the rows in order.
+  float p[RW];
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    const int r = r0 + i;
+    if (FIXED || r < d) {
+      s[i] = s[i] * al[r];
+      p[i] = ks[r] * s[i];
+    }
+  }
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    if (warp == w) {
+      float u = w == 0 ? 0.f : ubuf[lane];
+#pragma unroll
+      for (int i = 0; i < RW; ++i)
+        if (FIXED || r0 + i < d) u += p[i];
+      ubuf[lane] = w + 1 < NW ? u : b * (vcol[lane] - u);
+    }
+    __syncthreads();
+  }
+  // 4b. S += k ⊗ β(v − u), each row written back at once; o = qᵀS as one chain over the rows.
+  const float u = ubuf[lane];
+#pragma unroll
+  for (int i = 0; i < RW; ++i) {
+    const int r = r0 + i;
+    if (FIXED || r < d) {
+      s[i] = s[i] + ks[r] * u;
+      p[i] = qs[r] * s[i];
+      if (live) Sg[size_t(r) * d + c] = s[i];
+    }
+  }
+#pragma unroll
+  for (int w = 0; w < NW; ++w) {
+    if (warp == w) {
+      float o = w == 0 ? 0.f : obuf[lane];
+#pragma unroll
+      for (int i = 0; i < RW; ++i)
+        if (FIXED || r0 + i < d) o += p[i];
+      obuf[lane] = o;
+    }
+    __syncthreads();
+  }
+
+  // 5. Per-head RMSNorm (f64 Σo², partials in block order), × o_norm, × σ(gate).
+  const float o = obuf[lane];
+  if (warp == 0) {
+    const double so = warp_sum(live ? double(o) * o : 0.0);
+    if (lane == 0) part[2] = so;
+  }
+  cluster.sync();
+  if (warp == 0) {
+    double to = 0;
+    for (int j = 0; j < blocks; ++j) to += cluster.map_shared_rank(part, j)[2];
+    const float inv = float(1.0 / sqrt(to / d + a.eps));
+    if (live) {
+      float y = o * inv * onorm_v;
+      y *= sigmoid_f(gate_v);
+      a.out[ch] = y;
+    }
+  }
+  cluster.sync();  // no block exits while another still reads its shared memory
+}
+
+template <int RW, int NW, bool FIXED>
+void launch(CudaBackend::Impl& m, const KdaDecodeArgs& a) {
+  const unsigned blocks = unsigned((a.d + kWarp - 1) / kWarp);
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = dim3(blocks, unsigned(a.H));
+  cfg.blockDim = dim3(kWarp * NW);
+  cfg.dynamicSmemBytes = 0;
+  cfg.stream = m.stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = blocks;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  check_cuda(cudaLaunchKernelEx(&cfg, kda_decode_kernel<RW, NW, FIXED>, a), "cudaLaunchKernelEx (kda_core decode)");
+}
+
+}  // namespace
+
+bool kda_decode(CudaBackend::Impl& m, const KdaDecodeArgs& a) {
+  if (a.T != 1 || a.d < 1 || a.d > kKdaDecodeMaxDim || a.K < 1 || a.K > kKdaDecodeMaxConv) return false;
+  // d = 128 (K3, Kimi Linear): 2 warps of 64 rows, stride fixed. Other d: warps of 32 rows (runtime
+  // strides cost address registers; 64 rows would spill).
+  if (a.d == 128) launch<64, 2, true>(m, a);
+  else if (a.d <= 32) launch<32, 1, false>(m, a);
+  else if (a.d <= 64) launch<32, 2, false>(m, a);
+  else launch<32, 4, false>(m, a);
+  m.launched("kda_core decode kernel");
+  ++m.stats.kda_decode_calls;
+  return true;
+}
+
+}  // namespace wren::cuda
