@@ -34,6 +34,8 @@ mkdir -p tests
 export LD_LIBRARY_PATH="\$PWD/lib:\${LD_LIBRARY_PATH:-}"
 ln -sfn "\$PWD/../tests/data" tests/data
 [ -d ../models ] && ln -sfn "\$PWD/../models" "$rel/share/wren/models"
-mkdir -p "$(dirname "$root")" && { [ -e "$root" ] || ln -s "\$PWD" "$root"; }
+# The compiled-in source path: absent there -> a link to DEST; the checkout itself (built in the
+# checkout the device receives) -> a link to DEST's build folder inside it.
+if [ -e "$root" ]; then [ -e "$root/$rel" ] || ln -s "\$PWD/$rel" "$root/$rel"; else mkdir -p "$(dirname "$root")" && ln -s "\$PWD" "$root"; fi
 ENV
 du -sh "$dest"

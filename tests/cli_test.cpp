@@ -269,6 +269,12 @@ TEST(Cli, BadArgumentsExitNonZero) {
   EXPECT_NE(out.find("outside the vocabulary"), std::string::npos) << out;
   EXPECT_NE(0, test::run_wren("run --model /nonexistent --ids 1", &out));
   EXPECT_NE(out.find("/nonexistent/config.json"), std::string::npos) << out;
+  // Command-line usage errors (CLI11's parse errors): one `wren: error:` line and exit 2, like a Unix tool.
+  EXPECT_EQ(2, test::run_wren("run " + model_arg() + " --top-k -5 --ids 1", &out)) << out;
+  EXPECT_NE(out.find("wren: error: --top-k"), std::string::npos) << out;
+  EXPECT_EQ(2, test::run_wren("run --no-such-flag", &out)) << out;
+  EXPECT_NE(out.find("wren: error:"), std::string::npos) << out;
+  EXPECT_EQ(0, test::run_wren("run --help", &out)) << out;
 }
 
 }  // namespace

@@ -174,7 +174,7 @@ Vec glu(const DenseWeight& gw, const DenseWeight& uw, const DenseWeight& dw, con
   return matvec(dw, a);
 }
 
-Vec moe(const Config& c, const MoeWeights& m, const Vec& x) {
+Vec moe(const Config& c, const MoeWeights& m, const Vec& x, std::vector<int>* picked) {
   const Vec logits = matvec(m.router, x);
   const int E = c.n_experts;
   Vec s(E), biased(E);
@@ -184,6 +184,7 @@ Vec moe(const Config& c, const MoeWeights& m, const Vec& x) {
   std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return biased[a] > biased[b]; });
   double total = 0;
   for (int j = 0; j < c.top_k; ++j) total += s[order[j]];
+  if (picked) picked->assign(order.begin(), order.begin() + c.top_k);
   const bool latent = c.moe_kind == MoeKind::Latent;
   const Vec z = latent ? matvec(m.down, x) : x;
   Vec u(z.size(), 0.0);
@@ -209,7 +210,8 @@ Vec moe(const Config& c, const MoeWeights& m, const Vec& x) {
 
 }  // namespace
 
-std::vector<double> reference_forward(const Model& m, const std::vector<int>& ids, std::vector<double>* trace) {
+std::vector<double> reference_forward(const Model& m, const std::vector<int>& ids, std::vector<double>* trace,
+                                      std::vector<std::vector<std::vector<int>>>* routes) {
   const Config& c = m.config;
   const ModelWeights& w = m.weights;
   const int L = c.n_layers, D = c.hidden;
@@ -217,7 +219,9 @@ std::vector<double> reference_forward(const Model& m, const std::vector<int>& id
   std::vector<MlaHistory> mh(L);
   std::vector<double> logits;
   if (trace) trace->clear();
+  if (routes) routes->clear();
   for (int id : ids) {
+    if (routes) routes->emplace_back(size_t(L));
     Vec P = row(w.embed, id);
     std::vector<Vec> blocks;
     for (int i = 0; i < L; ++i) {
@@ -230,7 +234,8 @@ std::vector<double> reference_forward(const Model& m, const std::vector<int>& id
       const Vec a = c.layers[i].mixer == Mixer::KDA ? kda(c, l.kda, kh[i], xa) : mla(c, l.mla, mh[i], xa);
       for (int j = 0; j < D; ++j) P[j] += a[j];
       const Vec xm = rms(attnres ? mix(with_p(), l.mlp_res_norm, l.mlp_res_proj, c.rms_eps) : P, l.post_norm, c.rms_eps);
-      const Vec f = c.layers[i].ffn == Ffn::Dense ? glu(l.mlp.gate, l.mlp.up, l.mlp.down, xm, c) : moe(c, l.moe, xm);
+      const Vec f = c.layers[i].ffn == Ffn::Dense ? glu(l.mlp.gate, l.mlp.up, l.mlp.down, xm, c)
+                                                      : moe(c, l.moe, xm, routes ? &routes->back()[size_t(i)] : nullptr);
       for (int j = 0; j < D; ++j) P[j] += f[j];
       if (trace) trace->insert(trace->end(), P.begin(), P.end());
     }

@@ -9,8 +9,11 @@
 
 namespace wren::test {
 
-/// Teacher-forced pass over `ids`: returns logits [T, V]; fills trace [T, L, D] when non-null.
+/// Teacher-forced pass over `ids`: returns logits [T, V]; fills trace [T, L, D] when non-null, and
+/// routes [T][L] with each MoE layer's top-k expert ids in selection order (empty for dense layers)
+/// when non-null.
 std::vector<double> reference_forward(const Model& m, const std::vector<int>& ids,
-                                      std::vector<double>* trace = nullptr);
+                                      std::vector<double>* trace = nullptr,
+                                      std::vector<std::vector<std::vector<int>>>* routes = nullptr);
 
 }  // namespace wren::test

@@ -25,7 +25,7 @@ cat > "$dest/train_on_device.sh" <<'EOS'
 set -eo pipefail
 out="$1"
 mkdir -p "$out/m"
-PYTHONUNBUFFERED=1 python3 scripts/train/k3_tiny.py train corpus/train.u16 "$out/m" --seconds "${SECONDS_BUDGET:-350}" \
+PYTHONUNBUFFERED=1 python3 scripts/train/k3_tiny.py train corpus/train.u16 "$out/m" --seconds "${SECONDS_BUDGET:-420}" \
   --batch 256 --seq 128 --prompts corpus/prompts.json --heldout corpus/heldout-text.u16 2>&1 | tee "$out/log.txt"
 cd "$out/m"
 tar czf ../rest.tgz ./*.json reference

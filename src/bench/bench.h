@@ -8,6 +8,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_options.h"
+#include "model/quant.h"
 #include "runtime/engine.h"
 
 namespace wren::bench {
@@ -23,9 +24,14 @@ struct KernelArgs {
 void run_kernels(const KernelArgs& a);
 
 /// `bench quality`: teacher-forced logits of every --quant mode against the exact f32 run.
+/// With `text` set, the positions are the file's tokens (specials disabled) in windows of
+/// `window` ([BOS] + window-1 tokens, each from a fresh state, as `wren perplexity`), the first
+/// `positions` of them (0 = all), and each mode's perplexity on them is printed too.
 struct QualityArgs {
   std::string model;
   int positions = 256, chunk = 32, seed = 1;
+  std::string text;  ///< "" = random ids (seed)
+  int window = 256;
   bool per_class = false;
   CpuOptions cpu;
 };
@@ -49,6 +55,20 @@ struct ExpertsArgs {
 };
 void run_experts(const ExpertsArgs& a);
 
+/// `bench stream`: experts at K3's size streamed from disk (issue 17). Writes or reuses a synthetic
+/// checkpoint in `dir` (`moe_layers` MoE layers of `experts` experts, 17.55 MB each), measures the
+/// raw sequential read of its shards, then prefill and decode at each budget of `budgets`
+/// (comma-separated fractions of all expert bytes) with prediction off and on, `runs` runs each
+/// (min / median). Throws wren::Error when the logits differ between budgets or modes.
+struct StreamArgs {
+  std::string dir = "/var/tmp/wren-bench-stream";
+  int moe_layers = 2, experts = 64, prompt = 32, tokens = 6, chunk = 32, runs = 3, loaders = 4;
+  std::string budgets = "0.1,0.5,1";
+  std::string direct = "auto";
+  CpuOptions cpu;
+};
+void run_stream(const StreamArgs& a);
+
 /// `bench layers`: per-layer decode time against the memory floor, TTFT and prefill tok/s on a
 /// random in-memory model.
 struct LayersArgs {
@@ -60,6 +80,23 @@ struct LayersArgs {
   CudaOptions cuda;  ///< --gpu-precision, --cuda-kda etc. (the CUDA backend)
 };
 void run_layers(const LayersArgs& a);
+
+/// `bench routing`: the router of a checkpoint on real text, decoded one token at a time:
+/// per-MoE-layer expert load (counts, max/mean, coefficient of variation, normalized entropy,
+/// unused experts) and the expert store's hit rate at each budget (comma-separated fractions of
+/// all routed experts) on the recorded trace, beside a uniform-routing trace of the same length.
+/// `tokens` > 0 keeps the first that many file tokens. Throws wren::Error (missing file, no MXFP4
+/// experts, bad --budgets).
+struct RoutingArgs {
+  std::string model;  ///< "" = the built-in default model
+  std::string text;
+  int window = 256, tokens = 0;
+  std::string budgets = "0.05,0.125,0.25,0.5,0.75,1";
+  bool json = false;
+  QuantPlan plan;  ///< dense-weight formats (--quant; default exact)
+  CpuOptions cpu;
+};
+void run_routing(const RoutingArgs& a);
 
 /// `bench tokenizer`: encode MB/s of Wren's tokenizer against the tiktoken core, same corpus, same
 /// run.

@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <memory>
 #include <vector>
 
@@ -21,6 +23,7 @@
 #include "model/quant.h"
 #include "model/tensor_table.h"
 #include "runtime/generate.h"
+#include "tokenizer/tokenizer.h"
 
 namespace wren::bench {
 
@@ -309,17 +312,87 @@ std::pair<double, double> compare(const std::vector<float>& a, const std::vector
   return {std::sqrt(num / std::max(den, 1e-300)), double(agree) / double(T)};
 }
 
+/// Teacher-forced text: windows of `window` ([BOS] + window-1 tokens, each from a fresh state), and
+/// per scored row the token it predicts. Logits are kept for the scored rows only.
+struct TextCase {
+  std::vector<std::vector<int>> windows;
+  std::vector<int> targets;
+};
+
+TextCase text_case(const std::string& model, const std::string& file, int window, int positions, int bos) {
+  std::ifstream f(file, std::ios::binary);
+  check(bool(f), file + ": cannot open");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  std::vector<int> ids = Tokenizer::load(model).encode(text, SpecialMode::Disabled);
+  check(!ids.empty(), file + ": no tokens (empty file)");
+  if (positions > 0 && ids.size() > size_t(positions)) ids.resize(size_t(positions));
+  TextCase tc;
+  const size_t step = size_t(window - 1);
+  for (size_t start = 0; start < ids.size(); start += step) {
+    const size_t n = std::min(step, ids.size() - start);
+    std::vector<int> w{bos};
+    w.insert(w.end(), ids.begin() + long(start), ids.begin() + long(start + n));
+    tc.targets.insert(tc.targets.end(), w.begin() + 1, w.end());
+    tc.windows.push_back(std::move(w));
+  }
+  return tc;
+}
+
+/// Logits [scored rows, V] of every window of `tc` (the last row of each window dropped).
+std::vector<float> teacher_forced_text(const Model& m, const CpuOptions& o, const TextCase& tc, int chunk) {
+  const size_t V = size_t(m.config.vocab);
+  std::vector<float> out;
+  out.reserve(tc.targets.size() * V);
+  for (const auto& w : tc.windows) {
+    const auto l = teacher_forced(m, o, w, chunk);
+    out.insert(out.end(), l.begin(), l.end() - long(V));
+  }
+  return out;
+}
+
+/// exp(mean −log softmax(row)[target]) in f64, as `wren perplexity`.
+double perplexity_of(const std::vector<float>& logits, const std::vector<int>& targets, int V) {
+  double nll = 0;
+  for (size_t t = 0; t < targets.size(); ++t) {
+    const float* r = logits.data() + t * size_t(V);
+    double mx = r[0], sum = 0;
+    for (int i = 1; i < V; ++i) mx = std::max(mx, double(r[i]));
+    for (int i = 0; i < V; ++i) sum += std::exp(double(r[i]) - mx);
+    nll += std::log(sum) + mx - double(r[targets[t]]);
+  }
+  return std::exp(nll / double(targets.size()));
+}
+
 void bench_quality(const QualityArgs& a) {
   const CpuOptions o = a.cpu;
   const Config c = load_config(a.model);
-  const std::vector<int> ids = random_ids(a.positions, c.vocab, a.seed);
-  std::printf("wren bench quality: %s, %d teacher-forced positions (random ids, seed %d), %s kernels, %d threads\n",
-              a.model.c_str(), a.positions, a.seed, cpu::isa_name(o.isa), o.threads);
+  const bool text = !a.text.empty();
+  TextCase tc;
+  std::vector<int> ids;
+  if (text) {
+    tc = text_case(a.model, a.text, a.window, a.positions, c.bos_id);
+    std::printf("wren bench quality: %s, %zu teacher-forced positions (%s, %zu windows of up to %d), %s kernels, %d threads\n",
+                a.model.c_str(), tc.targets.size(), a.text.c_str(), tc.windows.size(), a.window, cpu::isa_name(o.isa),
+                o.threads);
+  } else {
+    check(a.positions > 0, "bench quality: --positions must be positive without --text");
+    ids = random_ids(a.positions, c.vocab, a.seed);
+    std::printf("wren bench quality: %s, %d teacher-forced positions (random ids, seed %d), %s kernels, %d threads\n",
+                a.model.c_str(), a.positions, a.seed, cpu::isa_name(o.isa), o.threads);
+  }
   auto exact = load_model(a.model);
-  const auto ref = teacher_forced(*exact, o, ids, a.chunk);
+  auto forced = [&](const Model& m, const CpuOptions& mo) {
+    return text ? teacher_forced_text(m, mo, tc, a.chunk) : teacher_forced(m, mo, ids, a.chunk);
+  };
+  const auto ref = forced(*exact, o);
   std::printf("reference: --quant exact (every dense weight f32, experts mxfp4 x f32), %s kernels. weight rel-L2 = mean over\n"
-              "the matrices the mode stores in another format of ||dequant(W) - W|| / ||W||\n\n", cpu::isa_name(o.isa));
-  std::printf("| mode | formats | expert act | weight rel-L2 | logits rel-L2 | top-1 agree |\n|---|---|---|---|---|---|\n");
+              "the matrices the mode stores in another format of ||dequant(W) - W|| / ||W||\n", cpu::isa_name(o.isa));
+  if (text)
+    std::printf("perplexity of the reference on the text: %.4f\n\n"
+                "| mode | formats | expert act | weight rel-L2 | logits rel-L2 | top-1 agree | perplexity |\n|---|---|---|---|---|---|---|\n",
+                perplexity_of(ref, tc.targets, c.vocab));
+  else
+    std::printf("\n| mode | formats | expert act | weight rel-L2 | logits rel-L2 | top-1 agree |\n|---|---|---|---|---|---|\n");
   struct Mode { std::string name; QuantPlan plan; bool i8; cpu::Isa isa; };
   std::vector<Mode> modes;
   for (cpu::Isa isa : {cpu::Isa::Scalar, cpu::Isa::Avx2, cpu::Isa::Avx512})  // f32 summation order only
@@ -340,10 +413,12 @@ void bench_quality(const QualityArgs& a) {
     mo.mx_int8_act = m.i8;
     mo.isa = m.isa;
     auto qm = load_model(a.model, m.plan);
-    const auto l = teacher_forced(*qm, mo, ids, a.chunk);
+    const auto l = forced(*qm, mo);
     const auto [rel, top1] = compare(l, ref, c.vocab);
-    std::printf("| %s | %s | %s | %.3g | %.3g | %.1f%% |\n", m.name.c_str(), m.plan.describe().c_str(),
+    std::printf("| %s | %s | %s | %.3g | %.3g | %.1f%% |", m.name.c_str(), m.plan.describe().c_str(),
                 m.i8 ? "int8" : "f32", weight_rel_l2(*exact, *qm), rel, 100 * top1);
+    if (text) std::printf(" %.4f |", perplexity_of(l, tc.targets, c.vocab));
+    std::printf("\n");
     std::fflush(stdout);
   }
 }

@@ -29,9 +29,13 @@ void add_bench_cpu(CLI::App* bench) {
   auto qa = std::make_shared<bench::QualityArgs>();
   CLI::App* qual = bench->add_subcommand("quality", "Teacher-forced logits of every --quant mode vs exact f32");
   qual->add_option("--model", qa->model, "Kimi K3 snapshot folder")->required();
-  qual->add_option("--positions", qa->positions, "Teacher-forced positions")->check(positive());
+  qual->add_option("--positions", qa->positions, "Teacher-forced positions (with --text: the first N tokens, 0 = all)")
+      ->check(non_negative());
   qual->add_option("--seed", qa->seed, "Seed of the random prompt ids");
   qual->add_option("--chunk", qa->chunk, "Prefill chunk")->check(positive());
+  qual->add_option("--text", qa->text, "Teacher-force this text file's tokens instead of random ids (adds perplexity)");
+  qual->add_option("--window", qa->window, "With --text: tokens per window, [BOS] included (as wren perplexity)")
+      ->check(CLI::Range(2, 1 << 20));
   qual->add_flag("--per-class", qa->per_class, "Also each class alone at q8 and q4 (the rest f32)");
   auto qa_cpu = std::make_shared<CpuFlags>();
   qa_cpu->add_to(qual);
@@ -65,6 +69,29 @@ void add_bench_experts(CLI::App* bench) {
   sub->callback([a] { bench::run_experts(*a); });
 }
 
+void add_bench_stream(CLI::App* bench) {
+  auto a = std::make_shared<bench::StreamArgs>();
+  CLI::App* sub = bench->add_subcommand(
+      "stream", "Experts of K3 size streamed from disk: raw read vs prefill/decode at several budgets, prediction off/on");
+  sub->add_option("--dir", a->dir, "Bench checkpoint folder (written when missing or different)")->capture_default_str();
+  sub->add_option("--moe-layers", a->moe_layers, "MoE layers")->check(positive())->capture_default_str();
+  sub->add_option("--experts", a->experts, "Routed experts per layer (top-16; at least 16)")->capture_default_str();
+  sub->add_option("--prompt", a->prompt, "Prompt tokens")->check(positive())->capture_default_str();
+  sub->add_option("-n,--tokens", a->tokens, "Tokens to decode per run")->check(positive())->capture_default_str();
+  sub->add_option("--chunk", a->chunk, "Prefill chunk")->check(positive())->capture_default_str();
+  sub->add_option("--runs", a->runs, "Runs per setting (min / median)")->check(positive())->capture_default_str();
+  sub->add_option("--loaders", a->loaders, "Expert store loader threads")->check(positive())->capture_default_str();
+  sub->add_option("--budgets", a->budgets, "Expert cache budgets, fractions of all expert bytes")->capture_default_str();
+  sub->add_option("--direct", a->direct, "O_DIRECT reads: auto, on or off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  auto cpu = std::make_shared<CpuFlags>();
+  cpu->add_to(sub);
+  sub->callback([a, cpu] {
+    a->cpu = cpu->backend();
+    bench::run_stream(*a);
+  });
+}
+
 void add_bench_layers(CLI::App* bench) {
   auto a = std::make_shared<bench::LayersArgs>();
   CLI::App* sub = bench->add_subcommand("layers", "Per-layer decode time vs the memory floor, TTFT and prefill tok/s on a random in-memory model");
@@ -89,6 +116,25 @@ void add_bench_layers(CLI::App* bench) {
   });
 }
 
+void add_bench_routing(CLI::App* bench) {
+  auto a = std::make_shared<bench::RoutingArgs>();
+  CLI::App* sub = bench->add_subcommand("routing", "Per-layer expert load and expert-cache hit rate vs budget on a text file");
+  sub->add_option("file", a->text, "UTF-8 text file (e.g. held-out text)")->required();
+  sub->add_option("--model", a->model, "Kimi K3 snapshot folder with MXFP4 experts (default: the built-in model)");
+  sub->add_option("--window", a->window, "Tokens per window, [BOS] included (each window starts a fresh state)")
+      ->check(CLI::Range(2, 1 << 20));
+  sub->add_option("--tokens", a->tokens, "Use only the first N file tokens (0 = all)")->check(non_negative());
+  sub->add_option("--budgets", a->budgets, "Expert-cache budgets, comma-separated fractions of all routed experts");
+  sub->add_flag("--json", a->json, "Print one JSON object: per-layer counts and load statistics, hit rate per budget");
+  auto cpu = std::make_shared<CpuFlags>();
+  cpu->add_to(sub);
+  sub->callback([a, cpu] {
+    a->cpu = cpu->backend();
+    a->plan = cpu->plan();
+    bench::run_routing(*a);
+  });
+}
+
 void add_bench_tokenizer(CLI::App* bench) {
   auto a = std::make_shared<bench::TokenizerArgs>();
   CLI::App* c = bench->add_subcommand("tokenizer", "Encode MB/s of Wren's tokenizer vs the tiktoken core, same corpus, same run");
@@ -107,9 +153,11 @@ void add_bench(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks with a reference measured in the same run");
   bench->require_subcommand(1);
   add_bench_experts(bench);
+  add_bench_stream(bench);
   add_bench_layers(bench);
   add_bench_prefill(bench);
   add_bench_cpu(bench);
+  add_bench_routing(bench);
   add_bench_tokenizer(bench);
 }
 

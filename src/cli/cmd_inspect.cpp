@@ -33,7 +33,7 @@ struct InspectArgs {
 };
 
 void inspect(const InspectArgs& a) {
-  const std::string dir = a.dir.empty() ? ensure_default_model(default_vocab_file()) : a.dir;
+  const std::string dir = a.dir.empty() ? default_model_dir() : a.dir;
   Checkpoint ck(dir);
   const Config& c = ck.config();
   check_layer_count(ck, c);

@@ -198,7 +198,11 @@ void run(RunArgs& a) {
       const ExpertStoreStats& x = s->stats();
       js["experts"] = {{"hits", x.hits}, {"misses", x.misses}, {"hit_rate", x.hit_rate()},
                        {"bytes_read", x.bytes_read}, {"read_s", x.read_s}, {"io_wait_s", x.wait_s},
-                       {"compute_s", x.compute_s}, {"evictions", x.evictions}};
+                       {"compute_s", x.compute_s}, {"evictions", x.evictions},
+                       {"prefetch", {{"issued", x.prefetch_issued}, {"used", x.prefetch_used},
+                                     {"late", x.prefetch_late}, {"wasted", x.prefetch_wasted},
+                                     {"failed", x.prefetch_failed}, {"recall", x.recall()},
+                                     {"guessed_needed", x.guessed_needed}}}};
     }
     nlohmann::json j = {{"prompt_ids", prompt}, {"output_ids", out}, {"stats", js}};
     if (text_mode) {

@@ -22,7 +22,7 @@ struct TokenizeArgs {
 };
 
 /// The model folder, or the built-in default model's.
-std::string model_dir(const std::string& m) { return m.empty() ? ensure_default_model(default_vocab_file()) : m; }
+std::string model_dir(const std::string& m) { return m.empty() ? default_model_dir() : m; }
 
 /// A token's bytes, printable: JSON string escapes (invalid UTF-8 as U+FFFD) without the quotes.
 std::string printable(std::string_view b) {

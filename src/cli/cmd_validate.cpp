@@ -106,7 +106,7 @@ std::vector<NamedPrompt> prompts_for(const ValidateArgs& a, Engine& e) {
 
 void validate(const ValidateArgs& a) {
   EngineOptions ref_o = a.engine, cand_o = a.engine;
-  if (ref_o.model_dir.empty()) ref_o.model_dir = cand_o.model_dir = ensure_default_model(default_vocab_file());
+  if (ref_o.model_dir.empty()) ref_o.model_dir = cand_o.model_dir = default_model_dir();
   ref_o.backend = "cpu";
   ref_o.cpu = CpuOptions{};  // the reference: scalar kernels, one thread, f32 activations
   ref_o.plan = QuantPlan{};  // exact f32

@@ -75,8 +75,9 @@ CudaOptions CudaFlags::backend() const {
 }
 
 void print_run_header(const std::string& backend, const CpuOptions& cpu, const QuantPlan& plan,
-                      const CudaOptions& cuda, bool strict) {
-  std::fprintf(stderr, "wren: %s%s\n", describe(cpu, plan).c_str(), strict ? "; strict (no slow fallbacks)" : "");
+                      const CudaOptions& cuda, bool strict, bool predict) {
+  std::fprintf(stderr, "wren: %s%s; expert prediction %s\n", describe(cpu, plan).c_str(),
+               strict ? "; strict (no slow fallbacks)" : "", predict ? "on" : "off");
   if (resolve_backend(backend) == "cuda") std::fprintf(stderr, "wren: %s\n", describe(cuda).c_str());
 }
 

@@ -45,8 +45,9 @@ struct CudaFlags {
 /// The run header on stderr: the CPU line (the backend, or the fallback of a GPU run) and, when
 /// `backend` resolves to cuda, the CUDA line ("wren: cuda precision fast; kda chunked (chunk 32)"). Throws wren::Error when
 /// `backend` cannot be used (resolve_backend).
-/// `strict` (--strict) is echoed on the CPU line ("; strict (no slow fallbacks)").
+/// `strict` (--strict) is echoed on the CPU line ("; strict (no slow fallbacks)"), and so is
+/// `predict` (--predict: "; expert prediction on|off").
 void print_run_header(const std::string& backend, const CpuOptions& cpu, const QuantPlan& plan,
-                      const CudaOptions& cuda, bool strict = false);
+                      const CudaOptions& cuda, bool strict = false, bool predict = true);
 
 }  // namespace wren::cli

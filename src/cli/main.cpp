@@ -54,7 +54,11 @@ int main(int argc, char** argv) {
     }
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    // --help / --version are "errors" of CLI11 with exit code 0: let it print them. Every other parse
+    // error is a usage error: one `wren: error:` line like the rest of Wren's errors, exit 2.
+    if (e.get_exit_code() == 0) return app.exit(e);
+    std::fprintf(stderr, "wren: error: %s\nRun with --help for more information.\n", e.what());
+    return 2;
   } catch (const wren::Error& e) {
     std::fprintf(stderr, "wren: error: %s\n", e.what());
     return 1;

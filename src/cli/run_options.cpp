@@ -31,6 +31,10 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
       ->capture_default_str();
   sub->add_option("--expert-cache", engine.expert_cache, "Expert cache budget, e.g. 8G, 512M (default: from available RAM)");
   sub->add_option("--direct", engine.direct, "O_DIRECT expert reads: auto, on or off");
+  sub->add_option("--predict", engine.predict,
+                  "Expert prediction: read the next MoE layer's guessed experts while this layer computes (timing only)")
+      ->check(CLI::IsMember({"on", "off"}))
+      ->capture_default_str();
   sub->add_option("--vram-experts", engine.vram_experts,
                   "CUDA: device memory for routed experts, e.g. 2G, 500M, all (default: all that fit)");
   sub->add_option("--chunk", engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(positive());
@@ -61,7 +65,7 @@ EngineOptions CommonArgs::engine_options() const {
   o.plan = cpu.plan();
   o.cpu = cpu.backend();
   o.cuda = cuda.backend();
-  print_run_header(o.backend, o.cpu, o.plan, o.cuda, o.strict);
+  print_run_header(o.backend, o.cpu, o.plan, o.cuda, o.strict, o.predict == "on");
   return o;
 }
 
@@ -71,6 +75,13 @@ void print_stats(const GenerateStats& s, Engine& e) {
     std::fprintf(stderr, "wren: experts: %llu hits, %llu misses (hit rate %.1f%%), %.1f MB read, I/O wait %.3f s, expert compute %.3f s\n",
                  (unsigned long long)x.hits, (unsigned long long)x.misses, 100 * x.hit_rate(), x.bytes_read / 1e6,
                  x.wait_s, x.compute_s);
+    if (x.guessed_needed || x.prefetch_issued)
+      std::fprintf(stderr, "wren: prediction: recall %.1f%% of %llu needed experts; prefetch %llu read, %llu used (%llu late), %llu evicted unused, %llu failed\n",
+                   100 * x.recall(), (unsigned long long)x.guessed_needed, (unsigned long long)x.prefetch_issued,
+                   (unsigned long long)x.prefetch_used, (unsigned long long)x.prefetch_late,
+                   (unsigned long long)x.prefetch_wasted, (unsigned long long)x.prefetch_failed);
+    if (!x.last_prefetch_error.empty())
+      std::fprintf(stderr, "wren: a prefetch read failed (read again on demand): %s\n", x.last_prefetch_error.c_str());
   }
   if (const uint64_t n = e.backend().fallbacks(); n != 0)
     std::fprintf(stderr, "wren: %llu slow fallbacks of the %s backend (see the first one above)\n", (unsigned long long)n,
@@ -78,9 +89,9 @@ void print_stats(const GenerateStats& s, Engine& e) {
   const int decoded = s.generated_tokens > 1 ? s.generated_tokens - 1 : 0;
   const std::string cached = s.cached_tokens ? " (" + std::to_string(s.cached_tokens) + " from the prefix cache)" : "";
   std::fprintf(stderr,
-               "wren: backend %s; %d prompt tokens%s, prefill %.1f tok/s, TTFT %.3f s; %d generated, decode %.1f tok/s; peak RSS %.1f MB\n",
+               "wren: backend %s; %d prompt token%s%s, prefill %.1f tok/s, TTFT %.3f s; %d generated, decode %.1f tok/s; peak RSS %.1f MB\n",
                e.forward().on_fallback() ? "cpu (fallback after a GPU failure)" : e.backend().name(), s.prompt_tokens,
-               cached.c_str(), s.prompt_tokens / std::max(s.prefill_s, 1e-9), s.ttft_s, s.generated_tokens,
+               s.prompt_tokens == 1 ? "" : "s", cached.c_str(), s.prompt_tokens / std::max(s.prefill_s, 1e-9), s.ttft_s, s.generated_tokens,
                decoded ? decoded / std::max(s.decode_s, 1e-9) : 0.0, peak_rss_bytes() / 1e6);
 }
 

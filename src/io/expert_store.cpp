@@ -23,9 +23,13 @@ double now_s() {
 
 /// One cache slot: an aligned buffer holding one expert's six tensors.
 struct ExpertByteStore::Slot {
-  enum State { Empty, Loading, Ready, Failed } state = Empty;
+  enum State { Empty, Loading, Ready, Failed } state = Empty;  ///< guarded by mu_
   int layer = -1, e = -1, pins = 0;
-  uint64_t last_use = 0, data_off = 0;
+  int prev = -1, next = -1;  ///< LRU links (in_lru)
+  bool in_lru = false;
+  bool prefetched = false;   ///< loaded by prefetch() and not visited since
+  bool retried = false;      ///< a failed prefetch read again on demand
+  uint64_t data_off = 0;
   uint8_t* buf = nullptr;
   std::string error;
   ~Slot() { std::free(buf); }
@@ -54,7 +58,11 @@ ExpertByteStore::ExpertByteStore(std::vector<std::vector<ExpertExtent>> extents,
     check(posix_memalign(reinterpret_cast<void**>(&s->buf), kAlign, slot_bytes_) == 0,
           "cannot allocate an expert cache slot of " + std::to_string(slot_bytes_) + " bytes");
     slots_.push_back(std::move(s));
+    free_.push_back(int(n_slots - 1 - i));
   }
+  guess_.resize(extents_.size());
+  has_guess_.assign(extents_.size(), 0);
+  for (size_t l = 0; l < extents_.size(); ++l) guess_[l].assign(extents_[l].size(), 0);
   direct_ = opts.direct != DirectIo::Off && !opts.pread_hook;
   if (direct_ && !first_file.empty()) {  // probe: can this filesystem do O_DIRECT?
     const int fd = ::open(first_file.c_str(), O_RDONLY | O_DIRECT | O_CLOEXEC);
@@ -114,12 +122,20 @@ void ExpertByteStore::read_expert(Slot& s) {
 void ExpertByteStore::loader_main() {
   for (;;) {
     int slot;
+    bool pre;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_job_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+      // Demand reads first; prefetch reads on at most half of the loaders, so a demand read that
+      // arrives while guesses are being read finds a loader free.
+      cv_job_.wait(lk, [&] {
+        return stop_ || !demand_q_.empty() || (!prefetch_q_.empty() && 2 * prefetch_inflight_ < std::max(2, opts_.loader_threads));
+      });
       if (stop_) return;
-      slot = queue_.front();
-      queue_.erase(queue_.begin());
+      pre = demand_q_.empty();
+      if (pre) ++prefetch_inflight_;
+      std::deque<int>& q = pre ? prefetch_q_ : demand_q_;
+      slot = q.front();
+      q.pop_front();
     }
     Slot& s = *slots_[slot];
     const double t0 = now_s();
@@ -134,34 +150,115 @@ void ExpertByteStore::loader_main() {
       stats_.read_s += now_s() - t0;
       s.error = err;
       s.state = err.empty() ? Slot::Ready : Slot::Failed;
+      if (pre) done_.push_back(slot), --prefetch_inflight_;
     }
     cv_done_.notify_all();
+    if (pre) cv_job_.notify_one();
+  }
+}
+
+void ExpertByteStore::lru_remove(int i) {
+  Slot& s = *slots_[i];
+  if (!s.in_lru) return;
+  (s.prev >= 0 ? slots_[s.prev]->next : lru_head_) = s.next;
+  (s.next >= 0 ? slots_[s.next]->prev : lru_tail_) = s.prev;
+  s.prev = s.next = -1;
+  s.in_lru = false;
+}
+
+void ExpertByteStore::lru_push_back(int i) {
+  Slot& s = *slots_[i];
+  if (s.in_lru) lru_remove(i);
+  s.prev = lru_tail_, s.next = -1;
+  (lru_tail_ >= 0 ? slots_[lru_tail_]->next : lru_head_) = i;
+  lru_tail_ = i;
+  s.in_lru = true;
+}
+
+void ExpertByteStore::pin(int i) {
+  lru_remove(i);
+  ++slots_[i]->pins;
+}
+
+void ExpertByteStore::unpin(int i) {
+  Slot& s = *slots_[i];
+  if (--s.pins > 0) return;
+  s.pins = 0;
+  Slot::State st;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    st = s.state;
+  }
+  if (st == Slot::Ready) lru_push_back(i);
+  else if (st == Slot::Failed || st == Slot::Empty) free_slot(i);
+  // Loading (a prefetch a failed visit left in flight): reap() files it when it lands.
+}
+
+void ExpertByteStore::free_slot(int i) {
+  Slot& s = *slots_[i];
+  lru_remove(i);
+  auto it = where_.find(key(s.layer, s.e));
+  if (it != where_.end() && it->second == i) where_.erase(it);
+  if (s.prefetched) --prefetched_unused_;
+  s.prefetched = false, s.retried = false, s.pins = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    s.state = Slot::Empty;
+  }
+  free_.push_back(i);
+}
+
+void ExpertByteStore::reap() {
+  std::vector<int> done;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    done.swap(done_);
+  }
+  for (int i : done) {
+    Slot& s = *slots_[i];
+    if (s.pins > 0) continue;  // a visit waits for it and files it when done
+    Slot::State st;
+    std::string err;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      st = s.state, err = s.error;
+    }
+    if (st == Slot::Ready) {
+      lru_push_back(i);
+    } else if (st == Slot::Failed) {
+      ++stats_.prefetch_failed;
+      stats_.last_prefetch_error = err;
+      free_slot(i);
+    }
   }
 }
 
 int ExpertByteStore::acquire_slot() {
-  int best = -1;
-  for (int i = 0; i < int(slots_.size()); ++i) {
-    const Slot& s = *slots_[i];
-    if (s.state == Slot::Empty) return i;
-    if (s.pins == 0 && s.state == Slot::Ready && (best < 0 || s.last_use < slots_[best]->last_use)) best = i;
+  if (!free_.empty()) {
+    const int i = free_.back();
+    free_.pop_back();
+    return i;
   }
-  if (best >= 0) {
-    Slot& s = *slots_[best];
-    where_.erase(key(s.layer, s.e));
-    s.state = Slot::Empty;
-    ++stats_.evictions;
-  }
-  return best;
+  const int i = lru_head_;
+  if (i < 0) return -1;
+  Slot& s = *slots_[i];
+  lru_remove(i);
+  where_.erase(key(s.layer, s.e));
+  if (s.prefetched) --prefetched_unused_, ++stats_.prefetch_wasted;
+  s.prefetched = false;
+  ++stats_.evictions;
+  return i;
 }
 
-void ExpertByteStore::start_load(int layer, int e, int slot) {
+void ExpertByteStore::start_load(int layer, int e, int slot, bool prefetch) {
   Slot& s = *slots_[slot];
-  s.layer = layer, s.e = e, s.pins = 1, s.state = Slot::Loading, s.error.clear();
+  s.layer = layer, s.e = e, s.pins = prefetch ? 0 : 1, s.prefetched = prefetch, s.retried = false;
   where_[key(layer, e)] = slot;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    queue_.push_back(slot);
+    s.state = Slot::Loading;
+    s.error.clear();
+    (prefetch ? prefetch_q_ : demand_q_).push_back(slot);
   }
   cv_job_.notify_one();
   stats_.bytes_read += extents_[layer][e].nbytes;
@@ -172,19 +269,76 @@ void ExpertByteStore::wait_loaded(int slot) {
   cv_done_.wait(lk, [&] { return slots_[slot]->state != Slot::Loading; });
 }
 
+void ExpertByteStore::prefetch(int layer, const int* experts, int n) {
+  std::lock_guard<std::mutex> api(api_mu_);
+  check(layer >= 0 && size_t(layer) < extents_.size(), "expert store: prefetch of layer " + std::to_string(layer) +
+                                                            ", which does not exist");
+  reap();
+  std::vector<char>& g = guess_[layer];
+  has_guess_[layer] = 1;
+  for (int k = 0; k < n; ++k) {
+    const int e = experts[k];
+    check(e >= 0 && size_t(e) < g.size(), "expert store: prefetch of expert " + std::to_string(e) + " of layer " +
+                                              std::to_string(layer) + ", which has " + std::to_string(g.size()));
+    if (g[e]) continue;
+    g[e] = 1;
+    auto it = where_.find(key(layer, e));
+    if (it != where_.end()) {
+      if (slots_[it->second]->in_lru) lru_push_back(it->second);  // keep it: it is wanted soon
+      continue;
+    }
+    if (prefetched_unused_ + 1 > prefetch_room()) continue;
+    const int slot = acquire_slot();
+    if (slot < 0) continue;
+    start_load(layer, e, slot, true);
+    ++prefetched_unused_;
+    ++stats_.prefetch_issued;
+  }
+}
+
+int ExpertByteStore::prefetch_room() const {
+  // Half of the slots at most, and none of the two visits' worth of slots the current and the
+  // next layer ask for: guesses that the current layer's misses would evict cost reads for nothing.
+  return std::min(int(slots_.size()) / 2, int(slots_.size()) - 2 * last_visit_);
+}
+
 void ExpertByteStore::visit_batches(int layer, const std::vector<int>& experts, const BatchFn& fn) {
-  std::vector<std::pair<int, int>> hits;  // (e, slot)
+  std::lock_guard<std::mutex> api(api_mu_);
+  reap();
+  last_visit_ = int(experts.size());
+  if (size_t(layer) < has_guess_.size() && has_guess_[layer]) {  // recall of the guess for this layer
+    std::vector<char>& g = guess_[layer];
+    for (int e : experts) stats_.guessed_hit += g[e] ? 1 : 0;
+    stats_.guessed_needed += experts.size();
+    std::fill(g.begin(), g.end(), 0);
+    has_guess_[layer] = 0;
+  }
+  std::vector<std::pair<int, int>> hits;  // (e, slot): loaded
+  std::vector<std::pair<int, int>> late;  // (e, slot): a prefetch still in flight (or failed)
   std::vector<int> misses;
   for (int e : experts) {
     auto it = where_.find(key(layer, e));
-    if (it != where_.end()) {
-      hits.push_back({e, it->second});
-      ++slots_[it->second]->pins;
-    } else {
+    if (it == where_.end()) {
       misses.push_back(e);
+      continue;
     }
+    const int slot = it->second;
+    Slot& s = *slots_[slot];
+    Slot::State st;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      st = s.state;
+    }
+    pin(slot);
+    if (s.prefetched) {
+      s.prefetched = false;
+      --prefetched_unused_;
+      ++stats_.prefetch_used;
+    }
+    (st == Slot::Ready ? hits : late).push_back({e, slot});
   }
-  stats_.hits += hits.size();
+  stats_.hits += hits.size() + late.size();
+  stats_.prefetch_late += late.size();
   stats_.misses += misses.size();
   const auto& refs = extents_[layer];
   std::sort(misses.begin(), misses.end(), [&](int a, int b) {
@@ -196,7 +350,7 @@ void ExpertByteStore::visit_batches(int layer, const std::vector<int>& experts, 
     while (issued < misses.size()) {
       const int s = acquire_slot();
       if (s < 0) return;
-      start_load(layer, misses[issued], s);
+      start_load(layer, misses[issued], s, false);
       miss_slot[issued++] = s;
     }
   };
@@ -205,48 +359,96 @@ void ExpertByteStore::visit_batches(int layer, const std::vector<int>& experts, 
   std::vector<const uint8_t*> ptrs;
   auto run = [&] {
     ptrs.clear();
-    for (int slot : batch_slots) {
-      Slot& s = *slots_[slot];
-      s.last_use = ++clock_;
-      ptrs.push_back(s.buf + s.data_off);
-    }
+    for (int slot : batch_slots) ptrs.push_back(slots_[slot]->buf + slots_[slot]->data_off);
     const double t0 = now_s();
     fn(ids.data(), ptrs.data(), int(ids.size()));
     stats_.compute_s += now_s() - t0;
   };
-  size_t done_hits = 0, done_misses = 0;
+  // One in-flight read (a late prefetch or a miss) to completion. A failed prefetch is read
+  // again once, on demand (a transient fault costs time only); a failed demand read throws.
+  auto await = [&](int slot, bool from_prefetch) {
+    for (;;) {
+      const double t0 = now_s();
+      wait_loaded(slot);
+      stats_.wait_s += now_s() - t0;
+      Slot& s = *slots_[slot];
+      std::string err;
+      bool retry;
+      {
+        std::lock_guard<std::mutex> lk(mu_);
+        if (s.state != Slot::Failed) return;
+        err = s.error;
+        retry = from_prefetch && !s.retried;
+        if (retry) {
+          s.retried = true;
+          s.state = Slot::Loading;
+          s.error.clear();
+          demand_q_.push_back(slot);
+        }
+      }
+      if (!retry) throw Error(err);
+      ++stats_.prefetch_failed;
+      stats_.last_prefetch_error = err;
+      stats_.bytes_read += expert_bytes_;
+      cv_job_.notify_one();
+      from_prefetch = false;  // the retry is a demand read: its failure throws
+    }
+  };
+  // No free or evictable slot: every other slot holds a prefetch read not yet landed. Waits for
+  // one to land and files it (reap).
+  auto wait_for_slot = [&] {
+    bool any = false;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      any = !done_.empty();
+      for (size_t i = 0; i < slots_.size() && !any; ++i)
+        any = slots_[i]->state == Slot::Loading && slots_[i]->pins == 0;
+    }
+    check(any, "expert store: no slot can take a read of layer " + std::to_string(layer) + " (internal error)");
+    const double t0 = now_s();
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      cv_done_.wait(lk, [&] { return !done_.empty(); });
+    }
+    stats_.wait_s += now_s() - t0;
+    reap();
+  };
+  size_t done_hits = 0, done_late = 0, done_misses = 0;
   try {
     issue_more();
     if (!hits.empty()) {  // resident experts compute (all at once) while reads run
       for (const auto& h : hits) ids.push_back(h.first), batch_slots.push_back(h.second);
       run();
-      for (; done_hits < hits.size(); ++done_hits) --slots_[hits[done_hits].second]->pins;
+      for (; done_hits < hits.size(); ++done_hits) unpin(hits[done_hits].second);
+    }
+    for (; done_late < late.size(); ++done_late) {  // prefetches in flight: their reads are out already
+      const int slot = late[done_late].second;
+      await(slot, true);
+      ids.assign(1, late[done_late].first);
+      batch_slots.assign(1, slot);
+      run();
+      unpin(slot);
     }
     for (; done_misses < misses.size(); ++done_misses) {
       issue_more();
+      while (miss_slot[done_misses] < 0) {
+        wait_for_slot();
+        issue_more();
+      }
       const int slot = miss_slot[done_misses];
-      const double t0 = now_s();
-      wait_loaded(slot);
-      stats_.wait_s += now_s() - t0;
-      Slot& s = *slots_[slot];
-      if (s.state == Slot::Failed) throw Error(s.error);
+      await(slot, false);
       ids.assign(1, misses[done_misses]);
       batch_slots.assign(1, slot);
       run();
-      --s.pins;
+      unpin(slot);
     }
   } catch (...) {
-    // Let every issued read finish, then drop failed and unfinished slots and all pins.
+    // Let every read this visit waits on finish, then drop its pins (failed slots are freed).
     for (size_t i = 0; i < issued; ++i) wait_loaded(miss_slot[i]);
-    for (size_t i = done_hits; i < hits.size(); ++i) --slots_[hits[i].second]->pins;
-    for (size_t i = done_misses; i < issued; ++i) {
-      Slot& s = *slots_[miss_slot[i]];
-      s.pins = 0;
-      if (s.state == Slot::Failed) {
-        where_.erase(key(s.layer, s.e));
-        s.state = Slot::Empty;
-      }
-    }
+    for (size_t i = done_late; i < late.size(); ++i) wait_loaded(late[i].second);
+    for (size_t i = done_hits; i < hits.size(); ++i) unpin(hits[i].second);
+    for (size_t i = done_late; i < late.size(); ++i) unpin(late[i].second);
+    for (size_t i = done_misses; i < issued; ++i) unpin(miss_slot[i]);
     throw;
   }
 }

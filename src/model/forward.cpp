@@ -38,6 +38,7 @@ struct Forward::Buffers {
   // FFN
   float *g, *u, *act;                 // [T, max(inter)]
   float *rlog, *lat, *ys, *lsum, *lnorm;
+  float* plog = nullptr;              // [T, E] next layer's router logits (ForwardOptions::predict)
   // Host list of the mix entries, sized once so that a step allocates nothing (the routed MoE's
   // host bookkeeping lives with the backend: Backend::host_routed_moe).
   std::vector<const float*> entries;
@@ -56,6 +57,12 @@ Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts)
   buf_->plan(c, opts_.max_chunk);
   for (int i = 0; i < n_layers_; ++i)
     if (c.layers[i].ffn == Ffn::MoE) step_moe_.push_back({routed_params(i), &model.weights.layers[i].moe});
+  next_moe_.assign(size_t(n_layers_), -1);
+  if (c.expert_format == ExpertFormat::MXFP4)
+    for (int i = n_layers_ - 2, next = -1; i >= 0; --i) {
+      if (c.layers[i + 1].ffn == Ffn::MoE) next = i + 1;
+      next_moe_[i] = next;
+    }
 }
 
 size_t Forward::workspace_bytes(const Config& c, int max_chunk) {
@@ -83,6 +90,7 @@ void Forward::Buffers::plan(const Config& c, size_t T) {
   b.g = b.make(T * inter), b.u = b.make(T * inter), b.act = b.make(T * inter);
   const size_t io = c.expert_io();
   b.rlog = b.make(T * c.n_experts), b.lat = b.make(T * io);
+  if (c.expert_format == ExpertFormat::MXFP4) b.plog = b.make(T * c.n_experts);
   b.ys = b.make(T * c.top_k * io), b.lsum = b.make(T * io), b.lnorm = b.make(T * io);
   if (b.be) b.entries.reserve(c.max_mix_entries() + 1);  // host only
   b.hnorm = b.make(T * D), b.logits = b.make(T * size_t(c.vocab));
@@ -182,6 +190,7 @@ void Forward::chunk_ops(const int* ids, const float* x0, int T, int t0, float* l
   const size_t D = c.hidden, TD = T * D;
   if (x0) be_.from_host(x0, TD, b.P);
   else be_.embed(w.embed, ids, T, b.P);
+  predict_now_ = opts_.predict && !recorded && be_.expert_source() && be_.streams_experts();
 
   int n_blocks = 0;
   for (int i = 0; i < n_layers_; ++i) {
@@ -358,7 +367,23 @@ void Forward::moe(int layer, const MoeWeights& m, int T) {
 void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int T, float* out) {
   Buffers& b = *buf_;
   be_.gemm(m.router, b.nrm, T, b.rlog);
+  if (predict_now_) predict_next(layer, T);
   be_.routed_moe(routed_params(layer), m, b.rlog, z, T, RoutedMoeWork{b.ys, b.g, b.u, b.act}, out);
+}
+
+void Forward::predict_next(int layer, int T) {
+  const int next = next_moe_[layer];
+  if (next < 0) return;
+  Buffers& b = *buf_;
+  const Config& c = cfg_;
+  const MoeWeights& nm = model_.weights.layers[next].moe;
+  // The guess: layer `next`'s router on this layer's router input (its real input is one mixer
+  // and one mix further on). Its own buffers, so nothing routed_moe reads changes.
+  const size_t pairs = size_t(T) * c.top_k;
+  if (guess_ids_.size() < pairs) guess_ids_.resize(pairs), guess_w_.resize(pairs);
+  be_.gemm(nm.router, b.nrm, T, b.plog);
+  be_.router_topk(b.plog, nm.bias, T, c.n_experts, c.top_k, guess_ids_.data(), guess_w_.data());
+  be_.prefetch_experts(next, guess_ids_.data(), int(pairs));
 }
 
 int Forward::head(int n_blocks, int T, bool all_logits) {

@@ -45,6 +45,12 @@ struct ForwardOptions {
   /// host and throw naming the first layer and sub-block that produced a NaN or an infinity. Costs a
   /// device-to-host copy per sub-block (and turns graphs off); the logits are checked in any mode.
   bool check_finite = false;
+  /// Expert prediction (`--predict on|off`): before each MoE layer's routed experts, run the next
+  /// MoE layer's router (σ + bias top-k, docs/model.md#moe) on this layer's router input and hand
+  /// the guessed ids to Backend::prefetch_experts, so a streaming expert source reads them while
+  /// this layer computes. Only when the backend streams experts through a source and the step is
+  /// not recorded. A guess: it changes timing only, never results.
+  bool predict = true;
 };
 
 /// Something that consumes tokens into a sequence state: the forward pass itself (Forward), or the
@@ -134,6 +140,8 @@ class Forward final : public TokenStep {
   void pre_mix(const DenseWeight& w, const std::vector<float*>& blocks, int n_blocks, int T);
   void glu(const float* g, const float* u, int T, int n, float* out);
   void routed_experts(int layer, const MoeWeights& m, const float* z, int T, float* out);
+  /// ForwardOptions::predict for the MoE layer after `layer` (if any), from b.nrm [T, D].
+  void predict_next(int layer, int T);
 
   const Model& model_;
   const Config& cfg_;
@@ -144,6 +152,10 @@ class Forward final : public TokenStep {
   std::vector<StepMoeLayer> step_moe_;  ///< the MoE layers with MXFP4 experts (for step_begin)
   std::vector<float> check_buf_;        ///< host copy for --check-finite
   std::vector<Segment> segs_;           ///< the sequences of the chunk being run
+  std::vector<int> next_moe_;           ///< [layer]: the next MXFP4 MoE layer run, or -1
+  bool predict_now_ = false;            ///< predict in the chunk being run
+  std::vector<int> guess_ids_;          ///< host [T, k] guessed ids (predict_next)
+  std::vector<float> guess_w_;          ///< host [T, k] their weights (unused)
 };
 
 }  // namespace wren

@@ -216,6 +216,12 @@ class Backend {
   /// the MoeWeights handed to routed_moe). Must outlive the backend's use of it.
   void set_expert_source(ExpertSource* source) { experts_ = source; }
   ExpertSource* expert_source() const { return experts_; }
+  /// A guess that routed_moe of `layer` will soon ask for `experts` (n ids, duplicates allowed):
+  /// passed to the expert source (ExpertSource::prefetch) so its reads start early. Timing only:
+  /// routed_moe's results never depend on it. Nothing happens without an expert source.
+  void prefetch_experts(int layer, const int* experts, int n) {
+    if (experts_) experts_->prefetch(layer, experts, n);
+  }
   /// Strict mode (--strict): any decline or slow fallback of a coarse op throws wren::Error
   /// instead of running the slower path.
   void set_strict(bool on) { strict_ = on; }

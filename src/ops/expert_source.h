@@ -31,6 +31,11 @@ class ExpertSource {
       fn(&e, &v, 1);
     });
   }
+
+  /// A guess that `experts` (ids of `layer`, duplicates allowed) will be visited soon: a source
+  /// that reads from disk may start reading them now. A wrong guess may cost time, never change
+  /// what a visit hands over. The default (memory-resident sources) does nothing.
+  virtual void prefetch(int layer, const int* experts, int n) { (void)layer, (void)experts, (void)n; }
 };
 
 /// Experts read through the shards' memory mappings (pages fault in on first use). Each expert's

@@ -1,22 +1,16 @@
-// The built-in default model: models/wren-tiny once trained weights are committed there (scripts/train;
-// the build copies models/ into share/wren); until then a small K3-architecture checkpoint with
-// RANDOM weights and a real BPE vocabulary (the first 16,384 ranks of o200k_base), created
-// deterministically on first use in the user's cache folder: it shows the machinery, not language.
+// The built-in default model: models/wren-tiny, a 21 M-parameter model of the K3 architecture trained by
+// scripts/train (models/wren-tiny/README.md); the build copies models/ into share/wren.
 #pragma once
 #include <string>
 
 namespace wren {
 
-/// <data_dir()>/models/wren-tiny: where a trained default model lives once models/wren-tiny is
-/// committed (scripts/train makes it; the build copies models/ into share/wren).
+/// <data_dir()>/models/wren-tiny: the built-in model's folder (it may be missing in a broken install).
 std::string trained_model_dir();
 
-/// Folder of the default model: trained_model_dir() when it holds a checkpoint (read-only, no
-/// first-use writes); otherwise the random-weight model below, created on first use (atomically: a temporary folder renamed
-/// into place). The vocabulary comes from `vocab_file` (written by scripts/setup.sh from the npm
-/// tiktoken package); cache folder: $XDG_CACHE_HOME/wren or ~/.cache/wren. Prints one notice on
-/// stderr saying the weights are random. Throws wren::Error naming what is missing.
-std::string ensure_default_model(const std::string& vocab_file);
+/// Folder of the default model (trained_model_dir()), read-only: nothing is written on first use.
+/// Prints one notice on stderr. Throws wren::Error naming the missing file when the install lacks it.
+std::string default_model_dir();
 
 /// Wren's cache folder: $XDG_CACHE_HOME/wren, else ~/.cache/wren, else /tmp/wren-cache.
 std::string cache_root();

@@ -57,6 +57,12 @@ int default_chunk(const std::string& backend, GpuPrecision precision, const Conf
   return 32;
 }
 
+int streaming_chunk(const Config& c, uint64_t free_host_bytes) {
+  for (int C = 4096; C > 32; C /= 2)
+    if (Forward::workspace_bytes(c, C) <= free_host_bytes / 8) return C;
+  return 32;
+}
+
 LoadProgress load_progress_line() {
   using clock = std::chrono::steady_clock;
   const auto t0 = clock::now();
@@ -75,7 +81,7 @@ LoadProgress load_progress_line() {
 
 Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   const std::string backend = resolve_backend(o.backend);  // fail on a bad --backend before loading
-  dir_ = o.model_dir.empty() ? ensure_default_model(default_vocab_file()) : o.model_dir;
+  dir_ = o.model_dir.empty() ? default_model_dir() : o.model_dir;
   // The backend first, so that one that places its own weights (CUDA) takes each dense matrix
   // straight from the mapped checkpoint: no host copy of what lives on the device.
   be_ = create_backend(backend, o.cpu, o.vram_experts, o.cuda);
@@ -105,8 +111,13 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
     be_->set_expert_source(store_.get());
   }
   chunk_ = o.chunk > 0 ? o.chunk : default_chunk(backend, o.cuda.precision, model_->config, device_free_bytes(*be_));
+  const Config& mc = model_->config;
+  if (o.chunk <= 0 && backend == "cpu" && store_ &&
+      uint64_t(store_->slots()) < uint64_t(mc.n_experts) * uint64_t(mc.n_layers - mc.first_dense))
+    chunk_ = std::max(chunk_, streaming_chunk(mc, available_memory()));  // one read per expert per prompt
   fwd_ = std::make_unique<Runner>(
-      *model_, *be_, ForwardOptions{.max_chunk = chunk_, .layers = o.layers, .check_finite = o.check_finite});
+      *model_, *be_, ForwardOptions{.max_chunk = chunk_, .layers = o.layers, .check_finite = o.check_finite,
+                                   .predict = o.predict != "off"});
   if (backend != "cpu" && o.cpu_fallback) {
     const CpuOptions cpu = o.cpu;
     const QuantPlan plan = o.plan;

@@ -23,6 +23,8 @@ struct EngineOptions {
   std::string model_dir;           ///< "" = the built-in default model
   std::string expert_cache;        ///< --expert-cache ("" = default budget)
   std::string direct = "auto";     ///< --direct
+  /// --predict on|off: prefetch the next MoE layer's guessed experts (ForwardOptions::predict).
+  std::string predict = "on";
   std::string backend = "auto";    ///< --backend: cpu, cuda or auto (runtime/backend_factory.h)
   std::string vram_experts;        ///< --vram-experts (CUDA): "" = all that fit, "all", or a size
   int chunk = 0;                   ///< --chunk: tokens per layer-major pass; 0 = the backend's default
@@ -54,6 +56,12 @@ LoadProgress load_progress_line();
 /// power of two up to 4096 whose activation workspace (Forward::workspace_bytes, plus the fast
 /// path's BF16 scratch) fits in a quarter of the device's free memory (at least 32).
 int default_chunk(const std::string& backend, GpuPrecision precision, const Config& c, uint64_t free_device_bytes);
+
+/// The default prefill chunk on the CPU when routed experts stream (the expert store holds fewer
+/// than all of them): each chunk reads each expert it touches once per MoE layer, so a prompt that
+/// fits one chunk reads its experts once. The largest power of two up to 4096 whose activation
+/// workspace fits in an eighth of `free_host_bytes` (at least 32).
+int streaming_chunk(const Config& c, uint64_t free_host_bytes);
 
 class Engine {
  public:

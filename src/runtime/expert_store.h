@@ -28,6 +28,8 @@ class ExpertStore final : public ExpertSource {
              const std::function<void(int e, const ExpertRef& view)>& fn) override;
   /// The resident experts (pinned for the call) in one batch, then each miss as its read lands.
   void visit_batches(int layer, const std::vector<int>& experts, const BatchFn& fn) override;
+  /// Starts reads of the guessed experts (ExpertByteStore::prefetch).
+  void prefetch(int layer, const int* experts, int n) override { bytes_->prefetch(layer, experts, n); }
 
   const ExpertStoreStats& stats() const { return bytes_->stats(); }
   void reset_stats() { bytes_->reset_stats(); }

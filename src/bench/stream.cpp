@@ -1,0 +1,312 @@
+// `wren bench stream`: experts streamed from disk at K3 expert size (issue 17). Writes (or reuses) a
+// synthetic checkpoint with K3's routed-expert shape, measures the raw sequential read of the same
+// shards in the same run (cold: O_DIRECT, or the page cache dropped with posix_fadvise), then
+// prefill and decode on the CPU backend at several expert-cache budgets with prediction off and
+// on: tok/s, hit rate, recall, GB read per token and achieved GB/s against the raw read, min and
+// median over several runs. Every run's logits are hashed: they must agree at every budget.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "backends/cpu/cpu_backend.h"
+#include "bench/bench.h"
+#include "core/error.h"
+#include "core/hash.h"
+#include "core/sizes.h"
+#include "model/forward.h"
+#include "runtime/expert_store.h"
+#include "synth/synth.h"
+
+namespace wren::bench {
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+double minimum(const std::vector<double>& v) { return v.empty() ? 0 : *std::min_element(v.begin(), v.end()); }
+
+/// The bench checkpoint's config: K3's routed-expert shape (latent 3584, width 3072: 17.55 MB per
+/// MXFP4 expert, top-16) with small dense parts (hidden 512), `moe_layers` MoE layers after one
+/// dense layer, KDA and MLA alternating (MLA last).
+nlohmann::json stream_config(int moe_layers, int experts) {
+  std::vector<int> kda, mla;
+  const int L = moe_layers + 1;
+  for (int i = 1; i <= L; ++i) (i % 2 == 0 || i == L ? mla : kda).push_back(i);
+  nlohmann::json text = {
+      {"hidden_size", 512}, {"num_hidden_layers", L}, {"vocab_size", 4352}, {"first_k_dense_replace", 1},
+      {"intermediate_size", 1024}, {"num_attention_heads", 4}, {"q_lora_rank", 128}, {"kv_lora_rank", 64},
+      {"qk_nope_head_dim", 32}, {"qk_rope_head_dim", 16}, {"v_head_dim", 32}, {"num_experts", experts},
+      {"num_experts_per_token", 16}, {"moe_intermediate_size", 3072}, {"routed_expert_hidden_size", 3584},
+      {"num_shared_experts", 1}, {"attn_res_block_size", 2}, {"activation_situ_beta", 4.0},
+      {"activation_situ_linear_beta", 25.0}, {"rms_norm_eps", 1e-05}, {"hidden_act", "situ"},
+      {"latent_moe_use_norm", true}, {"moe_router_activation_func", "sigmoid"}, {"moe_renormalize", true},
+      {"routed_scaling_factor", 1.0}, {"use_grouped_topk", true}, {"num_expert_group", 1}, {"topk_group", 1},
+      {"topk_method", "noaux_tc"}, {"moe_layer_freq", 1}, {"mla_use_nope", true}, {"mla_use_output_gate", true},
+      {"num_nextn_predict_layers", 0},
+      {"linear_attn_config", {{"num_heads", 4}, {"head_dim", 64}, {"short_conv_kernel_size", 4},
+                              {"gate_lower_bound", -5.0}, {"use_full_rank_gate", true}, {"kda_layers", kda},
+                              {"full_attn_layers", mla}}}};
+  return {{"model_type", "kimi_k3"},
+          {"bos_token_id", 4096},
+          {"eos_token_id", 4098},
+          {"tie_word_embeddings", false},
+          {"text_config", text},
+          {"quantization_config",
+           {{"quant_method", "compressed-tensors"},
+            {"format", "mxfp4-pack-quantized"},
+            {"config_groups",
+             {{"group_0",
+               {{"format", "mxfp4-pack-quantized"},
+                {"targets", {"Linear"}},
+                {"weights", {{"num_bits", 4}, {"type", "float"}, {"group_size", 32}}},
+                {"input_activations", nullptr}}}}},
+            {"ignore", {"re:.*(?<!experts\\.\\d+\\.w[123])$"}}}}};
+}
+
+void drop_cache(const std::set<std::string>& files) {
+  for (const std::string& p : files) {
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC);
+    if (fd < 0) continue;
+    ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+    ::close(fd);
+  }
+}
+
+/// Plain sequential read of the shards, 8 MB at a time, one thread: GB/s.
+double sequential_read(const std::set<std::string>& files, bool direct) {
+  constexpr size_t kChunk = 8 << 20;
+  void* buf = nullptr;
+  check(posix_memalign(&buf, 4096, kChunk) == 0, "cannot allocate the read buffer");
+  uint64_t bytes = 0;
+  const double t0 = now_s();
+  for (const std::string& p : files) {
+    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+    check(fd >= 0, p + ": cannot open");
+    for (;;) {
+      const ssize_t r = ::read(fd, buf, kChunk);
+      check(r >= 0, p + ": read failed");
+      if (r == 0) break;
+      bytes += uint64_t(r);
+    }
+    ::close(fd);
+  }
+  const double dt = now_s() - t0;
+  std::free(buf);
+  return bytes / dt / 1e9;
+}
+
+/// Forwards to the store and records the (layer, expert) pairs visited: the touched set.
+class TouchCounter final : public ExpertSource {
+ public:
+  explicit TouchCounter(ExpertSource& s) : s_(s) {}
+  void visit(int layer, const std::vector<int>& experts,
+             const std::function<void(int, const ExpertRef&)>& fn) override {
+    note(layer, experts);
+    s_.visit(layer, experts, fn);
+  }
+  void visit_batches(int layer, const std::vector<int>& experts, const BatchFn& fn) override {
+    note(layer, experts);
+    s_.visit_batches(layer, experts, fn);
+  }
+  void prefetch(int layer, const int* experts, int n) override { s_.prefetch(layer, experts, n); }
+  std::set<int64_t> touched;
+
+ private:
+  void note(int layer, const std::vector<int>& experts) {
+    for (int e : experts) touched.insert((int64_t(layer) << 32) | e);
+  }
+  ExpertSource& s_;
+};
+
+/// Every expert through a cold store with a no-op compute, 16 at a time as decode asks for them;
+/// with `ahead`, the next 16 are prefetched before each visit (reads of two groups in flight).
+/// GB/s over wall time.
+double store_read(const Model& m, ExpertStoreOptions o, bool ahead) {
+  const Config& c = m.config;
+  o.cache_bytes = uint64_t(c.expert_bytes()) * 4 * c.top_k;
+  ExpertStore store(m.weights, c.expert_bytes(), o);
+  std::vector<std::pair<int, std::vector<int>>> groups;
+  for (int l = c.first_dense; l < c.n_layers; ++l)
+    for (int e0 = 0; e0 < c.n_experts; e0 += c.top_k) {
+      std::vector<int> ids;
+      for (int e = e0; e < std::min(c.n_experts, e0 + c.top_k); ++e) ids.push_back(e);
+      groups.push_back({l, ids});
+    }
+  const double t0 = now_s();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    if (ahead && g + 1 < groups.size())
+      store.prefetch(groups[g + 1].first, groups[g + 1].second.data(), int(groups[g + 1].second.size()));
+    store.visit(groups[g].first, groups[g].second, [](int, const ExpertRef&) {});
+  }
+  return store.stats().bytes_read / (now_s() - t0) / 1e9;
+}
+
+struct RunResult {
+  double prefill_s = 0, decode_s = 0;
+  uint64_t prefill_read = 0, prefill_touched = 0, decode_read = 0;
+  double prefill_hit = 0, decode_hit = 0, recall = 0, decode_wait_s = 0;
+  uint64_t hash = 0;
+};
+
+int argmax(const std::vector<float>& v) { return int(std::max_element(v.begin(), v.end()) - v.begin()); }
+
+RunResult one_run(const Model& m, const CpuOptions& cpu, const ExpertStoreOptions& so, const std::set<std::string>& files,
+                  const StreamArgs& a, bool predict) {
+  const Config& c = m.config;
+  drop_cache(files);
+  ExpertStore store(m.weights, c.expert_bytes(), so);
+  TouchCounter touch(store);
+  CpuBackend be(cpu, &touch);
+  ForwardOptions fo;
+  fo.max_chunk = a.chunk;
+  fo.predict = predict;
+  Forward fwd(m, be, fo);
+  SequenceState st(be, c, a.prompt + a.tokens + 1);
+  std::vector<int> prompt;
+  for (int i = 0; i < a.prompt; ++i) prompt.push_back((131 * i + 7) % c.vocab);
+  std::vector<float> logits(c.vocab);
+  RunResult r;
+  double t0 = now_s();
+  fwd.run(st, prompt.data(), nullptr, a.prompt, logits.data(), false);
+  r.prefill_s = now_s() - t0;
+  const ExpertStoreStats p = store.stats();
+  r.prefill_read = p.bytes_read;
+  r.prefill_touched = touch.touched.size() * uint64_t(c.expert_bytes());
+  r.prefill_hit = p.hit_rate();
+  r.hash = fnv1a64(logits.data(), logits.size() * 4);
+  store.reset_stats();
+  t0 = now_s();
+  for (int k = 0; k < a.tokens; ++k) {
+    const int id = argmax(logits);
+    fwd.run(st, &id, nullptr, 1, logits.data(), false);
+    r.hash = fnv1a64(logits.data(), logits.size() * 4, r.hash);
+  }
+  r.decode_s = now_s() - t0;
+  const ExpertStoreStats& d = store.stats();
+  r.decode_read = d.bytes_read;
+  r.decode_hit = d.hit_rate();
+  r.recall = d.recall();
+  r.decode_wait_s = d.wait_s;
+  return r;
+}
+
+}  // namespace
+
+void run_stream(const StreamArgs& a) {
+  check(a.moe_layers >= 1 && a.experts >= 16, "bench stream: --moe-layers >= 1 and --experts >= 16");
+  const nlohmann::json cfg = stream_config(a.moe_layers, a.experts);
+  const std::string dir = a.dir;
+  bool reuse = false;
+  if (std::ifstream f(dir + "/config.json"); f) {
+    nlohmann::json have;
+    try {
+      f >> have;
+      reuse = have == cfg && std::filesystem::exists(dir + "/model.safetensors.index.json");
+    } catch (...) {
+    }
+  }
+  if (!reuse) {
+    std::printf("writing the bench checkpoint to %s ...\n", dir.c_str());
+    std::fflush(stdout);
+    std::filesystem::create_directories(dir);
+    SynthOptions o;
+    o.seed = 1;
+    o.shard_bytes = 2'000'000'000;
+    o.vision_shard = false;
+    const double t0 = now_s();
+    write_synthetic_checkpoint(cfg, dir, o);
+    std::printf("written in %.1f s\n", now_s() - t0);
+  }
+  auto model = load_model(dir);
+  const Config& c = model->config;
+  std::set<std::string> files;
+  for (const LayerWeights& l : model->weights.layers)
+    for (const ExpertRef& e : l.moe.experts) files.insert(e.file);
+  const uint64_t n_exp = uint64_t(c.n_experts) * (c.n_layers - c.first_dense);
+  const uint64_t all_bytes = n_exp * c.expert_bytes();
+  std::printf("model: %s (%s)\nexperts: %d MoE layers x %d = %llu experts of %.2f MB = %.2f GB in %zu shards; top-%d\n",
+              dir.c_str(), reuse ? "reused" : "written", c.n_layers - c.first_dense, c.n_experts,
+              (unsigned long long)n_exp, c.expert_bytes() / 1e6, all_bytes / 1e9, files.size(), c.top_k);
+  std::printf("cpu: %s, %d threads; prefill %d tokens (chunk %d), decode %d tokens; %d runs each\n",
+              cpu::isa_name(a.cpu.isa), a.cpu.threads, a.prompt, a.chunk, a.tokens, a.runs);
+
+  ExpertStoreOptions so;
+  so.direct = a.direct == "off" ? DirectIo::Off : a.direct == "on" ? DirectIo::On : DirectIo::Auto;
+  so.loader_threads = a.loaders;
+  so.cache_bytes = uint64_t(c.expert_bytes()) * 2 * c.top_k;
+  const bool direct = ExpertStore(model->weights, c.expert_bytes(), so).direct();
+
+  std::vector<double> raw;
+  for (int r = 0; r < a.runs; ++r) {
+    drop_cache(files);
+    raw.push_back(sequential_read(files, direct));
+  }
+  const double raw_med = median(raw);
+  std::printf("\n## Raw sequential read of the shards (%s, 8 MB reads, 1 thread)\nGB/s: min %.3f, median %.3f (%d runs)\n",
+              direct ? "cold: O_DIRECT" : "cold: page cache dropped", minimum(raw), raw_med, a.runs);
+
+  std::vector<double> st, st_ahead;
+  for (int r = 0; r < a.runs; ++r) {
+    drop_cache(files);
+    st.push_back(store_read(*model, so, false));
+    drop_cache(files);
+    st_ahead.push_back(store_read(*model, so, true));
+  }
+  std::printf("expert store, every expert, 16 per visit, no compute (%d loaders): GB/s min %.3f, median %.3f (%.2fx raw); "
+              "next 16 prefetched before each visit: min %.3f, median %.3f (%.2fx raw)\n",
+              a.loaders, minimum(st), median(st), median(st) / raw_med, minimum(st_ahead), median(st_ahead),
+              median(st_ahead) / raw_med);
+
+  std::printf("\n## Prefill and decode by budget (cold cache at the start of each run; min / median of %d runs)\n", a.runs);
+  std::printf("| budget | predict | prefill tok/s | prefill GB read / touched | decode s/token | decode GB/token | hit rate | recall | achieved GB/s (x raw) | I/O floor s/token | time / floor |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::set<uint64_t> hashes;
+  std::istringstream bs(a.budgets);
+  for (std::string item; std::getline(bs, item, ',');) {
+    const double frac = std::stod(item);
+    so.cache_bytes = std::max<uint64_t>(c.expert_bytes(), uint64_t(frac * double(all_bytes)));
+    for (bool predict : {false, true}) {
+      std::vector<double> pf, sd, gbt, ach;
+      RunResult last;
+      for (int r = 0; r < a.runs; ++r) {
+        last = one_run(*model, a.cpu, so, files, a, predict);
+        hashes.insert(last.hash);
+        pf.push_back(a.prompt / last.prefill_s);
+        sd.push_back(last.decode_s / a.tokens);
+        gbt.push_back(last.decode_read / 1e9 / a.tokens);
+        ach.push_back(last.decode_read / 1e9 / last.decode_s);
+      }
+      const double floor = median(gbt) / raw_med;  // s/token if every byte read came at the raw speed
+      std::printf("| %.0f%% (%.2f GB) | %s | %.2f / %.2f | %.2f / %.2f | %.3f / %.3f | %.3f | %.1f%% | %.1f%% | %.3f (%.2fx) | %.3f | %.2fx |\n",
+                  frac * 100, so.cache_bytes / 1e9, predict ? "on" : "off", minimum(pf), median(pf),
+                  last.prefill_read / 1e9, last.prefill_touched / 1e9, minimum(sd), median(sd), median(gbt),
+                  100 * last.decode_hit, 100 * last.recall, median(ach), median(ach) / raw_med, floor,
+                  floor > 0 ? median(sd) / floor : 0.0);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\nlogits identical at every budget, prediction on and off: %s (%zu distinct hashes)\n",
+              hashes.size() == 1 ? "yes" : "NO", hashes.size());
+  std::printf("peak RSS %.0f MB\n", peak_rss_bytes() / 1e6);
+  check(hashes.size() == 1, "bench stream: the logits differ between budgets or prediction modes");
+}
+
+}  // namespace wren::bench
