@@ -1,5 +1,7 @@
 // `wren chat`: an interactive multi-turn conversation. The sequence state carries the whole
-// conversation, so each turn prefills only its new message; /reset starts over, /exit quits, and
+// conversation, so each turn prefills only its new message; /retry draws the last answer again
+// from the prefix cache's snapshot of the end of its prompt (runtime/prefix_cache.h; nothing
+// re-prefilled while the snapshot is cached); /reset starts over, /exit quits, and
 // Ctrl-C stops the current answer; at an idle prompt it ends the program. On a terminal the
 // prompt has line editing and history (libedit; history kept in <cache>/chat_history); with
 // stdin not a terminal (pipes, tests) lines are read plainly.
@@ -21,6 +23,8 @@
 #include "runtime/default_model.h"
 #include "cli/run_options.h"
 #include "core/error.h"
+#include "core/sizes.h"
+#include "runtime/prefix_cache.h"
 #include "runtime/chat_format.h"
 #include "tokenizer/stream_decoder.h"
 
@@ -33,19 +37,22 @@ void on_sigint(int) { g_cancel = true; }
 
 struct ChatArgs {
   CommonArgs common;
+  std::string prefix_cache = "256M";  ///< --prefix-cache
 };
 
 /// One assistant turn: streams reasoning (dimmed) and answer, leaves the state holding the
 /// complete, well-formed reply.
+/// `seed`: added to the sampling seed (the turn's start position, plus a step per /retry).
 void reply(Engine& e, const ChatFormat& fmt, SequenceState& st, const std::vector<int>& prompt,
-           const ChatArgs& a, bool tty) {
+           const ChatArgs& a, bool tty, PrefixCache& cache, uint64_t seed) {
   const Tokenizer& tok = e.tokenizer();
   GenerateOptions o;
   o.max_new_tokens = a.common.n;
   o.stop_ids = {fmt.end_of_msg()};
   o.sampling = a.common.sampling;
-  o.sampling.seed += uint64_t(st.position());  // different draws per turn, reproducible per conversation
+  o.sampling.seed += seed;  // different draws per turn, reproducible per conversation
   o.commit_last = true;
+  o.prefix_cache = &cache;
   o.cancel = &g_cancel;
   ReplyParser parser(fmt, a.common.think);
   StreamDecoder text(tok), thought(tok);
@@ -78,6 +85,11 @@ void chat(ChatArgs& a) {
   if (const std::string g = describe_gpu(e, a.common.engine); !g.empty()) std::fprintf(stderr, "wren: %s\n", g.c_str());
   const ChatFormat fmt(e.tokenizer());
   auto st = e.new_sequence();
+  PrefixCache cache(parse_size(a.prefix_cache, "--prefix-cache"));
+  // The whole token sequence at the end of the last prompt, its turn's seed and how often it was
+  // retried (/retry restores that point from the cache and samples again).
+  std::vector<int> last_prompt;
+  uint64_t last_seed = 0, retries = 0;
   struct sigaction sa {};
   sa.sa_handler = on_sigint;
   sa.sa_flags = SA_RESTART;
@@ -114,14 +126,31 @@ void chat(ChatArgs& a) {
     if (!read_line(line)) break;
     if (line == "/exit" || line == "/quit") break;
     if (line == "/help") {
-      std::fputs("/reset  start a new conversation\n/exit   quit (also /quit, Ctrl-D, or Ctrl-C at the prompt)\n"
+      std::fputs("/reset  start a new conversation\n/retry  answer the last message again (a new draw)\n/exit   quit (also /quit, Ctrl-D, or Ctrl-C at the prompt)\n"
                  "/help   this list\nCtrl-C during an answer stops it; the conversation continues.\n",
                  stdout);
+      continue;
+    }
+    if (line == "/retry") {
+      if (last_prompt.empty()) {
+        std::fputs("[nothing to retry yet]\n", stdout);
+        continue;
+      }
+      st->reset();  // generate() resumes from the longest cached prefix of the last prompt
+      try {
+        reply(e, fmt, *st, last_prompt, a, tty, cache, last_seed + 0x9E3779B97F4A7C15ull * ++retries);
+      } catch (const Error& err) {
+        std::fprintf(stderr, "wren: error: %s (conversation reset)\n", err.what());
+        st->reset();
+        first = true;
+        last_prompt.clear();
+      }
       continue;
     }
     if (line == "/reset") {
       st->reset();
       first = true;
+      last_prompt.clear();
       std::fputs("[conversation reset]\n", stdout);
       continue;
     }
@@ -141,12 +170,16 @@ void chat(ChatArgs& a) {
       continue;
     }
     try {
-      reply(e, fmt, *st, prompt, a, tty);
+      last_seed = uint64_t(st->position()), retries = 0;
+      last_prompt = st->history();
+      last_prompt.insert(last_prompt.end(), prompt.begin(), prompt.end());
+      reply(e, fmt, *st, prompt, a, tty, cache, last_seed);
       first = false;
     } catch (const Error& err) {
       std::fprintf(stderr, "wren: error: %s (conversation reset)\n", err.what());
       st->reset();
       first = true;
+      last_prompt.clear();
     }
   }
 }
@@ -158,6 +191,8 @@ void add_chat(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("chat", "Interactive multi-turn chat (K3 chat format)");
   a->common.add_to(sub, 0.7f);
   a->common.sampling.top_p = 0.95f;
+  sub->add_option("--prefix-cache", a->prefix_cache,
+                  "Host memory for state snapshots (/retry resumes from them), e.g. 256M; 0 = off (default 256M)");
   sub->callback([a] { chat(*a); });
 }
 

@@ -1,5 +1,5 @@
 // `wren serve`: an OpenAI-compatible HTTP server (chat and text completions, streaming or not)
-// over one loaded model; requests are generated one at a time in arrival order (docs/serve.md).
+// over one loaded model; requests join a batched decode in arrival order (docs/serve.md).
 #include <signal.h>
 #include <unistd.h>
 
@@ -16,6 +16,7 @@
 #include "cli/cpu_flags.h"
 #include "cli/run_options.h"
 #include "core/error.h"
+#include "core/sizes.h"
 #include "server/server.h"
 
 namespace wren::cli {
@@ -25,6 +26,8 @@ namespace {
 struct ServeArgs {
   std::string replay_file;  ///< hidden test flag --replay-ids
   std::string api_key_file;
+  std::string prefix_cache = "1G";  ///< --prefix-cache
+  int max_seqs = 0;                 ///< --max-seqs (0 = 16 on the CPU, 1 elsewhere)
   EngineOptions engine;
   CpuFlags cpu;  ///< the same CPU engine flags as `wren run` (threads, --isa, --quant, --mx-act)
   CudaFlags cuda;  ///< and the same CUDA ones (--cuda-kda ...)
@@ -103,6 +106,10 @@ void serve(ServeArgs& a) {
                  a.server.replay.size(), a.replay_file.c_str());
   }
   a.server.ctx = a.engine.ctx;
+  a.server.prefix_cache = parse_size(a.prefix_cache, "--prefix-cache");
+  // Batched decode is tested bit-identical to solo runs on the CPU only: elsewhere one at a time
+  // unless asked (docs/serve.md).
+  a.server.max_seqs = a.max_seqs > 0 ? a.max_seqs : std::string(e.backend().name()) == "cpu" ? 16 : 1;
   server::Server s(e, a.server);
   const int port = s.bind();
   SignalStopper stopper(s);
@@ -135,6 +142,14 @@ void add_serve(CLI::App& app) {
   sub->add_flag("--quiet", a->quiet, "No load-progress line on stderr (it is shown only when stderr is a terminal)");
   sub->add_flag("--check-finite", a->engine.check_finite,
                 "Check every layer's output for NaN/Inf and name the first layer that produced one (slower)");
+  sub->add_option("--prefix-cache", a->prefix_cache,
+                  "Host memory for prefix-cache snapshots of the sequence state, e.g. 1G, 256M; 0 = off (default 1G)");
+  sub->add_option("--prefix-interval", a->server.prefix_interval,
+                  "Snapshot a prompt every this many tokens for the prefix cache (default 256)")
+      ->check(positive());
+  sub->add_option("--max-seqs", a->max_seqs,
+                  "Sequences decoded together, one batched step at a time (default 16 on the CPU, 1 on a GPU)")
+      ->check(positive());
   sub->add_option("--max-queue", a->server.max_queue, "Requests allowed to wait behind the running one (503 beyond)")
       ->check(positive());
   sub->add_option("--max-body", a->server.max_body, "Largest request body in bytes (413 beyond; default 1 MiB)")

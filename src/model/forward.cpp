@@ -146,20 +146,44 @@ void Forward::run(SequenceState& st, const int* ids, const float* x0, int T, flo
   }
 }
 
+void Forward::run_batch(SequenceState* const* states, const int* ids, int B, float* logits) {
+  for (int b = 0; b < B; ++b) {
+    check(&states[b]->backend() == &be_, "forward: a sequence state of the batch belongs to another backend");
+    for (int c = 0; c < b; ++c)
+      check(states[c] != states[b], "forward: sequence state " + std::to_string(b) + " of the batch is also entry " +
+                                        std::to_string(c) + " (one token per sequence per step)");
+  }
+  const size_t V = cfg_.vocab;
+  for (int g0 = 0; g0 < B; g0 += opts_.max_chunk) {
+    const int n = std::min(opts_.max_chunk, B - g0);
+    segs_.clear();
+    for (int b = 0; b < n; ++b) segs_.push_back({states[g0 + b], b, 1});
+    const bool recorded = be_.step_begin(step_info(n, nullptr, nullptr));
+    try {
+      chunk_ops(ids + g0, nullptr, n, 0, logits ? logits + size_t(g0) * V : nullptr, true, nullptr, recorded);
+    } catch (...) {
+      if (recorded) be_.step_abort();
+      throw;
+    }
+  }
+}
+
 void Forward::chunk(SequenceState& st, const int* ids, const float* x0, int T, int t0,
                     float* logits, bool all_logits, const ForwardHooks* hooks) {
   // The backend may record the whole step (CUDA: one decode graph) from what it needs of the host.
+  segs_.assign(1, Segment{&st, 0, T});
   const bool recorded = be_.step_begin(step_info(T, x0, hooks));
   try {
-    chunk_ops(st, ids, x0, T, t0, logits, all_logits, hooks, recorded);
+    chunk_ops(ids, x0, T, t0, logits, all_logits, hooks, recorded);
   } catch (...) {
     if (recorded) be_.step_abort();
     throw;
   }
 }
 
-void Forward::chunk_ops(SequenceState& st, const int* ids, const float* x0, int T, int t0, float* logits,
-                        bool all_logits, const ForwardHooks* hooks, bool recorded) {
+void Forward::chunk_ops(const int* ids, const float* x0, int T, int t0, float* logits, bool all_logits,
+                        const ForwardHooks* hooks, bool recorded) {
+  const int pos0 = segs_[0].st->position();  // for error messages (the first sequence's position)
   Buffers& b = *buf_;
   const Config& c = cfg_;
   const ModelWeights& w = model_.weights;
@@ -181,10 +205,10 @@ void Forward::chunk_ops(SequenceState& st, const int* ids, const float* x0, int 
       be_.fill_zero(b.P, TD);
     }
     be_.rms_norm(b.mixed, T, int(D), l.input_norm, c.rms_eps, b.nrm);
-    if (spec.mixer == Mixer::KDA) kda_layer(l, st.kda(i), T);
-    else mla_layer(l, st.mla(i), T);
+    if (spec.mixer == Mixer::KDA) kda_layer(l, i, T);
+    else mla_layer(l, i, T);
     be_.add(b.P, b.att, TD);
-    if (opts_.check_finite) check_sub(b.att, T, st.position(), i, spec.mixer == Mixer::KDA ? "KDA" : "MLA");
+    if (opts_.check_finite) check_sub(b.att, T, pos0, i, spec.mixer == Mixer::KDA ? "KDA" : "MLA");
     pre_mix(l.mlp_mix, b.blocks, n_blocks, T);
     if (hooks && hooks->dump && i == hooks->dump_layer) dump(hooks, -1, t0, T);  // nrm_attn, att
     be_.rms_norm(b.mixed, T, int(D), l.post_norm, c.rms_eps, b.nrm);
@@ -193,17 +217,17 @@ void Forward::chunk_ops(SequenceState& st, const int* ids, const float* x0, int 
     be_.add(b.P, b.ffn, TD);
     if (hooks && hooks->dump && i == hooks->dump_layer) dump(hooks, i, t0, T);  // nrm_mlp, mlp, hidden
     if (opts_.check_finite)
-      check_sub(b.ffn, T, st.position(), i, spec.ffn == Ffn::Dense ? "dense MLP" : "MoE");
+      check_sub(b.ffn, T, pos0, i, spec.ffn == Ffn::Dense ? "dense MLP" : "MoE");
     if (hooks && hooks->trace)
       for (int t = 0; t < T; ++t)
         be_.to_host(b.P + t * D, D, hooks->trace + ((size_t(t0) + t) * n_layers_ + i) * D);
   }
-  st.advance(T);
+  for (const Segment& sg : segs_) sg.st->advance(sg.n);
   const int rows = logits ? head(n_blocks, T, all_logits) : 0;
   if (recorded) be_.step_end();
   if (logits) {
     be_.to_host(b.logits, size_t(rows) * c.vocab, logits);
-    check_rows(logits, rows, c.vocab, st.position() - (all_logits ? T : 1), "the logits");
+    check_rows(logits, rows, c.vocab, pos0 + (all_logits ? 0 : T - 1), "the logits");
   }
 }
 
@@ -253,7 +277,7 @@ void Forward::glu(const float* g, const float* u, int T, int n, float* out) {
   else be_.silu_glu(g, u, T, n, out);
 }
 
-void Forward::kda_layer(const LayerWeights& l, KdaState& s, int T) {
+void Forward::kda_layer(const LayerWeights& l, int layer, int T) {
   Buffers& b = *buf_;
   const KdaWeights& k = l.kda;
   be_.gemm(k.q, b.nrm, T, b.q);
@@ -270,11 +294,16 @@ void Forward::kda_layer(const LayerWeights& l, KdaState& s, int T) {
   }
   const KdaParams p{cfg_.kda_heads, cfg_.kda_head_dim, cfg_.conv_kernel, cfg_.gate_lower_bound,
                     cfg_.rms_eps, cfg_.kda_gate};
-  be_.kda_core(p, k, s, b.q, b.k, b.v, b.z, b.beta, b.gate, T, b.o);
+  const size_t P = cfg_.kda_width(), H = cfg_.kda_heads;
+  for (const Segment& sg : segs_) {  // each sequence's recurrence on its own state
+    const size_t r = size_t(sg.r0);
+    be_.kda_core(p, k, sg.st->kda(layer), b.q + r * P, b.k + r * P, b.v + r * P, b.z + r * P, b.beta + r * H,
+                 b.gate + r * P, sg.n, b.o + r * P);
+  }
   be_.gemm(k.o, b.o, T, b.att);
 }
 
-void Forward::mla_layer(const LayerWeights& l, MlaCache& cache, int T) {
+void Forward::mla_layer(const LayerWeights& l, int layer, int T) {
   Buffers& b = *buf_;
   const MlaWeights& m = l.mla;
   if (cfg_.q_lora > 0) {
@@ -286,7 +315,12 @@ void Forward::mla_layer(const LayerWeights& l, MlaCache& cache, int T) {
   }
   be_.gemm(m.kv_a, b.nrm, T, b.ckv);
   const MlaParams p{cfg_.mla_heads, cfg_.qk_nope, cfg_.qk_extra, cfg_.v_head, cfg_.kv_lora, cfg_.mla_latent_eps};
-  be_.mla_attend(p, m, cache, b.qfull, b.ckv, T, b.ctx);
+  const size_t Q = size_t(cfg_.mla_heads) * cfg_.mla_q_head(), W = cfg_.mla_cache_width(),
+               C = size_t(cfg_.mla_heads) * cfg_.v_head;
+  for (const Segment& sg : segs_) {  // each sequence attends over its own cache
+    const size_t r = size_t(sg.r0);
+    be_.mla_attend(p, m, sg.st->mla(layer), b.qfull + r * Q, b.ckv + r * W, sg.n, b.ctx + r * C);
+  }
   if (cfg_.mla_out_gate) {
     be_.gemm(m.g, b.nrm, T, b.mgate);
     be_.sigmoid_gate(b.ctx, b.mgate, size_t(T) * cfg_.mla_heads * cfg_.v_head);

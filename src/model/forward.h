@@ -63,6 +63,12 @@ class TokenStep {
   /// [V] for the last token; may be null. Throws wren::Error on bad ids or a full context.
   virtual void run(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
                    bool all_logits, const ForwardHooks* hooks = nullptr) = 0;
+  /// One decode step over B different sequences: states[b] consumes ids[b]; logits host [B, V]
+  /// (may be null). This default runs them one by one; Forward batches them.
+  virtual void run_batch(SequenceState* const* states, const int* ids, int B, float* logits) {
+    for (int b = 0; b < B; ++b)
+      run(*states[b], ids + b, nullptr, 1, logits ? logits + size_t(b) * config().vocab : nullptr, false);
+  }
   /// The backend new sequence states belong on (the one the next run uses).
   virtual Backend& backend() = 0;
   virtual const Config& config() const = 0;
@@ -87,6 +93,15 @@ class Forward final : public TokenStep {
   void run(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
            bool all_logits, const ForwardHooks* hooks = nullptr) override;
 
+  /// One decode step over B different sequences (batched decode): token ids[b] is consumed by
+  /// states[b]; logits host [B, V] (may be null). The dense projections, the router and the routed
+  /// MoE run once over all B rows (each routed expert read once per step for every row that chose
+  /// it); the KDA and MLA cores run per sequence on its own state. Row b's result is the one
+  /// run(states[b], &ids[b], 1) gives (the ops are row-independent; tested bit-identical on the
+  /// CPU, Batched.*). B above max_chunk runs in groups. Throws wren::Error on a state repeated in
+  /// the batch or belonging to another backend.
+  void run_batch(SequenceState* const* states, const int* ids, int B, float* logits) override;
+
   int layers_run() const override { return n_layers_; }
   /// Bytes of activation workspace a Forward with this config and chunk allocates.
   static size_t workspace_bytes(const Config& c, int max_chunk);
@@ -97,13 +112,19 @@ class Forward final : public TokenStep {
 
  private:
   struct Buffers;
+  /// Rows [r0, r0 + n) of a chunk's activations belong to `st` (one segment per sequence).
+  struct Segment {
+    SequenceState* st;
+    int r0, n;
+  };
   void chunk(SequenceState& st, const int* ids, const float* x0, int T, int t0, float* logits,
              bool all_logits, const ForwardHooks* hooks);
   /// The body of chunk(); `recorded` = the backend records the step (step_end before the logits).
-  void chunk_ops(SequenceState& st, const int* ids, const float* x0, int T, int t0, float* logits,
-                 bool all_logits, const ForwardHooks* hooks, bool recorded);
-  void kda_layer(const LayerWeights& l, KdaState& s, int T);
-  void mla_layer(const LayerWeights& l, MlaCache& c, int T);
+  /// The segments (segs_) cover the T rows in order.
+  void chunk_ops(const int* ids, const float* x0, int T, int t0, float* logits, bool all_logits,
+                 const ForwardHooks* hooks, bool recorded);
+  void kda_layer(const LayerWeights& l, int layer, int T);
+  void mla_layer(const LayerWeights& l, int layer, int T);
   void dense_mlp(const LayerWeights& l, int T);
   void moe(int layer, const MoeWeights& m, int T);
   /// Final mix, norm and lm_head into the device logits; returns the number of rows computed.
@@ -130,6 +151,7 @@ class Forward final : public TokenStep {
   std::unique_ptr<Buffers> buf_;
   std::vector<StepMoeLayer> step_moe_;  ///< the MoE layers with MXFP4 experts (for step_begin)
   std::vector<float> check_buf_;        ///< host copy for --check-finite
+  std::vector<Segment> segs_;           ///< the sequences of the chunk being run
   std::vector<int> next_moe_;           ///< [layer]: the next MXFP4 MoE layer run, or -1
   bool predict_now_ = false;            ///< predict in the chunk being run
   std::vector<int> guess_ids_;          ///< host [T, k] guessed ids (predict_next)

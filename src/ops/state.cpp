@@ -1,6 +1,10 @@
 // Per-sequence state (see state.h).
 #include "ops/state.h"
 
+#include <string>
+
+#include "core/error.h"
+
 namespace wren {
 
 SequenceState::SequenceState(Backend& backend, const Config& cfg, int capacity)
@@ -75,6 +79,61 @@ void SequenceState::copy_from(const SequenceState& o) {
   position_ = o.position_;
   history_ = o.history_;
   replayable_ = o.replayable_;
+}
+
+void SequenceState::save(std::vector<float>& out, std::vector<int>& mla_lengths) const {
+  const size_t W = cfg_.mla_cache_width();
+  size_t n = 0;
+  mla_lengths.assign(kda_.size(), 0);
+  for (size_t i = 0; i < kda_.size(); ++i) {
+    if (kda_[i].S) n += s_len() + conv_len();
+    if (mla_[i].kv) n += size_t(mla_[i].length) * W, mla_lengths[i] = mla_[i].length;
+  }
+  out.resize(n);
+  float* p = out.data();
+  for (size_t i = 0; i < kda_.size(); ++i) {
+    if (kda_[i].S) {
+      be_->to_host(kda_[i].S, s_len(), p), p += s_len();
+      be_->to_host(kda_[i].conv, conv_len(), p), p += conv_len();
+    }
+    if (mla_[i].kv && mla_[i].length > 0) {
+      const size_t rows = size_t(mla_[i].length) * W;
+      be_->to_host(mla_[i].kv, rows, p), p += rows;
+    }
+  }
+}
+
+void SequenceState::load(const std::vector<float>& data, const std::vector<int>& mla_lengths,
+                         const std::vector<int>& history) {
+  const size_t W = cfg_.mla_cache_width();
+  check(mla_lengths.size() == kda_.size(), "state snapshot: " + std::to_string(mla_lengths.size()) +
+                                               " layers, this sequence has " + std::to_string(kda_.size()));
+  size_t n = 0;
+  for (size_t i = 0; i < kda_.size(); ++i) {
+    if (kda_[i].S) n += s_len() + conv_len();
+    if (mla_[i].kv) {
+      check(mla_lengths[i] >= 0 && mla_lengths[i] <= capacity_,
+            "state snapshot: layer " + std::to_string(i) + " holds " + std::to_string(mla_lengths[i]) +
+                " cache rows, more than this sequence's capacity of " + std::to_string(capacity_));
+      n += size_t(mla_lengths[i]) * W;
+    }
+  }
+  check(n == data.size(), "state snapshot: " + std::to_string(data.size()) + " floats, expected " + std::to_string(n));
+  const float* p = data.data();
+  for (size_t i = 0; i < kda_.size(); ++i) {
+    if (kda_[i].S) {
+      be_->from_host(p, s_len(), kda_[i].S), p += s_len();
+      be_->from_host(p, conv_len(), kda_[i].conv), p += conv_len();
+    }
+    if (mla_[i].kv) {
+      const size_t rows = size_t(mla_lengths[i]) * W;
+      if (rows) be_->from_host(p, rows, mla_[i].kv), p += rows;
+      mla_[i].length = mla_lengths[i];
+    }
+  }
+  position_ = int(history.size());
+  history_ = history;
+  replayable_ = true;
 }
 
 size_t SequenceState::bytes_for(const Config& c, int capacity) {

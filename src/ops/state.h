@@ -22,6 +22,15 @@ class SequenceState {
   /// Makes this state equal to `other` (same config and capacity); the basis of snapshot/restore.
   void copy_from(const SequenceState& other);
 
+  /// Host copy of the whole state (the prefix cache's snapshot, runtime/prefix_cache.h): per layer
+  /// in order, a KDA layer's S [heads, dk, dk] then its conv window, an MLA layer's `length` cache
+  /// rows [length, kv_lora + extra]; `mla_lengths` [n_layers] gets each layer's row count (0 for KDA).
+  void save(std::vector<float>& out, std::vector<int>& mla_lengths) const;
+  /// Makes this state what save() wrote (same config; each MLA length must fit this capacity),
+  /// with `history` as its token log and history.size() as its position. Throws wren::Error on a
+  /// size mismatch.
+  void load(const std::vector<float>& data, const std::vector<int>& mla_lengths, const std::vector<int>& history);
+
   int position() const { return position_; }  ///< tokens consumed so far
   /// The backend that owns the buffers.
   Backend& backend() const { return *be_; }

@@ -9,6 +9,37 @@
 
 namespace wren {
 
+PrefixCache* prefill(TokenStep& fwd, SequenceState& state, const std::vector<int>& prompt, const GenerateOptions& opts,
+                     float* last_logits, GenerateStats& st) {
+  const int V = fwd.config().vocab, T = int(prompt.size());
+  std::vector<float> restored;
+  PrefixCache* cache = opts.prefix_cache && opts.prefix_cache->enabled() && !opts.x0 && !opts.prompt_logits &&
+                               !opts.hooks
+                           ? opts.prefix_cache
+                           : nullptr;
+  if (opts.prompt_logits) {
+    fwd.run(state, prompt.data(), opts.x0, T, opts.prompt_logits, true, opts.hooks);
+    std::copy(opts.prompt_logits + size_t(T - 1) * V, opts.prompt_logits + size_t(T) * V, last_logits);
+  } else if (cache) {
+    if (state.position() == 0) st.cached_tokens = cache->restore(state, prompt, &restored);
+    if (!restored.empty()) std::copy(restored.begin(), restored.end(), last_logits);
+    // The rest of the prompt in pieces that end on the snapshot interval (the result does not
+    // depend on how a prompt is cut: tests GoldenChunks, PrefixCache*).
+    const int I = cache->interval();
+    for (int i = st.cached_tokens; i < T;) {
+      const int pos = state.position(), n = std::min(T - i, (pos / I + 1) * I - pos);
+      const bool last = i + n == T;
+      fwd.run(state, prompt.data() + i, nullptr, n, last ? last_logits : nullptr, false);
+      i += n;
+      if (!last) cache->store(state);
+    }
+    cache->store(state, last_logits, V);  // the end of the prompt, with its logits
+  } else {
+    fwd.run(state, prompt.data(), opts.x0, T, last_logits, false, opts.hooks);
+  }
+  return cache;
+}
+
 std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vector<int>& prompt,
                           const GenerateOptions& opts, GenerateStats* stats,
                           const std::function<void(int)>& on_token) {
@@ -26,12 +57,7 @@ std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vecto
   GenerateStats st;
   st.prompt_tokens = T;
   const auto t0 = clock::now();
-  if (opts.prompt_logits) {
-    fwd.run(state, prompt.data(), opts.x0, T, opts.prompt_logits, true, opts.hooks);
-    std::copy(opts.prompt_logits + size_t(T - 1) * V, opts.prompt_logits + size_t(T) * V, logits.begin());
-  } else {
-    fwd.run(state, prompt.data(), opts.x0, T, logits.data(), false, opts.hooks);
-  }
+  PrefixCache* cache = prefill(fwd, state, prompt, opts, logits.data(), st);
   const auto t1 = clock::now();
   uint64_t hash = kFnv1a64Offset;
   for (int n = 0; n < opts.max_new_tokens; ++n) {
@@ -51,6 +77,8 @@ std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vecto
     fwd.run(state, &id, nullptr, 1, logits.data(), false);
     if (last) break;
   }
+  // The end of the exchange (next turns); masked logits (constrain) are not the model's: not kept.
+  if (cache && !out.empty()) cache->store(state, opts.constrain ? nullptr : logits.data(), V);
   st.generated_tokens = int(out.size());
   if (opts.hash_logits) st.logits_fnv1a64 = hash;
   st.prefill_s = secs(t1 - t0);

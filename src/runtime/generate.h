@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "model/forward.h"
+#include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
 
 namespace wren {
@@ -27,6 +28,10 @@ struct GenerateOptions {
   int top_logprobs = -1;
   std::function<void(const TokenLogprobs&)> on_logprobs;
   bool hash_logits = false;  ///< fill GenerateStats::logits_fnv1a64
+  /// Non-null (and enabled): an empty state resumes from the longest cached prefix of the prompt;
+  /// the prompt is snapshotted at every multiple of the cache's interval, at its end (with its
+  /// logits) and at the end of generation. Ignored with x0, prompt_logits or hooks.
+  PrefixCache* prefix_cache = nullptr;
   /// Called on each logits row [V] just before a token is drawn from it (after the hash): may set
   /// ids to -inf so they cannot be drawn (constrained decoding, runtime/reply_constraint.h).
   std::function<void(float* logits, int n)> constrain;
@@ -35,6 +40,7 @@ struct GenerateOptions {
 /// Timings of one generation, in seconds.
 struct GenerateStats {
   int prompt_tokens = 0, generated_tokens = 0;
+  int cached_tokens = 0;  ///< prompt tokens restored from the prefix cache instead of prefilled
   double prefill_s = 0, decode_s = 0, ttft_s = 0;
   bool stopped = false;    ///< ended on a stop id
   bool cancelled = false;  ///< ended by `cancel`
@@ -43,6 +49,13 @@ struct GenerateStats {
   /// f32 [V] each). Equal hashes = bit-identical logits; 0 when not asked.
   uint64_t logits_fnv1a64 = 0;
 };
+
+/// generate()'s prompt pass: runs `prompt` into `state` (through opts.prefix_cache when set:
+/// resume, interval and end-of-prompt snapshots) and leaves the last position's logits in
+/// `last_logits` [V] (with opts.prompt_logits: all of them there too). Sets st.cached_tokens.
+/// Returns the prefix cache in use (null when none applies).
+PrefixCache* prefill(TokenStep& fwd, SequenceState& state, const std::vector<int>& prompt, const GenerateOptions& opts,
+                     float* last_logits, GenerateStats& st);
 
 /// Prefills `prompt` into `state` (which may already hold a prefix) and decodes up to
 /// max_new_tokens, calling `on_token` for each new id. Returns the generated ids.

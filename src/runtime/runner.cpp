@@ -20,15 +20,39 @@ void Runner::run(SequenceState& st, const int* ids, const float* x0, int T, floa
     fwd_.run(st, ids, x0, T, logits, all_logits, hooks);
   } catch (const DeviceError& e) {
     if (!make_fallback_ || !st.replayable() || x0) throw;
-    std::fprintf(stderr, "wren: the %s backend failed: %s\nwren: continuing on the CPU from here on "
-                         "(each sequence's state is rebuilt there from its tokens)\n", fwd_.backend().name(), e.what());
-    Fallback fb = make_fallback_();
-    fallback_be_ = std::move(fb.backend);
-    fallback_be_->set_expert_source(fwd_.backend().expert_source());  // the same experts (e.g. the store)
-    fallback_ = std::make_unique<Forward>(fb.model ? *fb.model : fwd_.model(), *fallback_be_, fwd_.options());
+    start_fallback(e);
     return run_fallback(st, ids, x0, T, logits, all_logits, hooks);
   }
   st.record(ids, T, x0 == nullptr);
+}
+
+void Runner::start_fallback(const DeviceError& e) {
+  std::fprintf(stderr, "wren: the %s backend failed: %s\nwren: continuing on the CPU from here on "
+                       "(each sequence's state is rebuilt there from its tokens)\n", fwd_.backend().name(), e.what());
+  Fallback fb = make_fallback_();
+  fallback_be_ = std::move(fb.backend);
+  fallback_be_->set_expert_source(fwd_.backend().expert_source());  // the same experts (e.g. the store)
+  fallback_ = std::make_unique<Forward>(fb.model ? *fb.model : fwd_.model(), *fallback_be_, fwd_.options());
+}
+
+void Runner::run_batch(SequenceState* const* sts, const int* ids, int B, float* logits) {
+  if (!fallback_) {
+    for (int b = 0; b < B; ++b)
+      check(&sts[b]->backend() == &fwd_.backend(), "forward: a sequence state of the batch belongs to another backend");
+    try {
+      fwd_.run_batch(sts, ids, B, logits);
+      for (int b = 0; b < B; ++b) sts[b]->record(ids + b, 1, true);
+      return;
+    } catch (const DeviceError& e) {
+      if (!make_fallback_) throw;
+      for (int b = 0; b < B; ++b)
+        if (!sts[b]->replayable()) throw;
+      start_fallback(e);
+    }
+  }
+  const size_t V = config().vocab;  // on the fallback: one by one (each state rebuilt first)
+  for (int b = 0; b < B; ++b)
+    run_fallback(*sts[b], ids + b, nullptr, 1, logits ? logits + size_t(b) * V : nullptr, false, nullptr);
 }
 
 void Runner::run_fallback(SequenceState& st, const int* ids, const float* x0, int T, float* logits,

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 
+#include "core/error.h"
 #include "model/forward.h"
 
 namespace wren {
@@ -37,6 +38,9 @@ class Runner final : public TokenStep {
   /// Forward::run on the current backend, then appends ids to the state's token log.
   void run(SequenceState& state, const int* ids, const float* x0, int T, float* logits, bool all_logits,
            const ForwardHooks* hooks = nullptr) override;
+  /// Forward::run_batch (one decode step over B sequences), then appends each id to its state's
+  /// log. After a device failure every state moves to the fallback and runs its token there.
+  void run_batch(SequenceState* const* states, const int* ids, int B, float* logits) override;
   /// The backend calls run on now: the fallback once a device failed, else the one given.
   Backend& backend() override { return fallback_ ? *fallback_be_ : fwd_.backend(); }
   const Config& config() const override { return fwd_.config(); }
@@ -47,6 +51,8 @@ class Runner final : public TokenStep {
   const Model& model() const { return fallback_ ? fallback_->model() : fwd_.model(); }
 
  private:
+  /// Says so on stderr and creates the fallback backend and forward (the first failure).
+  void start_fallback(const DeviceError& e);
   void run_fallback(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
                     bool all_logits, const ForwardHooks* hooks);
   Forward fwd_;

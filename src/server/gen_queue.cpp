@@ -46,7 +46,8 @@ void Job::finish(GenResult r, std::string error) {
   cv_.notify_all();
 }
 
-GenQueue::GenQueue(Engine& engine, int max_queue) : engine_(engine), max_queue_(max_queue) {
+GenQueue::GenQueue(Engine& engine, int max_queue, PrefixCache* cache, int max_seqs)
+    : engine_(engine), max_queue_(max_queue), cache_(cache), max_seqs_(max_seqs) {
   worker_ = std::thread([this] { loop(); });
 }
 
@@ -72,32 +73,43 @@ void GenQueue::submit(const std::shared_ptr<Job>& job) {
 
 QueueStats GenQueue::stats() {
   std::lock_guard<std::mutex> lk(mu_);
-  return stats_;
+  QueueStats s = stats_;
+  if (cache_ && cache_->enabled()) s.has_prefix_cache = true, s.prefix = cache_->stats();
+  return s;
 }
 
 void GenQueue::loop() {
+  Scheduler sched(engine_.forward(), [this] { return engine_.new_sequence(); }, std::max(1, max_seqs_));
   for (;;) {
-    std::shared_ptr<Job> job;
+    std::vector<std::shared_ptr<Job>> admit_now;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      cv_.wait(lk, [&] { return quit_ || !jobs_.empty(); });
+      cv_.wait(lk, [&] { return quit_ || !jobs_.empty() || !sched.idle(); });
       if (quit_) return;
-      job = jobs_.front();
-      jobs_.pop_front();
-      --stats_.queued;
+      // New requests join between decode steps, oldest first, while slots are free.
+      while (!jobs_.empty() && sched.running() + sched.waiting() + int(admit_now.size()) < sched.max_seqs()) {
+        admit_now.push_back(jobs_.front());
+        jobs_.pop_front();
+        --stats_.queued;
+      }
       stats_.busy = true;
     }
-    bool failed = false;
-    if (job->client_gone()) {
-      job->finish({});
-    } else {
-      try {
-        run(*job);
-      } catch (const std::exception& e) {
-        job->finish({}, e.what());
-        failed = true;
+    for (const auto& job : admit_now) {
+      if (!replay_.empty()) {  // test hook: one job at a time, no model
+        bool failed = false;
+        try {
+          run(*job);
+        } catch (const std::exception& e) {
+          job->finish({}, e.what());
+          failed = true;
+        }
+        std::lock_guard<std::mutex> lk(mu_);
+        ++(failed ? stats_.failed : job->was_cancelled() ? stats_.cancelled : stats_.completed);
+        continue;
       }
+      admit(sched, job);
     }
+    if (!sched.idle()) sched.step();
     std::lock_guard<std::mutex> lk(mu_);
     if (const ExpertStore* store = engine_.store()) {  // read here, on the thread that uses the store
       stats_.has_store = true;
@@ -105,9 +117,39 @@ void GenQueue::loop() {
       stats_.expert_misses = store->stats().misses;
       stats_.expert_bytes_read = store->stats().bytes_read;
     }
-    stats_.busy = false;
-    ++(failed ? stats_.failed : job->was_cancelled() ? stats_.cancelled : stats_.completed);
+    stats_.running = sched.running();
+    stats_.busy = !sched.idle();
   }
+}
+
+void GenQueue::admit(Scheduler& sched, const std::shared_ptr<Job>& job) {
+  auto out = std::make_shared<ReplyStream>(engine_.tokenizer(), *job, engine_.config().eos_ids, metrics_);
+  SeqRequest r;
+  r.prompt = job->prompt;
+  GenerateOptions& o = r.opts;
+  o.max_new_tokens = job->max_tokens;
+  o.stop_ids = out->stop_ids();
+  o.sampling = job->req.sampling;
+  o.cancel = &job->halt_flag();
+  o.prefix_cache = cache_;
+  if (out->constrained()) o.constrain = [out](float* logits, int n) { out->mask(logits, n); };
+  if (job->req.logprobs) {
+    o.top_logprobs = job->req.top_logprobs;
+    o.on_logprobs = [out](const TokenLogprobs& lp) { out->logprobs(lp); };
+  }
+  r.on_token = [out](int id) { out->token(id); };
+  r.on_done = [this, job, out](const GenerateStats& st) {
+    out->cached(st.cached_tokens);
+    out->finish(st.generated_tokens, st.stopped);
+    std::lock_guard<std::mutex> lk(mu_);
+    ++(job->was_cancelled() ? stats_.cancelled : stats_.completed);
+  };
+  r.on_error = [this, job](const std::string& msg) {
+    job->finish({}, msg);
+    std::lock_guard<std::mutex> lk(mu_);
+    ++stats_.failed;
+  };
+  sched.add(std::move(r));
 }
 
 ReplyStream::ReplyStream(const Tokenizer& tok, Job& job, std::vector<int> stop_ids, Metrics* metrics)
@@ -249,9 +291,11 @@ void GenQueue::run(Job& job) {
     o.top_logprobs = job.req.top_logprobs;
     o.on_logprobs = [&](const TokenLogprobs& lp) { out.logprobs(lp); };
   }
+  o.prefix_cache = cache_;
   auto st = engine_.new_sequence();
   GenerateStats stats;
   generate(engine_.forward(), *st, job.prompt, o, &stats, [&](int id) { out.token(id); });
+  out.cached(stats.cached_tokens);
   out.finish(stats.generated_tokens, stats.stopped);
 }
 

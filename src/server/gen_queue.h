@@ -1,5 +1,6 @@
-// One model, many clients: generation jobs run one at a time on the one Engine, in arrival order
-// (FIFO), each with its own SequenceState. A job streams its text pieces to the HTTP thread that
+// One model, many clients: generation jobs are admitted in arrival order (FIFO) into the engine's
+// iteration-level scheduler (runtime/scheduler.h: up to --max-seqs sequences decode together, one
+// batched step at a time), each with its own SequenceState. A job streams its text pieces to the HTTP thread that
 // waits on it; the client side can cancel it at any time (queued or running).
 #pragma once
 #include <atomic>
@@ -11,6 +12,8 @@
 #include <thread>
 
 #include "runtime/engine.h"
+#include "runtime/prefix_cache.h"
+#include "runtime/scheduler.h"
 #include "runtime/reply_constraint.h"
 #include "server/metrics.h"
 #include "server/openai_json.h"
@@ -89,6 +92,8 @@ class ReplyStream {
   void logprobs(const TokenLogprobs& lp) { lp_ = lp, has_lp_ = true; }
   /// One generated id.
   void token(int id);
+  /// Prompt tokens the prefix cache supplied (usage.prompt_tokens_details.cached_tokens).
+  void cached(int n) { r_.cached_tokens = n; }
   /// Generation ended (`stopped`: on a stop id); flushes and finishes the job.
   void finish(int generated_tokens, bool stopped);
   /// The ids generation stops on (the config's eos list, plus <|end_of_msg|> for chat).
@@ -124,15 +129,20 @@ class ReplyStream {
 struct QueueStats {
   long long queued = 0, completed = 0, cancelled = 0, failed = 0;
   bool busy = false;
+  int running = 0;  ///< sequences generating now (at most --max-seqs)
   bool has_store = false;  ///< the engine streams experts from disk; the counters below are its own
   uint64_t expert_hits = 0, expert_misses = 0, expert_bytes_read = 0;  ///< as of the last finished job
+  bool has_prefix_cache = false;  ///< --prefix-cache above 0; the counters below are its own
+  PrefixCacheStats prefix;
 };
 
 /// The FIFO of jobs and the one worker thread that runs them on the Engine.
 class GenQueue {
  public:
   /// `max_queue`: jobs waiting (not counting the running one) beyond which submit() refuses.
-  GenQueue(Engine& engine, int max_queue);
+  /// `cache` (may be null): prompts resume from and fill it (runtime/prefix_cache.h).
+  /// `max_seqs`: sequences decoded together in one batched step.
+  GenQueue(Engine& engine, int max_queue, PrefixCache* cache = nullptr, int max_seqs = 1);
   /// Test hook: instead of running the model, job k (in run order) "generates" replay[k % n]
   /// (cut at a stop id or max_tokens) through the same ReplyStream (parsing, streaming, stop
   /// strings). Set before the first submit().
@@ -148,9 +158,14 @@ class GenQueue {
 
  private:
   void loop();
+  /// The replay test hook's path: one job at a time.
   void run(Job& job);
+  /// Hands `job` to the scheduler with its ReplyStream; counts it when it leaves.
+  void admit(Scheduler& sched, const std::shared_ptr<Job>& job);
   Engine& engine_;
   const int max_queue_;
+  PrefixCache* cache_;
+  const int max_seqs_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> jobs_;

@@ -79,6 +79,18 @@ std::string Metrics::text(const MetricsGauges& g) const {
     s += header("wren_expert_bytes_read_total", "counter", "Bytes of routed experts read from disk.");
     s += "wren_expert_bytes_read_total " + std::to_string(g.expert_bytes_read) + "\n";
   }
+  if (g.has_prefix_cache) {
+    s += header("wren_prefix_cache_lookups_total", "counter", "Prompts looked up in the prefix cache.");
+    s += "wren_prefix_cache_lookups_total " + std::to_string(g.prefix_lookups) + "\n";
+    s += header("wren_prefix_cache_hits_total", "counter", "Prompts resumed from a cached prefix.");
+    s += "wren_prefix_cache_hits_total " + std::to_string(g.prefix_hits) + "\n";
+    s += header("wren_prefix_cache_cached_tokens_total", "counter", "Prompt tokens restored instead of prefilled.");
+    s += "wren_prefix_cache_cached_tokens_total " + std::to_string(g.prefix_cached_tokens) + "\n";
+    s += header("wren_prefix_cache_bytes", "gauge", "Host bytes the prefix cache's snapshots take.");
+    s += "wren_prefix_cache_bytes " + std::to_string(g.prefix_bytes) + "\n";
+    s += header("wren_prefix_cache_entries", "gauge", "Snapshots in the prefix cache.");
+    s += "wren_prefix_cache_entries " + std::to_string(g.prefix_entries) + "\n";
+  }
   return s;
 }
 

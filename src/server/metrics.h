@@ -30,6 +30,9 @@ struct MetricsGauges {
   int running = 0;        ///< sequences generating now
   uint64_t expert_hits = 0, expert_misses = 0, expert_bytes_read = 0;  ///< expert store, if any
   bool has_store = false;
+  bool has_prefix_cache = false;  ///< the counters below are the prefix cache's (--prefix-cache)
+  uint64_t prefix_lookups = 0, prefix_hits = 0, prefix_cached_tokens = 0;
+  size_t prefix_bytes = 0, prefix_entries = 0;
 };
 
 /// All server metrics; thread-safe.

@@ -332,7 +332,8 @@ json error_json(const std::string& message, const std::string& type, const std::
 json usage_json(const GenResult& r) {
   return {{"prompt_tokens", r.prompt_tokens},
           {"completion_tokens", r.completion_tokens},
-          {"total_tokens", r.prompt_tokens + r.completion_tokens}};
+          {"total_tokens", r.prompt_tokens + r.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", r.cached_tokens}}}};
 }
 
 static json reason_or_null(const std::string& s) { return s.empty() ? json(nullptr) : json(s); }

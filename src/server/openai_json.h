@@ -69,6 +69,7 @@ struct GenResult {
   std::string invalid;
   std::vector<LogprobEntry> logprobs;      ///< the content tokens' logprobs (when asked)
   int prompt_tokens = 0, completion_tokens = 0;
+  int cached_tokens = 0;                 ///< prompt tokens resumed from the prefix cache
   std::string finish_reason = "length";  ///< "stop", "length" or "tool_calls"
   double ttft_s = 0;                     ///< arrival to first generated token (seconds; 0 if none)
   std::vector<double> gaps_s;            ///< seconds between consecutive generated tokens
@@ -84,7 +85,7 @@ nlohmann::json completion_logprobs_json(const std::vector<LogprobEntry>& e, size
 /// `{"error": {"message", "type", "param", "code"}}`; empty param/code become null.
 nlohmann::json error_json(const std::string& message, const std::string& type, const std::string& param,
                           const std::string& code);
-/// `{"prompt_tokens", "completion_tokens", "total_tokens"}`.
+/// `{"prompt_tokens", "completion_tokens", "total_tokens", "prompt_tokens_details": {"cached_tokens"}}`.
 nlohmann::json usage_json(const GenResult& r);
 
 /// Identity of one response: id ("chatcmpl-..."/"cmpl-..."), creation time, model id.

@@ -67,7 +67,11 @@ bool constant_time_equal(const std::string& a, const std::string& b) {
 }
 
 Server::Server(Engine& engine, ServerOptions o)
-    : engine_(engine), o_(std::move(o)), queue_(engine, o_.max_queue), started_(now_s()) {
+    : engine_(engine),
+      o_(std::move(o)),
+      cache_(o_.prefix_cache, o_.prefix_interval),
+      queue_(engine, o_.max_queue, &cache_, o_.max_seqs),
+      started_(now_s()) {
   if (!o_.replay.empty()) queue_.set_replay(o_.replay);
   queue_.set_metrics(&metrics_);
   const size_t threads = size_t(o_.max_queue) + 8;
@@ -96,9 +100,9 @@ void Server::log_request(const Request& req, const Response& res) {
   char line[512];
   if (t_job && t_job->done()) {
     const GenResult& r = t_job->result();
-    std::snprintf(line, sizeof line, "wren serve: %s %s %d id=%s prompt=%d completion=%d ttft=%.3fs duration=%.3fs finish=%s%s\n",
+    std::snprintf(line, sizeof line, "wren serve: %s %s %d id=%s prompt=%d completion=%d ttft=%.3fs duration=%.3fs finish=%s cached=%d%s\n",
                   req.method.c_str(), req.path.c_str(), res.status, t_job->id.c_str(), r.prompt_tokens,
-                  r.completion_tokens, r.ttft_s, dur, r.finish_reason.c_str(),
+                  r.completion_tokens, r.ttft_s, dur, r.finish_reason.c_str(), r.cached_tokens,
                   t_job->was_cancelled() ? " cancelled" : !t_job->error().empty() ? " failed" : "");
   } else {
     std::snprintf(line, sizeof line, "wren serve: %s %s %d duration=%.3fs\n", req.method.c_str(),
@@ -124,11 +128,17 @@ void Server::routes() {
     const QueueStats q = queue_.stats();
     MetricsGauges g;
     g.queued = q.queued;
-    g.running = q.busy ? 1 : 0;
+    g.running = q.running;
     g.has_store = q.has_store;
     g.expert_hits = q.expert_hits;
     g.expert_misses = q.expert_misses;
     g.expert_bytes_read = q.expert_bytes_read;
+    g.has_prefix_cache = q.has_prefix_cache;
+    g.prefix_lookups = q.prefix.lookups;
+    g.prefix_hits = q.prefix.hits;
+    g.prefix_cached_tokens = q.prefix.cached_tokens;
+    g.prefix_bytes = q.prefix.bytes;
+    g.prefix_entries = q.prefix.entries;
     res.set_content(metrics_.text(g), "text/plain; version=0.0.4");
   }));
   http_.Get("/v1/models", guarded([this](const Request&, Response& res) { models(res); }));
@@ -156,9 +166,14 @@ void Server::listen() { http_.listen_after_bind(); }
 
 void Server::health(Response& res) {
   const QueueStats s = queue_.stats();
-  res.set_content(dump({{"status", "ok"}, {"model", o_.model_id}, {"queued", s.queued}, {"busy", s.busy},
-                        {"completed", s.completed}, {"cancelled", s.cancelled}, {"failed", s.failed}}),
-                  "application/json");
+  nlohmann::json h = {{"status", "ok"}, {"model", o_.model_id}, {"queued", s.queued}, {"busy", s.busy},
+                      {"running", s.running}, {"completed", s.completed}, {"cancelled", s.cancelled}, {"failed", s.failed}};
+  if (s.has_prefix_cache)
+    h["prefix_cache"] = {{"lookups", s.prefix.lookups}, {"hits", s.prefix.hits},
+                         {"cached_tokens", s.prefix.cached_tokens}, {"entries", s.prefix.entries},
+                         {"bytes", s.prefix.bytes}, {"budget_bytes", s.prefix.budget},
+                         {"evictions", s.prefix.evictions}};
+  res.set_content(dump(h), "application/json");
 }
 
 void Server::models(Response& res) {

@@ -27,6 +27,9 @@ struct ServerOptions {
   /// compared in constant time).
   std::string api_key;
   bool log_requests = true;  ///< one line per request on stderr
+  size_t prefix_cache = 0;   ///< --prefix-cache: host bytes of state snapshots (0 = off; runtime/prefix_cache.h)
+  int prefix_interval = 256; ///< snapshot every this many prompt tokens
+  int max_seqs = 1;          ///< --max-seqs: sequences decoded together (runtime/scheduler.h)
 };
 
 /// `a == b` in time that depends only on a's length (the secret is b).
@@ -56,6 +59,7 @@ class Server {
   Engine& engine_;
   ServerOptions o_;
   Metrics metrics_;
+  PrefixCache cache_;
   GenQueue queue_;
   httplib::Server http_;
   std::atomic<long long> next_id_{1};
