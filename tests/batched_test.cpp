@@ -20,11 +20,7 @@
 namespace wren {
 namespace {
 
-std::vector<int> some_ids(int n, int vocab, int seed) {
-  std::vector<int> ids;
-  for (int i = 0; i < n; ++i) ids.push_back(int((1103515245u * (i + 7u * seed) + 12345u) % vocab));
-  return ids;
-}
+using test::some_ids;
 
 int argmax(const float* v, int n) { return int(std::max_element(v, v + n) - v); }
 

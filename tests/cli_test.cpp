@@ -275,6 +275,13 @@ TEST(Cli, BadArgumentsExitNonZero) {
   EXPECT_EQ(2, test::run_wren("run --no-such-flag", &out)) << out;
   EXPECT_NE(out.find("wren: error:"), std::string::npos) << out;
   EXPECT_EQ(0, test::run_wren("run --help", &out)) << out;
+  // bench stream writes its checkpoint only into a folder it owns: a model folder is refused untouched.
+  const std::string dir = test::temp_dir("bench-stream-dir");
+  std::ofstream(dir + "/config.json") << "{}";
+  EXPECT_NE(0, test::run_wren("bench stream --dir " + dir + " --moe-layers 1 --experts 16 --runs 1", &out)) << out;
+  EXPECT_NE(out.find("holds other files"), std::string::npos) << out;
+  std::ifstream f(dir + "/config.json");
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(f), {}), "{}");
 }
 
 }  // namespace

@@ -16,11 +16,7 @@
 namespace wren {
 namespace {
 
-std::vector<int> some_ids(int n, int vocab, int seed) {
-  std::vector<int> ids;
-  for (int i = 0; i < n; ++i) ids.push_back(int((1103515245u * (i + 7u * seed) + 12345u) % vocab));
-  return ids;
-}
+using test::some_ids;
 
 std::vector<float> logits_with_chunk(const Model& m, const std::vector<int>& ids, int chunk) {
   CpuBackend be;

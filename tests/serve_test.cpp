@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cmath>
 #include <chrono>
@@ -808,6 +809,37 @@ TEST_F(Serve, MetricsCountRequestsTokensAndLatenciesAndEachRequestIsLogged) {
 
 // --api-key-file: the openai client with the right key works, a wrong or missing key is a 401
 // (OpenAI-shaped), /health stays open.
+TEST(ServeShutdown, SigtermEndsLongGenerationsPromptlyAndThePortIsExclusive) {
+  ServeProcess s({"--ctx", "4096", "--max-seqs", "1", "--prefix-cache", "0"});
+  // A second server on the same port must fail to bind (httplib's default SO_REUSEPORT let it share).
+  std::string out;
+  EXPECT_NE(0, test::run_cmd("timeout 20 " + std::string(WREN_BINARY) + " serve --model " + test::golden_dir() +
+                             " --host 127.0.0.1 --port " + std::to_string(s.port()), &out));
+  EXPECT_NE(out.find("cannot listen"), std::string::npos) << out;
+  // Three long generations (one running, two waiting), then SIGTERM: the server must exit within a few
+  // seconds, not after generating every token of all three.
+  std::vector<std::thread> clients;
+  std::atomic<int> answered{0};
+  for (int i = 0; i < 3; ++i)
+    clients.emplace_back([&, i] {
+      httplib::Client c("127.0.0.1", s.port());
+      c.set_read_timeout(120, 0);
+      const json req = {{"model", "k3-tiny-a"}, {"prompt", "Once upon a time " + std::to_string(i)},
+                        {"max_tokens", 3800}, {"temperature", 0}};
+      if (c.Post("/v1/completions", req.dump(), "application/json")) ++answered;
+    });
+  std::this_thread::sleep_for(std::chrono::milliseconds(700));
+  const auto t0 = Clock::now();
+  kill(s.pid(), SIGTERM);
+  int st = 0;
+  while (waitpid(s.pid(), &st, WNOHANG) == 0 && Clock::now() - t0 < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+  for (auto& t : clients) t.join();
+  EXPECT_LT(secs, 5.0) << "SIGTERM took " << secs << " s\n" << s.log();
+  EXPECT_EQ(answered.load(), 3) << "every client gets a response (partial or an error), none hangs";
+}
+
 TEST(ServeAuth, ApiKeyRequiredExceptOnHealth) {
   const std::string dir = test::temp_dir("serve-auth");
   std::ofstream(dir + "/key") << "s3cret-key\n";

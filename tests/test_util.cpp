@@ -120,6 +120,12 @@ std::vector<float> random_vec(std::mt19937& g, size_t n, float lo, float hi) {
   return v;
 }
 
+std::vector<int> some_ids(int n, int vocab, int seed) {
+  std::vector<int> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(int((1103515245u * (i + 7u * seed) + 12345u) % vocab));
+  return ids;
+}
+
 double rel_l2(const float* a, const float* b, size_t n) { return wren::rel_l2(a, b, n); }
 
 std::vector<float> read_all_f32(const std::string& path) {

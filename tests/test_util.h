@@ -57,6 +57,9 @@ GoldenTraceResult expect_golden_trace(const std::vector<float>& trace, const Gol
 /// The golden criterion for logits [T, V] of case `gc`: rel-L2 within 1e-4 of the golden logits and
 /// every position's argmax equal. Returns the rel-L2.
 double expect_golden_logits(const std::vector<float>& logits, const GoldenCase& gc, int V, const std::string& what);
+/// `n` deterministic pseudo-random token ids in [0, vocab) (an LCG of index and `seed`): prompts for
+/// tests that need many different, reproducible inputs.
+std::vector<int> some_ids(int n, int vocab, int seed);
 /// ‖a − b‖ / ‖b‖.
 double rel_l2(const float* a, const float* b, size_t n);
 /// Reads a whole little-endian f32 file.

@@ -19,6 +19,7 @@
 #include "bench/bench.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/nll.h"
 #include "model/forward.h"
 #include "model/quant.h"
 #include "model/tensor_table.h"
@@ -353,13 +354,7 @@ std::vector<float> teacher_forced_text(const Model& m, const CpuOptions& o, cons
 /// exp(mean −log softmax(row)[target]) in f64, as `wren perplexity`.
 double perplexity_of(const std::vector<float>& logits, const std::vector<int>& targets, int V) {
   double nll = 0;
-  for (size_t t = 0; t < targets.size(); ++t) {
-    const float* r = logits.data() + t * size_t(V);
-    double mx = r[0], sum = 0;
-    for (int i = 1; i < V; ++i) mx = std::max(mx, double(r[i]));
-    for (int i = 0; i < V; ++i) sum += std::exp(double(r[i]) - mx);
-    nll += std::log(sum) + mx - double(r[targets[t]]);
-  }
+  for (size_t t = 0; t < targets.size(); ++t) nll += token_nll(logits.data() + t * size_t(V), V, targets[t]);
   return std::exp(nll / double(targets.size()));
 }
 

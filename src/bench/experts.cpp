@@ -14,6 +14,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "bench/bench.h"
+#include "bench/sequential_read.h"
 #include "core/error.h"
 #include "core/sizes.h"
 #include "model/forward.h"
@@ -47,29 +48,6 @@ void drop_cache(const std::set<std::string>& files) {
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     ::close(fd);
   }
-}
-
-/// Plain sequential read of every expert-holding shard, 8 MB at a time, one thread. GB/s.
-double sequential_read(const std::set<std::string>& files, bool direct, uint64_t* bytes) {
-  constexpr size_t kChunk = 8 << 20;
-  void* buf = nullptr;
-  check(posix_memalign(&buf, 4096, kChunk) == 0, "cannot allocate the read buffer");
-  *bytes = 0;
-  const double t0 = now_s();
-  for (const std::string& p : files) {
-    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
-    check(fd >= 0, p + ": cannot open");
-    for (;;) {
-      const ssize_t r = ::read(fd, buf, kChunk);
-      check(r >= 0, p + ": read failed");
-      if (r == 0) break;
-      *bytes += uint64_t(r);
-    }
-    ::close(fd);
-  }
-  const double dt = now_s() - t0;
-  std::free(buf);
-  return *bytes / dt / 1e9;
 }
 
 /// Every expert of every MoE layer through a cold store, as decode does (one layer's misses at a

@@ -25,6 +25,7 @@
 
 #include "bench/bench.h"
 #include "core/error.h"
+#include "core/nll.h"
 #include "model/forward.h"
 #include "model/load.h"
 #include "ops/expert_source.h"
@@ -59,15 +60,6 @@ class RecordingSource final : public ExpertSource {
  private:
   ExpertSource& inner_;
 };
-
-/// −log softmax(logits)[target] in f64 (as `wren perplexity`).
-double token_nll(const float* logits, int V, int target) {
-  double mx = logits[0];
-  for (int i = 1; i < V; ++i) mx = std::max(mx, double(logits[i]));
-  double sum = 0;
-  for (int i = 0; i < V; ++i) sum += std::exp(double(logits[i]) - mx);
-  return std::log(sum) + mx - double(logits[target]);
-}
 
 /// Hit rate of the trace replayed through a fresh store holding `slots` experts (buffered reads).
 ExpertStoreStats replay(const Model& m, const std::vector<RecordingSource::Request>& trace, int slots) {

@@ -21,6 +21,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "bench/bench.h"
+#include "bench/sequential_read.h"
 #include "core/error.h"
 #include "core/hash.h"
 #include "core/sizes.h"
@@ -88,29 +89,6 @@ void drop_cache(const std::set<std::string>& files) {
     ::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
     ::close(fd);
   }
-}
-
-/// Plain sequential read of the shards, 8 MB at a time, one thread: GB/s.
-double sequential_read(const std::set<std::string>& files, bool direct) {
-  constexpr size_t kChunk = 8 << 20;
-  void* buf = nullptr;
-  check(posix_memalign(&buf, 4096, kChunk) == 0, "cannot allocate the read buffer");
-  uint64_t bytes = 0;
-  const double t0 = now_s();
-  for (const std::string& p : files) {
-    const int fd = ::open(p.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
-    check(fd >= 0, p + ": cannot open");
-    for (;;) {
-      const ssize_t r = ::read(fd, buf, kChunk);
-      check(r >= 0, p + ": read failed");
-      if (r == 0) break;
-      bytes += uint64_t(r);
-    }
-    ::close(fd);
-  }
-  const double dt = now_s() - t0;
-  std::free(buf);
-  return bytes / dt / 1e9;
 }
 
 /// Forwards to the store and records the (layer, expert) pairs visited: the touched set.
@@ -224,9 +202,18 @@ void run_stream(const StreamArgs& a) {
     }
   }
   if (!reuse) {
+    // Never overwrite a folder it did not write: only a missing or empty one, or one holding the
+    // marker of an earlier bench checkpoint (of other sizes).
+    const std::string marker = dir + "/.wren-bench-stream";
+    std::error_code ec;
+    const bool mine = std::filesystem::exists(marker, ec);
+    check(mine || !std::filesystem::exists(dir, ec) || std::filesystem::is_empty(dir, ec),
+          dir + ": bench stream writes its checkpoint only into a missing or empty folder (or one it wrote "
+                "before); this one holds other files. Give --dir a new folder");
     std::printf("writing the bench checkpoint to %s ...\n", dir.c_str());
     std::fflush(stdout);
     std::filesystem::create_directories(dir);
+    std::ofstream(marker) << "written by wren bench stream; the folder may be deleted\n";
     SynthOptions o;
     o.seed = 1;
     o.shard_bytes = 2'000'000'000;

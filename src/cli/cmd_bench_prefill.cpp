@@ -12,7 +12,7 @@ void add_bench_prefill(CLI::App* bench) {
   auto cpu = std::make_shared<CpuFlags>();
   auto cuda = std::make_shared<CudaFlags>();
   CLI::App* sub = bench->add_subcommand("prefill", "Prefill tok/s of a checkpoint at several prompt lengths (model loaded once)");
-  sub->add_option("--model", a->engine.model_dir, "Snapshot folder (default: the built-in random-weight model)");
+  sub->add_option("--model", a->engine.model_dir, "Snapshot folder (default: the built-in model wren-tiny)");
   sub->add_option("--backend", a->engine.backend, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub->add_option("--prompts", a->prompts, "Comma-separated prompt lengths (default 512,4096,16384)");
   sub->add_option("--repeat", a->repeat, "Timed prefills per length after one warm-up (default 3)")->check(non_negative());

@@ -155,6 +155,10 @@ void chat(ChatArgs& a) {
       continue;
     }
     if (line.empty()) continue;
+    if (line[0] == '/' && line.find_first_of(" \t") == std::string::npos) {  // "/bogus", not "/usr/bin is ..."
+      std::fprintf(stdout, "[unknown command %s: /help lists them]\n", line.c_str());
+      continue;
+    }
     std::vector<ChatMessage> msgs;
     if (first && a.common.system) msgs.push_back({"system", *a.common.system, ""});
     msgs.push_back({"user", line, ""});

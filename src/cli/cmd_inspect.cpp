@@ -118,7 +118,7 @@ void inspect(const InspectArgs& a) {
 void add_inspect(CLI::App& app) {
   auto a = std::make_shared<InspectArgs>();
   CLI::App* sub = app.add_subcommand("inspect", "Print the architecture, sizes, byte counts and memory plan of a snapshot");
-  sub->add_option("--model", a->dir, "Kimi K3 snapshot folder (default: the built-in random-weight model)");
+  sub->add_option("--model", a->dir, "Kimi K3 snapshot folder (default: the built-in model wren-tiny)");
   sub->add_option("--expert-cache", a->expert_cache, "Expert cache budget to plan for, e.g. 8G");
   sub->add_option("--ctx", a->ctx, "Context capacity to plan for")->check(positive());
   sub->add_option("--chunk", a->chunk, "Prefill chunk to plan for")->check(positive());

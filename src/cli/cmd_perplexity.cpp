@@ -14,6 +14,7 @@
 #include "cli/commands.h"
 #include "cli/run_options.h"
 #include "core/error.h"
+#include "core/nll.h"
 #include "runtime/engine.h"
 #include "runtime/sampler.h"
 
@@ -28,15 +29,6 @@ struct PerplexityArgs {
   int window = 256;
   bool json = false;
 };
-
-/// −log softmax(logits)[target] in f64.
-double token_nll(const float* logits, int V, int target) {
-  double mx = logits[0];
-  for (int i = 1; i < V; ++i) mx = std::max(mx, double(logits[i]));
-  double sum = 0;
-  for (int i = 0; i < V; ++i) sum += std::exp(double(logits[i]) - mx);
-  return std::log(sum) + mx - double(logits[target]);
-}
 
 void perplexity(const PerplexityArgs& a) {
   std::ifstream f(a.file, std::ios::binary);

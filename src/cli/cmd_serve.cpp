@@ -124,7 +124,7 @@ void serve(ServeArgs& a) {
 void add_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* sub = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/chat/completions, /v1/completions)");
-  sub->add_option("--model", a->engine.model_dir, "Kimi K3 snapshot folder (default: the built-in random-weight model)");
+  sub->add_option("--model", a->engine.model_dir, "Kimi K3 snapshot folder (default: the built-in model wren-tiny)");
   sub->add_option("--host", a->server.host, "Address to listen on (default 127.0.0.1)");
   sub->add_option("--port", a->server.port, "Port to listen on (0 = any free port; default 8000)")->check(CLI::Range(0, 65535));
   sub->add_option("--expert-cache", a->engine.expert_cache, "Expert cache budget, e.g. 8G, 512M (default: from available RAM)");

@@ -199,7 +199,7 @@ void validate(const ValidateArgs& a) {
 void add_validate(CLI::App& app) {
   auto a = std::make_shared<ValidateArgs>();
   CLI::App* sub = app.add_subcommand("validate", "Compare a backend or weight format with the CPU exact f32 path, layer by layer");
-  sub->add_option("--model", a->engine.model_dir, "Kimi K3 snapshot folder (default: the built-in random-weight model)");
+  sub->add_option("--model", a->engine.model_dir, "Kimi K3 snapshot folder (default: the built-in model wren-tiny)");
   sub->add_option("--backend", a->engine.backend, "Candidate backend: cpu, cuda, or auto")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub->add_option("--prompt", a->prompts, "Prompt text(s) (default: the model's golden cases, else built-in texts)");

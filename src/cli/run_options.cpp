@@ -18,7 +18,7 @@ std::string describe_gpu(Engine& e, const EngineOptions& o) {
 
 void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
   sampling.temperature = default_temperature;
-  sub->add_option("--model", engine.model_dir, "Kimi K3 snapshot folder (default: the built-in random-weight model)");
+  sub->add_option("--model", engine.model_dir, "Kimi K3 snapshot folder (default: the built-in model wren-tiny)");
   sub->add_option("-n,--max-tokens", n, "Tokens to generate at most")->check(non_negative());
   sub->add_option("--temperature", sampling.temperature, "Sampling temperature (0 = greedy)")->check(non_negative());
   sub->add_option("--top-p", sampling.top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));

@@ -63,11 +63,26 @@ GenQueue::~GenQueue() {
 
 void GenQueue::submit(const std::shared_ptr<Job>& job) {
   std::lock_guard<std::mutex> lk(mu_);
+  if (draining_) throw RequestError(503, "the server is shutting down", "", "shutting_down");
   if (int(jobs_.size()) >= max_queue_)
     throw RequestError(503, "the server is busy: " + std::to_string(jobs_.size()) +
                                 " requests are already waiting (--max-queue); retry later", "", "queue_full");
   jobs_.push_back(job);
   ++stats_.queued;
+  cv_.notify_all();
+}
+
+void GenQueue::drain() {
+  std::deque<std::shared_ptr<Job>> waiting;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    draining_ = true;
+    waiting.swap(jobs_);
+    stats_.queued -= int(waiting.size());
+    for (const auto& w : admitted_)
+      if (const auto j = w.lock()) j->stop();
+  }
+  for (const auto& j : waiting) j->finish({}, "the server is shutting down");
   cv_.notify_all();
 }
 
@@ -88,6 +103,9 @@ void GenQueue::loop() {
       if (quit_) return;
       // New requests join between decode steps, oldest first, while slots are free.
       while (!jobs_.empty() && sched.running() + sched.waiting() + int(admit_now.size()) < sched.max_seqs()) {
+        std::erase_if(admitted_, [](const std::weak_ptr<Job>& w) { return w.expired(); });
+        admitted_.push_back(jobs_.front());
+        if (draining_) jobs_.front()->stop();
         admit_now.push_back(jobs_.front());
         jobs_.pop_front();
         --stats_.queued;

@@ -154,6 +154,9 @@ class GenQueue {
   GenQueue& operator=(const GenQueue&) = delete;
   /// Appends a job; throws RequestError 503 when the queue is full.
   void submit(const std::shared_ptr<Job>& job);
+  /// Shutdown: later submit()s get 503, every waiting job finishes with an error at once, every
+  /// running one is halted (it ends at its next token). Returns without waiting.
+  void drain();
   QueueStats stats();
 
  private:
@@ -174,6 +177,8 @@ class GenQueue {
   Metrics* metrics_ = nullptr;
   size_t replayed_ = 0;
   bool quit_ = false;
+  bool draining_ = false;
+  std::vector<std::weak_ptr<Job>> admitted_;  ///< jobs handed to the scheduler (for drain)
   std::thread worker_;
 };
 

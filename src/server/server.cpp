@@ -77,6 +77,12 @@ Server::Server(Engine& engine, ServerOptions o)
   const size_t threads = size_t(o_.max_queue) + 8;
   http_.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
   http_.set_payload_max_length(o_.max_body);
+  // httplib's default socket options add SO_REUSEPORT, which lets a second `wren serve` bind the same
+  // port and take half the connections: only SO_REUSEADDR here, so the second one fails to bind.
+  http_.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, reinterpret_cast<const void*>(&yes), sizeof yes);
+  });
   routes();
 }
 
@@ -163,6 +169,11 @@ int Server::bind() {
 }
 
 void Server::listen() { http_.listen_after_bind(); }
+
+void Server::stop() {
+  queue_.drain();  // waiting requests get an error now, running ones stop at their next token
+  http_.stop();
+}
 
 void Server::health(Response& res) {
   const QueueStats s = queue_.stats();

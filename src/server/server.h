@@ -44,7 +44,9 @@ class Server {
   /// Serves until stop() (blocks).
   void listen();
   /// Stops listening; listen() returns. Safe from another thread.
-  void stop() { http_.stop(); }
+  /// Stops promptly: new requests get 503, waiting ones an error, running generations end at their
+  /// next token (their clients get what was generated); then the listener closes. Any thread.
+  void stop();
 
  private:
   void routes();

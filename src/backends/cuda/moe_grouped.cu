@@ -591,7 +591,7 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
       w13 = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.mla[4], size_t(kDequantBatch) * per));
       w2 = w13 + size_t(kDequantBatch) * 2 * inter * io;
     }
-    const std::vector<DenseExpertPtrs>& dhost = table ? std::vector<DenseExpertPtrs>() : dt->host;
+    const DenseExpertPtrs* dhost = table ? nullptr : dt->host.data();  // no copy of the host table
     for (size_t b0 = 0; b0 < touched.size(); b0 += kDequantBatch) {
       const int nb = int(std::min<size_t>(kDequantBatch, touched.size() - b0));
       if (table) {
