@@ -67,8 +67,6 @@ std::string data_dir() {
   return "share/wren";
 }
 
-std::string default_vocab_file() { return data_dir() + "/default-vocab.tiktoken"; }
-
 std::string trained_model_dir() { return data_dir() + "/models/wren-tiny"; }
 
 std::string default_model_dir() {

@@ -27,8 +27,5 @@ std::string source_dir();
 /// the repository's data/ there). Returns the installed location when neither exists.
 std::string data_dir();
 
-/// The default model's vocabulary: <data_dir()>/default-vocab.tiktoken (scripts/setup.sh writes it
-/// into data/; the build copies it).
-std::string default_vocab_file();
 
 }  // namespace wren
