@@ -1,8 +1,6 @@
 // One loaded model ready to generate (see engine.h).
 #include "runtime/engine.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
