@@ -275,6 +275,13 @@ TEST(Cli, BadArgumentsExitNonZero) {
   EXPECT_EQ(2, test::run_wren("run --no-such-flag", &out)) << out;
   EXPECT_NE(out.find("wren: error:"), std::string::npos) << out;
   EXPECT_EQ(0, test::run_wren("run --help", &out)) << out;
+  // Values only Wren can check (sizes, presets) are usage errors too: exit 2, naming the flag.
+  EXPECT_EQ(2, test::run_wren("run " + model_arg() + " --ids 1 --expert-cache abc", &out)) << out;
+  EXPECT_NE(out.find("wren: error: --expert-cache: 'abc' is not a size"), std::string::npos) << out;
+  EXPECT_EQ(2, test::run_wren("run " + model_arg() + " --ids 1 --quant q3", &out)) << out;
+  EXPECT_NE(out.find("wren: error: --quant: 'q3' is not a preset"), std::string::npos) << out;
+  EXPECT_EQ(1, test::run_wren("perplexity " + model_arg() + " " + test::temp_dir("ppl-dir"), &out)) << out;
+  EXPECT_NE(out.find("is a folder (expected a UTF-8 text file)"), std::string::npos) << out;
   // bench stream writes its checkpoint only into a folder it owns: a model folder is refused untouched.
   const std::string dir = test::temp_dir("bench-stream-dir");
   std::ofstream(dir + "/config.json") << "{}";

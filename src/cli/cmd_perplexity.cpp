@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -31,6 +32,8 @@ struct PerplexityArgs {
 };
 
 void perplexity(const PerplexityArgs& a) {
+  std::error_code ec;
+  check(!std::filesystem::is_directory(a.file, ec), a.file + ": is a folder (expected a UTF-8 text file)");
   std::ifstream f(a.file, std::ios::binary);
   check(bool(f), a.file + ": cannot open");
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

@@ -59,6 +59,9 @@ int main(int argc, char** argv) {
     if (e.get_exit_code() == 0) return app.exit(e);
     std::fprintf(stderr, "wren: error: %s\nRun with --help for more information.\n", e.what());
     return 2;
+  } catch (const wren::UsageError& e) {  // a flag's value that only Wren could check: a usage error too
+    std::fprintf(stderr, "wren: error: %s\nRun with --help for more information.\n", e.what());
+    return 2;
   } catch (const wren::Error& e) {
     std::fprintf(stderr, "wren: error: %s\n", e.what());
     return 1;

@@ -19,6 +19,14 @@ class DeviceError : public Error {
   explicit DeviceError(const std::string& msg) : Error(msg) {}
 };
 
+/// Thrown for a bad command-line value that CLI11 could not check while parsing (a size such as
+/// `--expert-cache abc`, a `--quant` preset): a usage error, which the front end answers with exit 2
+/// like CLI11's own parse errors.
+class UsageError : public Error {
+ public:
+  explicit UsageError(const std::string& msg) : Error(msg) {}
+};
+
 /// Throws Error(msg) when `cond` is false.
 inline void check(bool cond, const std::string& msg) {
   if (!cond) throw Error(msg);

@@ -31,10 +31,10 @@ uint64_t parse_size(const std::string& s, const std::string& what) {
   else if (unit == "MiB") mult = 1024.0 * 1024;
   else if (unit == "GiB") mult = 1024.0 * 1024 * 1024;
   else mult = -1;
-  check(end != s.c_str() && mult > 0 && v >= 0 && std::isfinite(v),
-        what + ": '" + s + "' is not a size (expected e.g. 8G, 512M, 300K or a byte count)");
+  if (end == s.c_str() || mult <= 0 || v < 0 || !std::isfinite(v))
+    throw UsageError(what + ": '" + s + "' is not a size (expected e.g. 8G, 512M, 300K or a byte count)");
   // The double -> uint64 cast is undefined at 2^64 and beyond: refuse such sizes (no machine has them).
-  check(v * mult < 18446744073709551616.0, what + ": '" + s + "' is beyond 2^64 bytes (16 EiB)");
+  if (!(v * mult < 18446744073709551616.0)) throw UsageError(what + ": '" + s + "' is beyond 2^64 bytes (16 EiB)");
   return uint64_t(v * mult);
 }
 

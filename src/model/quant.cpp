@@ -47,7 +47,7 @@ const char* wclass_name(WClass c) { return kClassNames[size_t(c)]; }
 WFormat parse_wformat(const std::string& s, const std::string& what) {
   for (int i = 0; i < kWFormats; ++i)
     if (s == wformat_name(WFormat(i))) return WFormat(i);
-  throw Error(what + ": '" + s + "' is not a weight format (expected f32, bf16, q8 or q4)");
+  throw UsageError(what + ": '" + s + "' is not a weight format (expected f32, bf16, q8 or q4)");
 }
 
 bool QuantPlan::exact() const {
@@ -81,7 +81,7 @@ QuantPlan QuantPlan::preset(const std::string& name) {
     p.set(WClass::Embed, WFormat::BF16);
     return p;
   }
-  throw Error("--quant: '" + name + "' is not a preset (expected exact, bf16, q8, default or q4)");
+  throw UsageError("--quant: '" + name + "' is not a preset (expected exact, bf16, q8, default or q4)");
 }
 
 void quantize_matrix(const float* src, int64_t rows, int64_t cols, WFormat f, void* data, float* scale) {
