@@ -53,7 +53,7 @@ Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts)
                                        std::to_string(c.n_layers) + " layers (num_hidden_layers)");
   n_layers_ = opts.layers < 0 ? c.n_layers : opts.layers;
   check(opts_.max_chunk >= 1, "--chunk must be at least 1");
-  check(opts_.first_layer >= 0 && opts_.first_layer < n_layers_,
+  check(opts_.first_layer == 0 || (opts_.first_layer > 0 && opts_.first_layer < n_layers_),  // 0 layers: allowed
         "pipeline stage: first layer " + std::to_string(opts_.first_layer) + " outside [0, " +
             std::to_string(n_layers_) + ")");
   check((opts_.first_layer == 0 || opts_.link.prev >= 0) &&
