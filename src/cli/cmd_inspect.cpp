@@ -9,6 +9,7 @@
 #include "io/checkpoint.h"
 #include "model/forward.h"
 #include "model/load.h"
+#include "model/pipeline.h"
 #include "model/tensor_table.h"
 #include "ops/state.h"
 #include "runtime/default_model.h"
@@ -30,7 +31,34 @@ std::string human_bytes(double b) {
 struct InspectArgs {
   std::string dir, expert_cache;
   int ctx = 4096, chunk = 32;
+  std::string pipeline, pipeline_split = "even";  ///< --pipeline / --pipeline-split to plan for
 };
+
+/// The --pipeline plan: per stage its layers, resident weight bytes (dense f32 + experts as
+/// stored, layer_bytes) and sequence-state bytes; the embedding goes with stage 0 and the head
+/// with the last stage (docs/parallel.md).
+void print_stages(const InspectArgs& a, const Config& c) {
+  const std::vector<uint64_t> bytes = layer_bytes(c);
+  const StagePlan p = parse_pipeline(a.pipeline, c.n_layers, parse_stage_split(a.pipeline_split), bytes);
+  const uint64_t per_token_kda = uint64_t(c.kda_heads) * c.kda_head_dim * c.kda_head_dim +
+                                 uint64_t(3) * c.kda_width() * uint64_t(c.conv_kernel - 1);
+  const uint64_t embed = uint64_t(c.vocab) * c.hidden * 4;
+  std::printf("pipeline plan (%s split): %s\n", a.pipeline_split.c_str(), p.describe().c_str());
+  for (int s = 0; s < p.stages(); ++s) {
+    uint64_t w = 0, st = 0;
+    for (int i = p.first(s); i < p.end(s); ++i) {
+      w += bytes[size_t(i)];
+      st += (c.layers[size_t(i)].mixer == Mixer::KDA ? per_token_kda : uint64_t(a.ctx) * c.mla_cache_width()) * 4;
+    }
+    if (s == 0) w += embed;
+    if (s + 1 == p.stages()) w += embed;  // lm_head [V, D] (untied)
+    std::printf("  stage %d: layers %d-%d, weights %s, sequence state %s\n", s, p.first(s), p.end(s) - 1,
+                human_bytes(double(w)).c_str(), human_bytes(double(st)).c_str());
+  }
+  const int cross = p.stages() > 1 ? 1 + Forward::snapshots_before(c, p.first(p.stages() - 1)) : 0;
+  std::printf("  per token and boundary: P plus the AttnRes snapshots so far (at most %d x %d floats)\n", cross,
+              c.hidden);
+}
 
 void inspect(const InspectArgs& a) {
   const std::string dir = a.dir.empty() ? default_model_dir() : a.dir;
@@ -111,6 +139,7 @@ void inspect(const InspectArgs& a) {
   std::printf("  sequence state: %s; working buffers: %s\n", human_bytes(double(state)).c_str(),
               human_bytes(double(work)).c_str());
   std::printf("  total: %s\n", human_bytes(double(resident_f32 + cache + state + work)).c_str());
+  if (!a.pipeline.empty()) print_stages(a, c);
 }
 
 }  // namespace
@@ -122,6 +151,10 @@ void add_inspect(CLI::App& app) {
   sub->add_option("--expert-cache", a->expert_cache, "Expert cache budget to plan for, e.g. 8G");
   sub->add_option("--ctx", a->ctx, "Context capacity to plan for")->check(positive());
   sub->add_option("--chunk", a->chunk, "Prefill chunk to plan for")->check(positive());
+  sub->add_option("--pipeline", a->pipeline, "Pipeline stages to plan for: N or layers per stage, e.g. 3+2+1");
+  sub->add_option("--pipeline-split", a->pipeline_split, "How --pipeline N splits: even or bytes")
+      ->check(CLI::IsMember({"even", "bytes"}))
+      ->capture_default_str();
   sub->callback([a] { inspect(*a); });
 }
 

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "cli/commands.h"
+#include "cli/launch.h"
 #include "cli/run_options.h"
 #include "core/error.h"
 #include "core/hash.h"
@@ -120,6 +121,7 @@ void run(RunArgs& a) {
   check(a.has_prompt != !a.ids.empty(), "give either a text prompt or --ids, not both and not neither");
   Engine e(a.common.engine_options());
   if (const std::string g = describe_gpu(e, a.common.engine); !g.empty()) std::fprintf(stderr, "wren: %s\n", g.c_str());
+  if (e.is_worker()) return e.run_worker();  // ranks 1..: serve rank 0's steps (docs/parallel.md)
   const Config& c = e.config();
   const std::vector<int> prompt = prompt_ids(a, e);
   const int T = int(prompt.size());
@@ -236,6 +238,11 @@ void add_run(CLI::App& app) {
   sub->add_option("--dump-dir", a->dump_dir, "Folder for nrm_attn/att/nrm_mlp/mlp/hidden .f32 files");
   sub->callback([a, sub] {
     a->has_prompt = sub->count("prompt") > 0;
+    if (!a->common.gpus.empty() && !under_launcher()) {  // the parent: start the ranks, wait for them
+      const int rc = launch_ranks(a->common.gpus);
+      check(rc == 0, "--gpus: a pipeline rank failed (exit status " + std::to_string(rc) + ")");
+      return;
+    }
     run(*a);
   });
 }

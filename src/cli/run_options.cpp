@@ -1,6 +1,7 @@
 // Flags shared by `wren run` and `wren chat`.
 #include "cli/run_options.h"
 #include "cli/commands.h"
+#include "cli/launch.h"
 #include "core/sizes.h"
 
 #include <cstdio>
@@ -11,9 +12,10 @@
 namespace wren::cli {
 
 std::string describe_gpu(Engine& e, const EngineOptions& o) {
-  if (std::string(e.backend().name()) == "cpu") return "";
   (void)o;
-  return "prefill chunk " + std::to_string(e.chunk());
+  const std::string stages = e.stages_line();  // --pipeline (docs/parallel.md)
+  if (std::string(e.backend().name()) == "cpu") return stages;
+  return "prefill chunk " + std::to_string(e.chunk()) + (stages.empty() ? "" : "\nwren: " + stages);
 }
 
 void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
@@ -49,6 +51,19 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
   sub->add_flag("--check-finite", engine.check_finite,
                 "Check every layer's output for NaN/Inf and name the first layer that produced one (slower)");
   sub->add_option("--ctx", engine.ctx, "Context capacity in tokens (MLA cache size)")->check(positive());
+  sub->add_option("--pipeline", engine.pipeline,
+                  "Pipeline stages in this process, each on its own backend: N (split by --pipeline-split) or "
+                  "layers per stage, e.g. 3+2+1 (docs/parallel.md)");
+  sub->add_option("--pipeline-split", engine.pipeline_split, "How --pipeline N splits the layers: even or bytes")
+      ->check(CLI::IsMember({"even", "bytes"}))
+      ->capture_default_str();
+  sub->add_option("--stage-gpus", engine.gpus, "CUDA devices of the --pipeline stages, e.g. 0,1 (stage s on entry s)")
+      ->delimiter(',');
+  sub->add_option("--gpus", gpus,
+                  "Multi-process pipeline: one rank per listed CUDA device, e.g. 0,1, linked by NCCL (docs/parallel.md)")
+      ->delimiter(',');
+  sub->add_option("--nccl-id-file", engine.nccl_id_file,
+                  "Where the pipeline ranks meet (rank 0 writes NCCL's id there; --gpus makes a fresh one)");
   sub->add_flag("--quiet", quiet, "No load-progress line on stderr (it is shown only when stderr is a terminal)");
 }
 
@@ -65,6 +80,9 @@ EngineOptions CommonArgs::engine_options() const {
   o.plan = cpu.plan();
   o.cpu = cpu.backend();
   o.cuda = cuda.backend();
+  check(gpus.empty() || under_launcher(), "--gpus: only `wren run` starts pipeline ranks (or run under a launcher "
+                                          "that sets RANK and WORLD_SIZE)");
+  apply_rank_env(o, gpus);  // a rank of --gpus or of an outside launcher (RANK / WORLD_SIZE)
   print_run_header(o.backend, o.cpu, o.plan, o.cuda, o.strict, o.predict == "on");
   return o;
 }

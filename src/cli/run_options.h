@@ -21,6 +21,8 @@ struct CommonArgs {
   CpuFlags cpu;
   CudaFlags cuda;
   bool quiet = false;  ///< --quiet: no load-progress line
+  /// --gpus: one pipeline rank per listed CUDA device (cli/launch.h; docs/parallel.md).
+  std::vector<int> gpus;
   void add_to(CLI::App* sub, float default_temperature);
   /// The engine options with the CPU and CUDA flags resolved (throws wren::Error on bad names);
   /// prints the run header.

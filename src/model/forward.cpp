@@ -53,9 +53,16 @@ Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts)
                                        std::to_string(c.n_layers) + " layers (num_hidden_layers)");
   n_layers_ = opts.layers < 0 ? c.n_layers : opts.layers;
   check(opts_.max_chunk >= 1, "--chunk must be at least 1");
+  check(opts_.first_layer == 0 || (opts_.first_layer > 0 && opts_.first_layer < n_layers_),  // 0 layers: allowed
+        "pipeline stage: first layer " + std::to_string(opts_.first_layer) + " outside [0, " +
+            std::to_string(n_layers_) + ")");
+  check((opts_.first_layer == 0 || opts_.link.prev >= 0) &&
+            (opts_.link.transport != nullptr || (opts_.link.prev < 0 && opts_.link.next < 0)),
+        "pipeline stage: a stage after the first needs a transport and the rank it receives from");
+  blocks0_ = snapshots_before(c, opts_.first_layer);
   buf_ = std::make_unique<Buffers>(&be_);
   buf_->plan(c, opts_.max_chunk);
-  for (int i = 0; i < n_layers_; ++i)
+  for (int i = opts_.first_layer; i < n_layers_; ++i)
     if (c.layers[i].ffn == Ffn::MoE) step_moe_.push_back({routed_params(i), &model.weights.layers[i].moe});
   next_moe_.assign(size_t(n_layers_), -1);
   if (c.expert_format == ExpertFormat::MXFP4)
@@ -63,6 +70,28 @@ Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts)
       if (c.layers[i + 1].ffn == Ffn::MoE) next = i + 1;
       next_moe_[i] = next;
     }
+}
+
+int Forward::snapshots_before(const Config& c, int layer) {
+  int n = 0;
+  for (int i = 0; i < layer; ++i) n += c.layers[size_t(i)].snapshot ? 1 : 0;
+  return n;
+}
+
+void Forward::recv_boundary(int T) {
+  Buffers& b = *buf_;
+  const size_t n = size_t(T) * cfg_.hidden;
+  Transport& t = *opts_.link.transport;
+  t.recv(be_, b.P, n, opts_.link.prev);
+  for (int k = 0; k < blocks0_; ++k) t.recv(be_, b.blocks[size_t(k)], n, opts_.link.prev);
+}
+
+void Forward::send_boundary(int T, int n_blocks) {
+  Buffers& b = *buf_;
+  const size_t n = size_t(T) * cfg_.hidden;
+  Transport& t = *opts_.link.transport;
+  t.send(be_, b.P, n, opts_.link.next);
+  for (int k = 0; k < n_blocks; ++k) t.send(be_, b.blocks[size_t(k)], n, opts_.link.next);
 }
 
 size_t Forward::workspace_bytes(const Config& c, int max_chunk) {
@@ -131,7 +160,7 @@ void Forward::check_rows(const float* host, int T, size_t width, int pos0, const
 
 void Forward::run(SequenceState& st, const int* ids, const float* x0, int T, float* logits,
                   bool all_logits, const ForwardHooks* hooks) {
-  check(&st.backend() == &be_, "forward: the sequence state belongs to another backend");
+  check(st.holds(be_, opts_.first_layer, n_layers_), "forward: the sequence state belongs to another backend");
   const size_t V = cfg_.vocab, D = cfg_.hidden;
   if (x0) {
     const size_t n = size_t(T) * D, at = first_non_finite(x0, n);
@@ -148,7 +177,7 @@ void Forward::run(SequenceState& st, const int* ids, const float* x0, int T, flo
 
 void Forward::run_batch(SequenceState* const* states, const int* ids, int B, float* logits) {
   for (int b = 0; b < B; ++b) {
-    check(&states[b]->backend() == &be_, "forward: a sequence state of the batch belongs to another backend");
+    check(states[b]->holds(be_, opts_.first_layer, n_layers_), "forward: a sequence state of the batch belongs to another backend");
     for (int c = 0; c < b; ++c)
       check(states[c] != states[b], "forward: sequence state " + std::to_string(b) + " of the batch is also entry " +
                                         std::to_string(c) + " (one token per sequence per step)");
@@ -158,6 +187,7 @@ void Forward::run_batch(SequenceState* const* states, const int* ids, int B, flo
     const int n = std::min(opts_.max_chunk, B - g0);
     segs_.clear();
     for (int b = 0; b < n; ++b) segs_.push_back({states[g0 + b], b, 1});
+    if (opts_.link.prev >= 0) recv_boundary(n);  // before a recorded step: the transport may wait
     const bool recorded = be_.step_begin(step_info(n, nullptr, nullptr));
     try {
       chunk_ops(ids + g0, nullptr, n, 0, logits ? logits + size_t(g0) * V : nullptr, true, nullptr, recorded);
@@ -172,6 +202,7 @@ void Forward::chunk(SequenceState& st, const int* ids, const float* x0, int T, i
                     float* logits, bool all_logits, const ForwardHooks* hooks) {
   // The backend may record the whole step (CUDA: one decode graph) from what it needs of the host.
   segs_.assign(1, Segment{&st, 0, T});
+  if (opts_.link.prev >= 0) recv_boundary(T);  // before a recorded step: the transport may wait
   const bool recorded = be_.step_begin(step_info(T, x0, hooks));
   try {
     chunk_ops(ids, x0, T, t0, logits, all_logits, hooks, recorded);
@@ -188,12 +219,14 @@ void Forward::chunk_ops(const int* ids, const float* x0, int T, int t0, float* l
   const Config& c = cfg_;
   const ModelWeights& w = model_.weights;
   const size_t D = c.hidden, TD = T * D;
-  if (x0) be_.from_host(x0, TD, b.P);
-  else be_.embed(w.embed, ids, T, b.P);
+  if (opts_.link.prev < 0) {  // else a later stage: its input came through recv_boundary
+    if (x0) be_.from_host(x0, TD, b.P);
+    else be_.embed(w.embed, ids, T, b.P);
+  }
   predict_now_ = opts_.predict && !recorded && be_.expert_source() && be_.streams_experts();
 
-  int n_blocks = 0;
-  for (int i = 0; i < n_layers_; ++i) {
+  int n_blocks = blocks0_;
+  for (int i = opts_.first_layer; i < n_layers_; ++i) {
     const LayerWeights& l = w.layers[i];
     const LayerSpec& spec = c.layers[i];
     if (hooks && hooks->before_layer) hooks->before_layer(i, t0, T, LayerIo{be_, b.P, b.blocks.data(), n_blocks, D});
@@ -221,6 +254,11 @@ void Forward::chunk_ops(const int* ids, const float* x0, int T, int t0, float* l
     if (hooks && hooks->trace)
       for (int t = 0; t < T; ++t)
         be_.to_host(b.P + t * D, D, hooks->trace + ((size_t(t0) + t) * n_layers_ + i) * D);
+  }
+  if (opts_.link.next >= 0) {  // a stage before the last: hand over, no head
+    if (recorded) be_.step_end();
+    send_boundary(T, n_blocks);
+    return;
   }
   for (const Segment& sg : segs_) sg.st->advance(sg.n);
   const int rows = logits ? head(n_blocks, T, all_logits) : 0;

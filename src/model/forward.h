@@ -9,6 +9,7 @@
 #include "model/load.h"
 #include "ops/backend.h"
 #include "ops/state.h"
+#include "ops/transport.h"
 
 namespace wren {
 
@@ -51,6 +52,13 @@ struct ForwardOptions {
   /// this layer computes. Only when the backend streams experts through a source and the step is
   /// not recorded. A guess: it changes timing only, never results.
   bool predict = true;
+  /// Pipeline stage (docs/parallel.md): this forward runs layers [first_layer, layers) only. With
+  /// link.prev >= 0 it receives the boundary activations (P and the AttnRes snapshots taken before
+  /// first_layer) from that rank instead of embedding; with link.next >= 0 it sends its boundary
+  /// activations there after its last layer and computes no logits. Only the stage without a
+  /// next rank advances the sequence position. Defaults: the whole model, no transport.
+  int first_layer = 0;
+  StageLink link = {};
 };
 
 /// Something that consumes tokens into a sequence state: the forward pass itself (Forward), or the
@@ -102,7 +110,9 @@ class Forward final : public TokenStep {
   /// the batch or belonging to another backend.
   void run_batch(SequenceState* const* states, const int* ids, int B, float* logits) override;
 
-  int layers_run() const override { return n_layers_; }
+  int layers_run() const override { return n_layers_ - opts_.first_layer; }
+  /// AttnRes snapshots taken before layer `layer` (what crosses a stage boundary there besides P).
+  static int snapshots_before(const Config& c, int layer);
   /// Bytes of activation workspace a Forward with this config and chunk allocates.
   static size_t workspace_bytes(const Config& c, int max_chunk);
   const Config& config() const override { return cfg_; }
@@ -132,6 +142,9 @@ class Forward final : public TokenStep {
   StepInfo step_info(int T, const float* x0, const ForwardHooks* hooks) const;
   RoutedMoeParams routed_params(int layer) const;
   void dump(const ForwardHooks* h, int layer, int t0, int T);
+  /// Pipeline boundary: P then blocks[0, n) [T, D] each, through opts_.link.
+  void recv_boundary(int T);
+  void send_boundary(int T, int n_blocks);
   /// Throws naming `what`, the token position (pos0 + row) and element of the first non-finite value
   /// of host rows [T, width].
   void check_rows(const float* host, int T, size_t width, int pos0, const std::string& what) const;
@@ -148,6 +161,7 @@ class Forward final : public TokenStep {
   Backend& be_;
   ForwardOptions opts_;
   int n_layers_;
+  int blocks0_ = 0;  ///< snapshots_before(first_layer): the snapshots a later stage receives
   std::unique_ptr<Buffers> buf_;
   std::vector<StepMoeLayer> step_moe_;  ///< the MoE layers with MXFP4 experts (for step_begin)
   std::vector<float> check_buf_;        ///< host copy for --check-finite

@@ -3,12 +3,22 @@
 
 namespace wren {
 
-WeightList weight_list(const ModelWeights& w) {
+WeightList weight_list(const ModelWeights& w) { return weight_list(w, 0, int(w.layers.size()), true, true); }
+
+WeightList weight_list(const ModelWeights& w, int first, int end, bool embed, bool head) {
+  static const std::vector<ExpertRef> none;
   WeightList out;
   auto& p = out.dense;
-  for (const DenseWeight* d : {&w.embed, &w.final_norm, &w.out_res_norm, &w.out_res_proj, &w.out_mix, &w.lm_head})
-    p.push_back(d);
-  for (const LayerWeights& l : w.layers) {
+  if (embed) p.push_back(&w.embed);
+  if (head)
+    for (const DenseWeight* d : {&w.final_norm, &w.out_res_norm, &w.out_res_proj, &w.out_mix, &w.lm_head})
+      p.push_back(d);
+  for (int i = 0; i < int(w.layers.size()); ++i) {
+    const LayerWeights& l = w.layers[size_t(i)];
+    if (i < first || i >= end) {
+      out.experts.push_back(&none);
+      continue;
+    }
     for (const DenseWeight* d : {&l.input_norm, &l.post_norm, &l.attn_res_norm, &l.attn_res_proj,
                                  &l.mlp_res_norm, &l.mlp_res_proj, &l.attn_mix, &l.mlp_mix})
       p.push_back(d);

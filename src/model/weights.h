@@ -35,5 +35,9 @@ struct ModelWeights {
 /// Every weight of `w` as the backends take them: the dense tensors (top-level ones, then per layer
 /// norms, KDA, MLA, dense MLP and MoE tensors) and each layer's expert list.
 WeightList weight_list(const ModelWeights& w);
+/// The weights of one pipeline stage (docs/parallel.md): layers [first, end) with their experts
+/// (other layers' expert lists empty, so the list stays indexed by layer), plus the embedding when
+/// `embed` (the first stage) and the final mix, norm and lm_head when `head` (the last stage).
+WeightList weight_list(const ModelWeights& w, int first, int end, bool embed, bool head);
 
 }  // namespace wren

@@ -8,8 +8,25 @@
 namespace wren {
 
 SequenceState::SequenceState(Backend& backend, const Config& cfg, int capacity)
-    : be_(&backend), cfg_(cfg), capacity_(capacity) {
+    : be_(&backend), layer_be_(size_t(cfg.n_layers), &backend), cfg_(cfg), capacity_(capacity) {
   allocate();
+}
+
+SequenceState::SequenceState(const std::vector<Backend*>& layer_backends, const Config& cfg, int capacity)
+    : be_(nullptr), layer_be_(layer_backends), split_(true), cfg_(cfg), capacity_(capacity) {
+  check(int(layer_backends.size()) == cfg.n_layers, "sequence state: " + std::to_string(layer_backends.size()) +
+                                                        " layer backends for " + std::to_string(cfg.n_layers) + " layers");
+  for (Backend* b : layer_backends)
+    if (b && !be_) be_ = b;
+  check(be_ != nullptr, "sequence state: no layer has a backend");
+  allocate();
+}
+
+bool SequenceState::holds(const Backend& be, int first, int end) const {
+  if (!split_) return &be == be_;
+  for (int i = first; i < end; ++i)
+    if (layer_be_[size_t(i)] != &be) return false;
+  return true;
 }
 
 SequenceState::~SequenceState() { free_buffers(); }
@@ -18,23 +35,25 @@ void SequenceState::allocate() {
   kda_.assign(cfg_.n_layers, KdaState{});
   mla_.assign(cfg_.n_layers, MlaCache{});
   for (int i = 0; i < cfg_.n_layers; ++i) {
+    Backend* be = layer_be_[size_t(i)];
+    if (!be) continue;  // a layer of another rank's stage
     if (cfg_.layers[i].mixer == Mixer::KDA) {
-      kda_[i].S = be_->alloc(s_len());
-      kda_[i].conv = be_->alloc(conv_len() ? conv_len() : 1);
+      kda_[i].S = be->alloc(s_len());
+      kda_[i].conv = be->alloc(conv_len() ? conv_len() : 1);
     } else {
-      mla_[i].kv = be_->alloc(cache_len());
+      mla_[i].kv = be->alloc(cache_len());
       mla_[i].capacity = capacity_;
     }
   }
 }
 
 void SequenceState::free_buffers() {
-  for (auto& k : kda_) {
-    if (k.S) be_->release(k.S);
-    if (k.conv) be_->release(k.conv);
+  for (size_t i = 0; i < kda_.size(); ++i) {
+    Backend* be = layer_be_[i];
+    if (kda_[i].S) be->release(kda_[i].S);
+    if (kda_[i].conv) be->release(kda_[i].conv);
+    if (mla_[i].kv) be->release(mla_[i].kv);
   }
-  for (auto& m : mla_)
-    if (m.kv) be_->release(m.kv);
   kda_.clear();
   mla_.clear();
 }
@@ -42,6 +61,8 @@ void SequenceState::free_buffers() {
 void SequenceState::move_to(Backend& be) {
   free_buffers();
   be_ = &be;
+  layer_be_.assign(size_t(cfg_.n_layers), &be);
+  split_ = false;
   allocate();
   position_ = 0;
   history_.clear();
@@ -55,9 +76,10 @@ void SequenceState::record(const int* ids, int n, bool replayable) {
 }
 
 void SequenceState::reset() {
-  for (auto& k : kda_) {
-    if (k.S) be_->fill_zero(k.S, s_len());
-    if (k.conv) be_->fill_zero(k.conv, conv_len());
+  for (size_t i = 0; i < kda_.size(); ++i) {
+    KdaState& k = kda_[i];
+    if (k.S) layer_be_[i]->fill_zero(k.S, s_len());
+    if (k.conv) layer_be_[i]->fill_zero(k.conv, conv_len());
   }
   for (auto& m : mla_) m.length = 0;
   position_ = 0;
@@ -67,12 +89,13 @@ void SequenceState::reset() {
 
 void SequenceState::copy_from(const SequenceState& o) {
   for (size_t i = 0; i < kda_.size(); ++i) {
+    Backend* be = layer_be_[i];
     if (kda_[i].S) {
-      be_->copy(o.kda_[i].S, s_len(), kda_[i].S);
-      be_->copy(o.kda_[i].conv, conv_len(), kda_[i].conv);
+      be->copy(o.kda_[i].S, s_len(), kda_[i].S);
+      be->copy(o.kda_[i].conv, conv_len(), kda_[i].conv);
     }
     if (mla_[i].kv) {
-      be_->copy(o.mla_[i].kv, size_t(o.mla_[i].length) * cfg_.mla_cache_width(), mla_[i].kv);
+      be->copy(o.mla_[i].kv, size_t(o.mla_[i].length) * cfg_.mla_cache_width(), mla_[i].kv);
       mla_[i].length = o.mla_[i].length;
     }
   }
@@ -92,13 +115,14 @@ void SequenceState::save(std::vector<float>& out, std::vector<int>& mla_lengths)
   out.resize(n);
   float* p = out.data();
   for (size_t i = 0; i < kda_.size(); ++i) {
+    Backend* be = layer_be_[i];
     if (kda_[i].S) {
-      be_->to_host(kda_[i].S, s_len(), p), p += s_len();
-      be_->to_host(kda_[i].conv, conv_len(), p), p += conv_len();
+      be->to_host(kda_[i].S, s_len(), p), p += s_len();
+      be->to_host(kda_[i].conv, conv_len(), p), p += conv_len();
     }
     if (mla_[i].kv && mla_[i].length > 0) {
       const size_t rows = size_t(mla_[i].length) * W;
-      be_->to_host(mla_[i].kv, rows, p), p += rows;
+      be->to_host(mla_[i].kv, rows, p), p += rows;
     }
   }
 }
@@ -121,13 +145,14 @@ void SequenceState::load(const std::vector<float>& data, const std::vector<int>&
   check(n == data.size(), "state snapshot: " + std::to_string(data.size()) + " floats, expected " + std::to_string(n));
   const float* p = data.data();
   for (size_t i = 0; i < kda_.size(); ++i) {
+    Backend* be = layer_be_[i];
     if (kda_[i].S) {
-      be_->from_host(p, s_len(), kda_[i].S), p += s_len();
-      be_->from_host(p, conv_len(), kda_[i].conv), p += conv_len();
+      be->from_host(p, s_len(), kda_[i].S), p += s_len();
+      be->from_host(p, conv_len(), kda_[i].conv), p += conv_len();
     }
     if (mla_[i].kv) {
       const size_t rows = size_t(mla_lengths[i]) * W;
-      if (rows) be_->from_host(p, rows, mla_[i].kv), p += rows;
+      if (rows) be->from_host(p, rows, mla_[i].kv), p += rows;
       mla_[i].length = mla_lengths[i];
     }
   }

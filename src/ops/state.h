@@ -13,6 +13,11 @@ class SequenceState {
  public:
   /// Allocates zeroed state for `cfg` with room for `capacity` tokens in each MLA cache.
   SequenceState(Backend& backend, const Config& cfg, int capacity);
+  /// A state split across backends (pipeline stages, docs/parallel.md): layer i's buffers live on
+  /// layer_backends[i] ([n_layers]); a null entry holds no buffers for that layer (a rank of a
+  /// multi-process pipeline keeps only its own stage's slice). backend() is the first non-null
+  /// entry. Throws wren::Error when the list has the wrong length or no backend at all.
+  SequenceState(const std::vector<Backend*>& layer_backends, const Config& cfg, int capacity);
   ~SequenceState();
   SequenceState(const SequenceState&) = delete;
   SequenceState& operator=(const SequenceState&) = delete;
@@ -32,8 +37,13 @@ class SequenceState {
   void load(const std::vector<float>& data, const std::vector<int>& mla_lengths, const std::vector<int>& history);
 
   int position() const { return position_; }  ///< tokens consumed so far
-  /// The backend that owns the buffers.
+  /// The backend that owns the buffers (a split state: the one of its first held layer).
   Backend& backend() const { return *be_; }
+  /// True when every layer of [first, end) holds its buffers on `be` (Forward checks its stage's
+  /// layers with it; an unsplit state holds all layers on backend()).
+  bool holds(const Backend& be, int first, int end) const;
+  /// The backend of layer i's buffers (null: a layer this state does not hold).
+  Backend* layer_backend(int i) const { return layer_be_[size_t(i)]; }
   /// Ids consumed so far, in order (the engine's Runner records them, runtime/runner.h): enough
   /// to rebuild the state on another backend by running them again.
   const std::vector<int>& history() const { return history_; }
@@ -59,6 +69,8 @@ class SequenceState {
   void allocate();
   void free_buffers();
   Backend* be_;
+  std::vector<Backend*> layer_be_;  ///< [n_layers]: each layer's backend (all be_ when unsplit)
+  bool split_ = false;              ///< layers live on more than one backend (or some on none)
   const Config& cfg_;
   int capacity_;
   int position_ = 0;

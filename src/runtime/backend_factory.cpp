@@ -42,7 +42,7 @@ std::string resolve_backend(const std::string& name) {
 }
 
 std::unique_ptr<Backend> create_backend(const std::string& name, const CpuOptions& cpu, const std::string& vram_experts,
-                                        const CudaOptions& cuda) {
+                                        const CudaOptions& cuda, int device) {
   check_cuda_options(cuda, "--cuda-kda-chunk");
   const std::string kind = resolve_backend(name);
   uint64_t budget = 0;  // default: all that fit with a margin
@@ -50,22 +50,25 @@ std::unique_ptr<Backend> create_backend(const std::string& name, const CpuOption
   else if (!vram_experts.empty()) budget = parse_size(vram_experts, "--vram-experts");
 #ifdef WREN_HAVE_CUDA
   if (kind == "cuda") {
-    auto be = std::make_unique<CudaBackend>(0, cuda);
+    auto be = std::make_unique<CudaBackend>(device, cuda);
     be->set_vram_expert_budget(budget == ~uint64_t(0) ? CudaBackend::kAllExperts : budget);
     return be;
   }
 #else
   (void)budget;
   (void)cuda;
+  (void)device;
 #endif
   return std::make_unique<CpuBackend>(cpu);
 }
 
-void give_weights(Backend& be, const ModelWeights& weights) {
+void give_weights(Backend& be, const ModelWeights& weights) { give_weights(be, weight_list(weights)); }
+
+void give_weights(Backend& be, const WeightList& list) {
 #ifdef WREN_HAVE_CUDA
-  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) cuda->upload(weight_list(weights));
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) cuda->upload(list);
 #endif
-  (void)be, (void)weights;
+  (void)be, (void)list;
 }
 
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,

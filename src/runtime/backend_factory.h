@@ -29,6 +29,7 @@ std::string resolve_backend(const std::string& name);
 /// `vram_experts` (CUDA, --vram-experts): device memory for routed experts, "" = all that fit
 /// with a margin, "all", or a size ("2G", "500M"); experts beyond it stream from the host.
 /// `cuda` configures the CUDA backend (precision mode, KDA path, the fault-injection test hook).
+/// `device` (create_backend): the CUDA device ordinal (a pipeline stage's GPU); ignored on the CPU.
 std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeights& weights,
                                       const CpuOptions& cpu = {}, const std::string& vram_experts = "",
                                       const CudaOptions& cuda = {});
@@ -38,8 +39,11 @@ std::unique_ptr<Backend> make_backend(const std::string& name, const ModelWeight
 /// without weights, give_weights then hands it the model's weights (CUDA: mirrors the host ones,
 /// the vectors and the routed experts, to device memory; weights it placed itself stay as they are).
 std::unique_ptr<Backend> create_backend(const std::string& name, const CpuOptions& cpu = {},
-                                        const std::string& vram_experts = "", const CudaOptions& cuda = {});
+                                        const std::string& vram_experts = "", const CudaOptions& cuda = {},
+                                        int device = 0);
 void give_weights(Backend& be, const ModelWeights& weights);
+/// give_weights with a chosen list (a pipeline stage's: weight_list(w, first, end, embed, head)).
+void give_weights(Backend& be, const WeightList& list);
 
 /// TFLOP/s of a large BF16 GEMM on `be`'s tensor cores, measured now (CUDA); 0 for the CPU backend.
 double gpu_bf16_peak_tflops(Backend& be);

@@ -11,6 +11,8 @@
 #include "core/sizes.h"
 #include "runtime/backend_factory.h"
 #include "runtime/default_model.h"
+#include "runtime/rank_pipeline.h"
+#include "backends/cuda/nccl_transport.h"
 
 namespace wren {
 
@@ -82,9 +84,15 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   dir_ = o.model_dir.empty() ? default_model_dir() : o.model_dir;
   // The backend first, so that one that places its own weights (CUDA) takes each dense matrix
   // straight from the mapped checkpoint: no host copy of what lives on the device.
-  be_ = create_backend(backend, o.cpu, o.vram_experts, o.cuda);
+  const bool ranked = o.world > 1;
+  check(!ranked || backend == "cuda", "a multi-process pipeline (--gpus, RANK/WORLD_SIZE) needs the CUDA backend "
+                                      "(NCCL moves the activations between GPUs)");
+  const bool piped = ranked || (!o.pipeline.empty() && o.pipeline != "1");
+  be_ = create_backend(backend, o.cpu, o.vram_experts, o.cuda,
+                       ranked ? o.device : o.gpus.empty() ? 0 : o.gpus[0]);
   LoadOptions lo;
-  if (be_->places_dense()) lo.place_on = be_.get();
+  // Pipeline stages take their own layers' weights from the host model (give_weights below).
+  if (be_->places_dense() && !piped) lo.place_on = be_.get();
   uint64_t placed_bytes = 0;
   const LoadProgress line = o.progress ? load_progress_line() : LoadProgress{};
   if (line || (lo.place_on && o.announce))
@@ -100,23 +108,39 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
                  placed_bytes / 1e9, be_->name(), s, s > 0 ? placed_bytes / 1e9 / s : 0.0);
   }
   check_sizes(o, model_->config, backend);
-  give_weights(*be_, model_->weights);
+  if (ranked) make_rank(o);
+  else if (piped) make_stages(o, backend);
+  else give_weights(*be_, model_->weights);
   // The store serves the CPU backend, and the CUDA backend's VRAM tier when its budget does not
   // hold every expert (disk -> host store -> VRAM slots); with all experts in VRAM it is not needed.
   be_->set_strict(o.strict);
+  for (auto& sb : stage_be_) sb->set_strict(o.strict);
   if (model_->config.expert_format == ExpertFormat::MXFP4 && be_->streams_experts()) {
     store_ = open_expert_store(model_->weights, model_->config, o.expert_cache, o.direct, o.announce);
     be_->set_expert_source(store_.get());
+    for (auto& sb : stage_be_) sb->set_expert_source(store_.get());  // stages run one at a time
   }
   chunk_ = o.chunk > 0 ? o.chunk : default_chunk(backend, o.cuda.precision, model_->config, device_free_bytes(*be_));
   const Config& mc = model_->config;
   if (o.chunk <= 0 && backend == "cpu" && store_ &&
       uint64_t(store_->slots()) < uint64_t(mc.n_experts) * uint64_t(mc.n_layers - mc.first_dense))
     chunk_ = std::max(chunk_, streaming_chunk(mc, available_memory()));  // one read per expert per prompt
-  fwd_ = std::make_unique<Runner>(
-      *model_, *be_, ForwardOptions{.max_chunk = chunk_, .layers = o.layers, .check_finite = o.check_finite,
-                                   .predict = o.predict != "off"});
-  if (backend != "cpu" && o.cpu_fallback) {
+  const ForwardOptions fo{.max_chunk = chunk_, .layers = o.layers, .check_finite = o.check_finite,
+                          .predict = o.predict != "off"};
+  fo_ = fo;
+  fwd_ = std::make_unique<Runner>(*model_, *be_, fo);
+  if (ranked && rank_ == 0) {
+    auto pipe = std::make_unique<RankPipeline>(*model_, *be_, *transport_, *plan_, fo);
+    const RankPipeline* p = pipe.get();
+    fwd_->set_pipeline(std::move(pipe), [p](int cap) { return p->new_sequence(cap); });
+  } else if (plan_ && !ranked) {
+    std::vector<Backend*> bs{be_.get()};
+    for (auto& sb : stage_be_) bs.push_back(sb.get());
+    auto pipe = std::make_unique<PipelineForward>(*model_, bs, *plan_, fo);
+    const PipelineForward* p = pipe.get();
+    fwd_->set_pipeline(std::move(pipe), [p](int cap) { return p->new_sequence(cap); });
+  }
+  if (backend != "cpu" && o.cpu_fallback && !ranked) {  // ranks cannot leave their pipeline
     const CpuOptions cpu = o.cpu;
     const QuantPlan plan = o.plan;
     const bool placed = lo.place_on != nullptr;
@@ -142,6 +166,53 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
       throw Error(what + " beyond the model's vocabulary (config.json: vocab_size " + std::to_string(V) + ")");
     }
   }
+}
+
+void Engine::make_stages(const EngineOptions& o, const std::string& backend) {
+  const Config& c = model_->config;
+  const int run = o.layers < 0 ? c.n_layers : o.layers;
+  std::vector<uint64_t> bytes = layer_bytes(c);
+  bytes.resize(size_t(run));
+  plan_ = parse_pipeline(o.pipeline, run, parse_stage_split(o.pipeline_split), bytes);
+  const int S = plan_->stages();
+  for (int s = 1; s < S; ++s)
+    stage_be_.push_back(
+        create_backend(backend, o.cpu, o.vram_experts, o.cuda, o.gpus.empty() ? 0 : o.gpus[size_t(s) % o.gpus.size()]));
+  for (int s = 0; s < S; ++s) {
+    Backend& be = s == 0 ? *be_ : *stage_be_[size_t(s) - 1];
+    give_weights(be, weight_list(model_->weights, plan_->first(s), plan_->end(s), s == 0, s + 1 == S));
+  }
+}
+
+void Engine::make_rank(const EngineOptions& o) {
+  const Config& c = model_->config;
+  const int run = o.layers < 0 ? c.n_layers : o.layers;
+  std::vector<uint64_t> bytes = layer_bytes(c);
+  bytes.resize(size_t(run));
+  const std::string spec = o.pipeline.empty() || o.pipeline == "1" ? std::to_string(o.world) : o.pipeline;
+  plan_ = parse_pipeline(spec, run, parse_stage_split(o.pipeline_split), bytes);
+  check(plan_->stages() == o.world, "--pipeline " + spec + " makes " + std::to_string(plan_->stages()) +
+                                        " stages for " + std::to_string(o.world) + " ranks (one stage per rank)");
+  rank_ = o.rank, world_ = o.world;
+  const int S = plan_->stages();
+  give_weights(*be_, weight_list(model_->weights, plan_->first(rank_), plan_->end(rank_), rank_ == 0, rank_ + 1 == S));
+  NcclWorldOptions w;
+  w.rank = o.rank, w.world = o.world, w.device = o.device, w.id_file = o.nccl_id_file;
+  transport_ = std::make_unique<NcclTransport>(w);
+}
+
+void Engine::run_worker() {
+  check(rank_ > 0 && transport_, "run_worker: this process is not a worker rank of a pipeline");
+  rank_worker_loop(*model_, *be_, *transport_, *plan_, ctx_, fo_);
+}
+
+std::string Engine::stages_line() const {
+  if (!plan_) return "";
+  const std::vector<uint64_t> bytes = layer_bytes(model_->config);
+  if (transport_)
+    return "pipeline " + plan_->describe(&bytes) + " (NCCL transport, rank " + std::to_string(rank_) + " of " +
+           std::to_string(world_) + ")";
+  return "pipeline " + plan_->describe(&bytes) + " (in-process transport, " + be_->name() + " stages)";
 }
 
 const Tokenizer& Engine::tokenizer() const {

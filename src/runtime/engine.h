@@ -5,13 +5,16 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cuda/cuda_options.h"
 #include "model/forward.h"
 #include "model/load.h"
+#include "model/pipeline.h"
 #include "model/quant.h"
 #include "ops/backend.h"
+#include "ops/transport.h"
 #include "runtime/expert_store.h"
 #include "runtime/runner.h"
 #include "tokenizer/tokenizer.h"
@@ -41,6 +44,19 @@ struct EngineOptions {
   /// instead of a counted, logged-once slower path (Backend::set_strict).
   bool strict = false;
   bool check_finite = false;       ///< --check-finite: per-layer NaN/Inf checks (ForwardOptions)
+  /// --pipeline: "" or "1" = one backend; "N" or "A+B+..." = in-process pipeline stages, each on
+  /// its own backend of the --backend kind (docs/parallel.md). Split by `pipeline_split`.
+  std::string pipeline;
+  std::string pipeline_split = "even";  ///< --pipeline-split even|bytes
+  /// --stage-gpus for the in-process pipeline: stage s runs on CUDA device gpus[s % size] (empty = 0).
+  std::vector<int> gpus;
+  /// A rank of a multi-process pipeline (--gpus, or RANK / WORLD_SIZE from a launcher;
+  /// runtime/rank_pipeline.h): world > 1 makes this process stage `rank` of `world` stages
+  /// (split as --pipeline says, default `world` stages) on CUDA device `device`, linked by NCCL.
+  int rank = 0;
+  int world = 1;
+  int device = 0;
+  std::string nccl_id_file;  ///< --nccl-id-file: where the ranks meet (NcclWorldOptions::id_file)
 };
 
 /// Throws wren::Error when the options cannot work with config `c`: --ctx beyond the model's
@@ -80,18 +96,35 @@ class Engine {
   const Tokenizer& tokenizer() const;
   bool has_tokenizer() const { return tok_.has_value(); }
   /// A fresh, empty sequence with room for the context given at construction.
-  std::unique_ptr<SequenceState> new_sequence() { return std::make_unique<SequenceState>(fwd_->backend(), config(), ctx_); }
+  std::unique_ptr<SequenceState> new_sequence() { return fwd_->new_sequence(ctx_); }
   const std::string& dir() const { return dir_; }
   /// Tokens per layer-major prefill pass in use (--chunk, or the backend's default).
   int chunk() const { return chunk_; }
+  /// The pipeline stages (--pipeline), or null for one backend.
+  const StagePlan* stages() const { return plan_ ? &*plan_ : nullptr; }
+  /// StagePlan::describe with per-stage weight bytes, or "" without a pipeline.
+  std::string stages_line() const;
+  /// True in ranks 1.. of a multi-process pipeline: call run_worker instead of generating.
+  bool is_worker() const { return rank_ > 0; }
+  /// Ranks 1..: serves rank 0's steps until it says stop (rank_worker_loop). Throws wren::Error.
+  void run_worker();
 
  private:
+  /// --pipeline: the plan, the stage backends and each stage's weights.
+  void make_stages(const EngineOptions& o, const std::string& backend);
+  /// A multi-process rank: the plan, this rank's weights and the NCCL transport.
+  void make_rank(const EngineOptions& o);
   std::string dir_;
   int ctx_;
   int chunk_ = 32;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Model> host_model_;  ///< the CPU fallback's copy when model_'s weights are on the device
   std::unique_ptr<Backend> be_;
+  std::vector<std::unique_ptr<Backend>> stage_be_;  ///< --pipeline: stages 1.. (stage 0 is be_)
+  std::optional<StagePlan> plan_;
+  int rank_ = 0, world_ = 1;
+  ForwardOptions fo_;
+  std::unique_ptr<Transport> transport_;  ///< multi-process ranks (before fwd_: outlives it)
   std::unique_ptr<ExpertStore> store_;
   std::unique_ptr<Runner> fwd_;
   std::optional<Tokenizer> tok_;

@@ -17,7 +17,8 @@ void Runner::run(SequenceState& st, const int* ids, const float* x0, int T, floa
   if (fallback_) return run_fallback(st, ids, x0, T, logits, all_logits, hooks);
   check(&st.backend() == &fwd_.backend(), "forward: the sequence state belongs to another backend");
   try {
-    fwd_.run(st, ids, x0, T, logits, all_logits, hooks);
+    if (pipe_) pipe_->run(st, ids, x0, T, logits, all_logits, hooks);
+    else fwd_.run(st, ids, x0, T, logits, all_logits, hooks);
   } catch (const DeviceError& e) {
     if (!make_fallback_ || !st.replayable() || x0) throw;
     start_fallback(e);
@@ -40,7 +41,8 @@ void Runner::run_batch(SequenceState* const* sts, const int* ids, int B, float* 
     for (int b = 0; b < B; ++b)
       check(&sts[b]->backend() == &fwd_.backend(), "forward: a sequence state of the batch belongs to another backend");
     try {
-      fwd_.run_batch(sts, ids, B, logits);
+      if (pipe_) pipe_->run_batch(sts, ids, B, logits);
+      else fwd_.run_batch(sts, ids, B, logits);
       for (int b = 0; b < B; ++b) sts[b]->record(ids + b, 1, true);
       return;
     } catch (const DeviceError& e) {

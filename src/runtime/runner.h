@@ -32,6 +32,21 @@ class Runner final : public TokenStep {
   };
   /// As set_fallback above, with the model the fallback backend reads (loaded when it is made).
   void set_fallback_with_model(std::function<Fallback()> make) { make_fallback_ = std::move(make); }
+  /// Runs every call through the pipeline step `p` (--pipeline: PipelineForward; --gpus or a
+  /// launcher: RankPipeline; docs/parallel.md) instead of the single-backend forward; its
+  /// backend() must be this runner's backend. `make_state` makes its sequence states (split like
+  /// its stages). The CPU fallback still applies (a failed state moves whole to the CPU).
+  void set_pipeline(std::unique_ptr<TokenStep> p, std::function<std::unique_ptr<SequenceState>(int)> make_state) {
+    pipe_ = std::move(p);
+    make_state_ = std::move(make_state);
+  }
+  /// The pipeline step set by set_pipeline, or null.
+  TokenStep* pipeline() const { return pipe_.get(); }
+  /// A fresh state for this runner's step (split like the pipeline's stages when there is one).
+  std::unique_ptr<SequenceState> new_sequence(int capacity) {
+    if (pipe_ && !fallback_) return make_state_(capacity);
+    return std::make_unique<SequenceState>(backend(), config(), capacity);
+  }
   /// True once the runner runs on its fallback backend.
   bool on_fallback() const { return fallback_ != nullptr; }
 
@@ -56,6 +71,8 @@ class Runner final : public TokenStep {
   void run_fallback(SequenceState& state, const int* ids, const float* x0, int T, float* logits,
                     bool all_logits, const ForwardHooks* hooks);
   Forward fwd_;
+  std::unique_ptr<TokenStep> pipe_;  ///< --pipeline / --gpus: the stages, or null
+  std::function<std::unique_ptr<SequenceState>(int)> make_state_;
   std::function<Fallback()> make_fallback_;
   std::unique_ptr<Backend> fallback_be_;
   std::unique_ptr<Forward> fallback_;  ///< the same forward on fallback_be_, once a step failed
