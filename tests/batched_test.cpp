@@ -153,6 +153,126 @@ TEST_F(Batched, SchedulerEightPromptsEqualSoloAndAThrowingCallbackFailsOnlyItsSe
   EXPECT_EQ(done[8], 0);
 }
 
+// Continuous batching (--max-batch-tokens): a long prompt that arrives while a sequence decodes is
+// prefilled in pieces between that sequence's tokens (the decode never stalls for the whole
+// prefill), the prefill budget goes oldest first (a newer, shorter prompt does not overtake an
+// older long one), no step exceeds the budget, and every sequence's ids and logprobs (f64 from the
+// logits rows) equal its solo generate(): the result does not depend on how a prompt is cut nor
+// on its step mates.
+TEST_F(Batched, SchedulerInterleavesALongPrefillWithRunningDecodesUnderTheTokenBudget) {
+  const Config& c = model_->config;
+  CpuBackend be;
+  Runner fwd(*model_, be);
+  struct Want {
+    std::vector<int> ids;
+    std::vector<double> lps;
+  };
+  const std::vector<std::vector<int>> prompts = {some_ids(5, c.vocab, 91), some_ids(180, c.vocab, 92),
+                                                 some_ids(40, c.vocab, 93)};
+  const int max_new[3] = {60, 5, 5};
+  auto opts = [&](int i, std::vector<double>* lps) {
+    GenerateOptions o;
+    o.max_new_tokens = max_new[i];
+    o.top_logprobs = 0;
+    o.on_logprobs = [lps](const TokenLogprobs& lp) { lps->push_back(lp.logprob); };
+    return o;
+  };
+  std::vector<Want> want(3);
+  for (int i = 0; i < 3; ++i) {
+    SequenceState st(be, c, 256);
+    want[i].ids = generate(fwd, st, prompts[i], opts(i, &want[i].lps));
+  }
+  const int budget = 16;
+  Scheduler sched(fwd, [&] { return std::make_unique<SequenceState>(be, c, 256); }, 4, budget);
+  std::vector<Want> got(3);
+  std::vector<int> first_step(3, -1);
+  std::vector<std::vector<int>> tok_step(3);  // the step each token came in
+  int step = 0;
+  auto add = [&](int i) {
+    SeqRequest r;
+    r.prompt = prompts[i];
+    r.opts = opts(i, &got[i].lps);
+    r.on_token = [&, i](int id) {
+      if (got[i].ids.empty()) first_step[i] = step;
+      got[i].ids.push_back(id);
+      tok_step[i].push_back(step);
+    };
+    r.on_error = [i](const std::string& m) { ADD_FAILURE() << "sequence " << i << ": " << m; };
+    sched.add(std::move(r));
+  };
+  add(0);
+  for (; got[0].ids.size() < 3; ++step) sched.step();
+  const int b_added = step;
+  add(1);  // the long prompt, then a newer shorter one
+  add(2);
+  for (int n = 0; n < 400 && !sched.idle(); ++n, ++step) {
+    sched.step();
+    EXPECT_LE(sched.last_decode_rows() + sched.last_prefill_rows(), budget) << "step " << step;
+    EXPECT_LE(sched.running(), 4);
+  }
+  ASSERT_TRUE(sched.idle());
+  ASSERT_GE(first_step[1], 0);
+  ASSERT_GE(first_step[2], 0);
+  // While the 180-token prompt was prefilled (>= 180 / 15 steps), the running sequence kept
+  // decoding a token per step.
+  const int steps_b = first_step[1] - b_added + 1;  // its last piece runs in first_step[1]
+  EXPECT_GE(steps_b, 180 / (budget - 1)) << "the long prompt ran in fewer steps than the budget allows";
+  const int a_during = int(std::count_if(tok_step[0].begin(), tok_step[0].end(),
+                                         [&](int t) { return t >= b_added && t <= first_step[1]; }));
+  EXPECT_GE(a_during, steps_b - 1) << "the running decode stalled while the long prompt was prefilled";
+  EXPECT_LT(first_step[1], first_step[2]) << "the newer, shorter prompt overtook the older long one";
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(got[i].ids, want[i].ids) << "sequence " << i;
+    EXPECT_EQ(got[i].lps, want[i].lps) << "sequence " << i << ": logprobs differ from the solo run";
+  }
+}
+
+// A budget below --max-seqs could starve a prefill behind the decodes: refused.
+TEST_F(Batched, SchedulerRefusesABudgetBelowMaxSeqs) {
+  CpuBackend be;
+  Runner fwd(*model_, be);
+  auto mk = [&] { return std::make_unique<SequenceState>(be, model_->config, 64); };
+  EXPECT_THROW(Scheduler(fwd, mk, 8, 4), Error);
+  EXPECT_NO_THROW(Scheduler(fwd, mk, 8, 8));
+  EXPECT_NO_THROW(Scheduler(fwd, mk, 8, 0));
+}
+
+// Forward::run_mixed: decodes and prefill chunks of several sequences in one step, with more rows
+// than the chunk (an entry split between two groups), give each sequence the logits its solo run
+// gives, bit for bit.
+TEST_F(Batched, MixedStepOfDecodesAndPrefillChunksEqualsSoloRuns) {
+  const Config& c = model_->config;
+  const size_t V = c.vocab;
+  CpuBackend be;
+  Runner fwd(*model_, be, {8, -1});
+  const std::vector<int> pa = some_ids(6, c.vocab, 31), pb = some_ids(11, c.vocab, 32), pc = some_ids(9, c.vocab, 33);
+  // Solo: a decodes one id after its prompt; b prefills its 11 in one call; c its first 4, then 5.
+  std::vector<float> wa(V), wb(V), wc(V), ga(V), gb(V), gc(V);
+  {
+    SequenceState a(be, c, 64), b(be, c, 64), cc(be, c, 64);
+    fwd.run(a, pa.data(), nullptr, int(pa.size()), nullptr, false);
+    const int id = 7;
+    fwd.run(a, &id, nullptr, 1, wa.data(), false);
+    fwd.run(b, pb.data(), nullptr, int(pb.size()), wb.data(), false);
+    fwd.run(cc, pc.data(), nullptr, 9, wc.data(), false);
+  }
+  SequenceState a(be, c, 64), b(be, c, 64), cc(be, c, 64);
+  fwd.run(a, pa.data(), nullptr, int(pa.size()), nullptr, false);
+  fwd.run(cc, pc.data(), nullptr, 4, nullptr, false);
+  const int id = 7;
+  const BatchEntry es[] = {{&a, &id, 1, ga.data()}, {&b, pb.data(), 11, gb.data()}, {&cc, pc.data() + 4, 5, gc.data()}};
+  fwd.run_mixed(es, 3);  // 17 rows in chunks of 8: b spans groups 1-2, c groups 2-3
+  EXPECT_EQ(0, std::memcmp(ga.data(), wa.data(), V * 4));
+  EXPECT_EQ(0, std::memcmp(gb.data(), wb.data(), V * 4));
+  EXPECT_EQ(0, std::memcmp(gc.data(), wc.data(), V * 4));
+  EXPECT_EQ(a.position(), 7);
+  EXPECT_EQ(b.position(), 11);
+  EXPECT_EQ(cc.position(), 9);
+  EXPECT_EQ(int(b.history().size()), 11) << "the runner logs mixed ids";
+  const BatchEntry twice[] = {{&a, &id, 1, nullptr}, {&a, &id, 1, nullptr}};
+  EXPECT_THROW(fwd.run_mixed(twice, 2), Error);
+}
+
 // A measurement, not a check (disabled; run with --gtest_also_run_disabled_tests): decode
 // throughput of one batched step over B sequences, B = 1, 4, 16, side by side in one run, on the
 // golden model or the snapshot in WREN_BATCH_MODEL (docs/serve.md records the numbers).

@@ -156,6 +156,7 @@ void add_bench(CLI::App& app) {
   add_bench_stream(bench);
   add_bench_layers(bench);
   add_bench_prefill(bench);
+  add_bench_serve(bench);
   add_bench_cpu(bench);
   add_bench_routing(bench);
   add_bench_tokenizer(bench);

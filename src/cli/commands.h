@@ -22,6 +22,7 @@ void add_bench(CLI::App& app);
 void add_bench_experts(CLI::App* bench);
 void add_bench_layers(CLI::App* bench);
 void add_bench_prefill(CLI::App* bench);
+void add_bench_serve(CLI::App* bench);
 void add_bench_cpu(CLI::App* bench);
 void add_bench_tokenizer(CLI::App* bench);
 void add_tokenize(CLI::App& app);

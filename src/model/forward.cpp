@@ -198,6 +198,50 @@ void Forward::run_batch(SequenceState* const* states, const int* ids, int B, flo
   }
 }
 
+void Forward::run_mixed(const BatchEntry* entries, int n) {
+  for (int i = 0; i < n; ++i) {
+    check(entries[i].st->holds(be_, opts_.first_layer, n_layers_), "forward: a sequence state of the step belongs to another backend");
+    check(entries[i].n >= 1, "forward: entry " + std::to_string(i) + " of the step has no tokens");
+    for (int j = 0; j < i; ++j)
+      check(entries[j].st != entries[i].st, "forward: sequence state " + std::to_string(i) + " of the step is also entry " +
+                                                std::to_string(j) + " (one part per sequence per step)");
+  }
+  const size_t V = cfg_.vocab;
+  const int C = opts_.max_chunk;
+  // Groups of at most C rows, in entry order; an entry may continue into the next group (its
+  // state advances in between, so the order of its tokens is kept).
+  std::vector<float*> outs;  // per head row of the group: where its logits go
+  int i = 0, done = 0;       // entry i has `done` of its tokens run
+  while (i < n) {
+    segs_.clear(), head_rows_.clear(), mixed_ids_.clear(), outs.clear();
+    int rows = 0;
+    while (i < n && rows < C) {
+      const BatchEntry& e = entries[i];
+      const int take = std::min(C - rows, e.n - done);
+      segs_.push_back({e.st, rows, take});
+      mixed_ids_.insert(mixed_ids_.end(), e.ids + done, e.ids + done + take);
+      rows += take, done += take;
+      if (done == e.n) {
+        if (e.logits) head_rows_.push_back(rows - 1), outs.push_back(e.logits);
+        ++i, done = 0;
+      }
+    }
+    const bool want = !head_rows_.empty();
+    if (want) mixed_logits_.resize(head_rows_.size() * V);
+    const bool recorded = be_.step_begin(step_info(rows, nullptr, nullptr));
+    try {
+      chunk_ops(mixed_ids_.data(), nullptr, rows, 0, want ? mixed_logits_.data() : nullptr, false, nullptr, recorded);
+    } catch (...) {
+      if (recorded) be_.step_abort();
+      head_rows_.clear();
+      throw;
+    }
+    for (size_t r = 0; r < outs.size(); ++r)
+      std::copy(mixed_logits_.begin() + long(r * V), mixed_logits_.begin() + long((r + 1) * V), outs[r]);
+    head_rows_.clear();
+  }
+}
+
 void Forward::chunk(SequenceState& st, const int* ids, const float* x0, int T, int t0,
                     float* logits, bool all_logits, const ForwardHooks* hooks) {
   // The backend may record the whole step (CUDA: one decode graph) from what it needs of the host.
@@ -429,6 +473,13 @@ int Forward::head(int n_blocks, int T, bool all_logits) {
   const ModelWeights& w = model_.weights;
   const size_t D = cfg_.hidden;
   pre_mix(w.out_mix, b.blocks, n_blocks, T);  // final mix (the residual itself when plain)
+  if (!head_rows_.empty()) {  // run_mixed: the last row of each entry that wants logits
+    const int n = int(head_rows_.size());
+    for (int r = 0; r < n; ++r)
+      be_.rms_norm(b.mixed + size_t(head_rows_[r]) * D, 1, int(D), w.final_norm, cfg_.rms_eps, b.hnorm + size_t(r) * D);
+    be_.gemm(w.lm_head, b.hnorm, n, b.logits);
+    return n;
+  }
   // Only the last position needs the head unless every position's logits are asked for.
   const int first = all_logits ? 0 : T - 1, n = T - first;
   be_.rms_norm(b.mixed + first * D, n, int(D), w.final_norm, cfg_.rms_eps, b.hnorm);

@@ -61,6 +61,16 @@ struct ForwardOptions {
   StageLink link = {};
 };
 
+/// One sequence's part of a mixed step (TokenStep::run_mixed): `n` >= 1 tokens `ids` consumed at
+/// the state's position (a decode step is n = 1, a prefill chunk n > 1); `logits` host [V] of its
+/// last token, or null when not needed.
+struct BatchEntry {
+  SequenceState* st;
+  const int* ids;
+  int n;
+  float* logits;
+};
+
 /// Something that consumes tokens into a sequence state: the forward pass itself (Forward), or the
 /// engine's runner that adds the CPU fallback after a device failure (runtime/runner.h).
 class TokenStep {
@@ -76,6 +86,13 @@ class TokenStep {
   virtual void run_batch(SequenceState* const* states, const int* ids, int B, float* logits) {
     for (int b = 0; b < B; ++b)
       run(*states[b], ids + b, nullptr, 1, logits ? logits + size_t(b) * config().vocab : nullptr, false);
+  }
+  /// One step over several different sequences, each consuming its own n tokens (continuous
+  /// batching: the running decodes and new requests' prefill chunks together). This default runs
+  /// them one by one; Forward batches them.
+  virtual void run_mixed(const BatchEntry* entries, int n) {
+    for (int i = 0; i < n; ++i)
+      run(*entries[i].st, entries[i].ids, nullptr, entries[i].n, entries[i].logits, false);
   }
   /// The backend new sequence states belong on (the one the next run uses).
   virtual Backend& backend() = 0;
@@ -109,6 +126,15 @@ class Forward final : public TokenStep {
   /// CPU, Batched.*). B above max_chunk runs in groups. Throws wren::Error on a state repeated in
   /// the batch or belonging to another backend.
   void run_batch(SequenceState* const* states, const int* ids, int B, float* logits) override;
+
+  /// One step over several sequences (TokenStep::run_mixed): the rows of every entry (a decode
+  /// token, or a prefill chunk) go through the dense projections, router and routed MoE together,
+  /// the KDA and MLA cores per sequence; the head runs only on the rows whose logits are asked for.
+  /// Entry i's result is the one run(*st, ids, n) gives (row-independent ops; on the CPU the result
+  /// does not depend on where a prompt is cut: tested bit-identical, Batched.*). More rows than
+  /// max_chunk run in consecutive groups (an entry may be split between two). Throws wren::Error
+  /// on a state repeated in the step, n < 1, or a state of another backend.
+  void run_mixed(const BatchEntry* entries, int n) override;
 
   int layers_run() const override { return n_layers_ - opts_.first_layer; }
   /// AttnRes snapshots taken before layer `layer` (what crosses a stage boundary there besides P).
@@ -166,6 +192,10 @@ class Forward final : public TokenStep {
   std::vector<StepMoeLayer> step_moe_;  ///< the MoE layers with MXFP4 experts (for step_begin)
   std::vector<float> check_buf_;        ///< host copy for --check-finite
   std::vector<Segment> segs_;           ///< the sequences of the chunk being run
+  /// Non-empty: the head runs only on these rows of the chunk (run_mixed), in this order.
+  std::vector<int> head_rows_;
+  std::vector<int> mixed_ids_;          ///< host ids of a run_mixed group
+  std::vector<float> mixed_logits_;     ///< host logits of a run_mixed group's head rows
   std::vector<int> next_moe_;           ///< [layer]: the next MXFP4 MoE layer run, or -1
   bool predict_now_ = false;            ///< predict in the chunk being run
   std::vector<int> guess_ids_;          ///< host [T, k] guessed ids (predict_next)

@@ -61,6 +61,16 @@ void Backend::host_routed_moe(const RoutedMoeParams& p, const MoeWeights& m, con
     if (h.uses[e].empty()) h.unique.push_back(e);
     h.uses[e].push_back(int(j));
   }
+  {  // traffic: each unique expert once (Backend::expert_traffic)
+    auto mx = [](const MxMatrix& w) { return uint64_t(w.rows) * uint64_t(w.cols) / 2 + uint64_t(w.rows) * uint64_t(w.cols / 32); };
+    auto dn = [](const DenseWeight& w) { return uint64_t(w.rows) * uint64_t(w.cols) * dtype_size(w.dtype); };
+    for (int e : h.unique) {
+      if (size_t(e) >= m.experts.size()) continue;  // no shape at hand (not expected): not counted
+      const ExpertRef& r = m.experts[size_t(e)];
+      traffic_.bytes += p.format == ExpertFormat::Dense ? dn(r.d1) + dn(r.d2) + dn(r.d3) : mx(r.w1) + mx(r.w2) + mx(r.w3);
+    }
+    traffic_.visits += h.unique.size();
+  }
   if (p.format == ExpertFormat::Dense) {  // dense experts are resident weights
     for (int e : h.unique)
       for (int j : h.uses[e]) {

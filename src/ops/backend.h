@@ -228,6 +228,15 @@ class Backend {
   bool strict() const { return strict_; }
   /// Slow fallbacks taken so far (each routed_moe call that ran a slower path counts once).
   uint64_t fallbacks() const { return fallbacks_; }
+  /// Routed-expert traffic of the host-routed path (host_routed_moe; the CPU backend's routed_moe)
+  /// since construction: `visits` = experts run (each unique expert of a chunk once, whatever
+  /// number of rows chose it), `bytes` = the bytes of their weights (MXFP4: packed nibbles +
+  /// ue8m0 scales of w1, w2, w3; dense: the three matrices at their stored type). A device
+  /// routed_moe that keeps the ids on the device does not count here.
+  struct ExpertTraffic {
+    uint64_t visits = 0, bytes = 0;
+  };
+  ExpertTraffic expert_traffic() const { return traffic_; }
 
  protected:
   /// The host-routed reference of routed_moe, through this backend's own ops: router_topk to
@@ -266,6 +275,7 @@ class Backend {
   bool strict_ = false;
   bool fallback_logged_ = false;
   uint64_t fallbacks_ = 0;
+  ExpertTraffic traffic_;
 };
 
 }  // namespace wren

@@ -57,6 +57,26 @@ void Runner::run_batch(SequenceState* const* sts, const int* ids, int B, float* 
     run_fallback(*sts[b], ids + b, nullptr, 1, logits ? logits + size_t(b) * V : nullptr, false, nullptr);
 }
 
+void Runner::run_mixed(const BatchEntry* es, int n) {
+  if (!fallback_) {
+    for (int i = 0; i < n; ++i)
+      check(&es[i].st->backend() == &fwd_.backend(), "forward: a sequence state of the step belongs to another backend");
+    try {
+      if (pipe_) pipe_->run_mixed(es, n);  // pipeline stages: entry by entry (TokenStep's default)
+      else fwd_.run_mixed(es, n);
+      for (int i = 0; i < n; ++i) es[i].st->record(es[i].ids, es[i].n, true);
+      return;
+    } catch (const DeviceError& e) {
+      if (!make_fallback_) throw;
+      for (int i = 0; i < n; ++i)
+        if (!es[i].st->replayable()) throw;
+      start_fallback(e);
+    }
+  }
+  for (int i = 0; i < n; ++i)  // on the fallback: one by one (each state rebuilt first)
+    run_fallback(*es[i].st, es[i].ids, nullptr, es[i].n, es[i].logits, false, nullptr);
+}
+
 void Runner::run_fallback(SequenceState& st, const int* ids, const float* x0, int T, float* logits,
                           bool all_logits, const ForwardHooks* hooks) {
   if (&st.backend() != fallback_be_.get()) {  // rebuild the state on the fallback backend

@@ -56,6 +56,10 @@ class Runner final : public TokenStep {
   /// Forward::run_batch (one decode step over B sequences), then appends each id to its state's
   /// log. After a device failure every state moves to the fallback and runs its token there.
   void run_batch(SequenceState* const* states, const int* ids, int B, float* logits) override;
+  /// Forward::run_mixed (decodes and prefill chunks of several sequences in one step), then
+  /// appends each entry's ids to its state's log. After a device failure every state moves to
+  /// the fallback and runs its entry there.
+  void run_mixed(const BatchEntry* entries, int n) override;
   /// The backend calls run on now: the fallback once a device failed, else the one given.
   Backend& backend() override { return fallback_ ? *fallback_be_ : fwd_.backend(); }
   const Config& config() const override { return fwd_.config(); }

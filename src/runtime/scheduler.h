@@ -1,10 +1,15 @@
-// Iteration-level scheduling of many generations on one TokenStep: between decode steps waiting
-// requests are admitted in arrival order (FIFO) up to max_seqs, each prefilled on its own
-// (through the prefix cache) and its first token drawn; then one batched decode step
-// (TokenStep::run_batch) advances every running sequence by one token. A sequence that stops,
-// reaches max_new_tokens or is cancelled leaves at once and frees its slot. Each sequence keeps its
-// own state and sampler, so its tokens are those generate() gives it alone (Batched.*, Serve*).
-// Not thread-safe: one thread calls add() and step().
+// Iteration-level scheduling of many generations on one TokenStep (continuous batching): between
+// steps waiting requests are admitted in arrival order (FIFO) up to max_seqs and resume from the
+// prefix cache; then one mixed step (TokenStep::run_mixed) advances every decoding sequence by one
+// token and feeds the prefilling ones a chunk of their prompts, under a budget of max_batch_tokens
+// rows per step: decodes first (one row each), the rest of the budget to the prefilling sequences
+// oldest first. A prompt's pieces end on the prefix cache's interval (snapshots there) and at its
+// end (snapshot with logits), where its first token is drawn. A sequence that stops, reaches
+// max_new_tokens or is cancelled leaves at once and frees its slot. Each sequence keeps its own
+// state and sampler, so its tokens are those generate() gives it alone (Batched.*, Serve*).
+// Fairness: admission and the prefill budget both go oldest first, and with max_batch_tokens >=
+// max_seqs every prefilling sequence gets at least one row per step, so no request waits behind an
+// unbounded stream of newer ones. Not thread-safe: one thread calls add() and step().
 #pragma once
 #include <deque>
 #include <functional>
@@ -29,15 +34,25 @@ struct SeqRequest {
 
 class Scheduler {
  public:
-  /// `make_state`: a fresh, empty sequence state; `max_seqs` >= 1 sequences decode together.
-  Scheduler(TokenStep& fwd, std::function<std::unique_ptr<SequenceState>()> make_state, int max_seqs);
+  /// `make_state`: a fresh, empty sequence state; `max_seqs` >= 1 sequences run together.
+  /// `max_batch_tokens`: rows (decode tokens + prefill tokens) per step; 0 = no budget (each
+  /// prefilling sequence runs up to its next snapshot point or its end every step); otherwise at
+  /// least max_seqs (throws wren::Error below).
+  Scheduler(TokenStep& fwd, std::function<std::unique_ptr<SequenceState>()> make_state, int max_seqs,
+            int max_batch_tokens = 0);
   ~Scheduler();
   void add(SeqRequest r) { waiting_.push_back(std::move(r)); }
   bool idle() const { return waiting_.empty() && running_.empty(); }
   int running() const { return int(running_.size()); }
   int waiting() const { return int(waiting_.size()); }
   int max_seqs() const { return max_seqs_; }
-  /// Admits what fits, then one decode step over the running sequences.
+  int max_batch_tokens() const { return max_batch_tokens_; }
+  /// Running sequences still prefilling their prompts (they hold a slot, no token drawn yet).
+  int prefilling() const;
+  /// Rows of the last step: decode tokens and prefill tokens.
+  int last_decode_rows() const { return last_decode_rows_; }
+  int last_prefill_rows() const { return last_prefill_rows_; }
+  /// Admits what fits, then one mixed step over the running sequences.
   void step();
 
  private:
@@ -49,9 +64,13 @@ class Scheduler {
   bool guarded(Seq& s, const std::function<void()>& fn);
   /// Draws the next token (unless `done`) and finishes the sequence when it ends; true while it runs on.
   bool advance(Seq& s, bool done);
+  /// Takes the oldest waiting request into a slot (resumed from the prefix cache); it leaves at
+  /// once when cancelled, failed, or finished from a snapshot with logits.
+  void admit();
   TokenStep& fwd_;
   std::function<std::unique_ptr<SequenceState>()> make_state_;
-  int max_seqs_;
+  int max_seqs_, max_batch_tokens_;
+  int last_decode_rows_ = 0, last_prefill_rows_ = 0;
   std::deque<SeqRequest> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;
 };

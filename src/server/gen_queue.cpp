@@ -46,8 +46,8 @@ void Job::finish(GenResult r, std::string error) {
   cv_.notify_all();
 }
 
-GenQueue::GenQueue(Engine& engine, int max_queue, PrefixCache* cache, int max_seqs)
-    : engine_(engine), max_queue_(max_queue), cache_(cache), max_seqs_(max_seqs) {
+GenQueue::GenQueue(Engine& engine, int max_queue, PrefixCache* cache, int max_seqs, int max_batch_tokens)
+    : engine_(engine), max_queue_(max_queue), cache_(cache), max_seqs_(max_seqs), max_batch_tokens_(max_batch_tokens) {
   worker_ = std::thread([this] { loop(); });
 }
 
@@ -94,7 +94,12 @@ QueueStats GenQueue::stats() {
 }
 
 void GenQueue::loop() {
-  Scheduler sched(engine_.forward(), [this] { return engine_.new_sequence(); }, std::max(1, max_seqs_));
+  Scheduler sched(engine_.forward(), [this] { return engine_.new_sequence(); }, std::max(1, max_seqs_),
+                  max_batch_tokens_);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.max_seqs = sched.max_seqs(), stats_.max_batch_tokens = sched.max_batch_tokens();
+  }
   for (;;) {
     std::vector<std::shared_ptr<Job>> admit_now;
     {
@@ -136,7 +141,17 @@ void GenQueue::loop() {
       stats_.expert_bytes_read = store->stats().bytes_read;
     }
     stats_.running = sched.running();
+    stats_.prefilling = sched.prefilling();
     stats_.busy = !sched.idle();
+    stats_.last_decode_rows = sched.last_decode_rows(), stats_.last_prefill_rows = sched.last_prefill_rows();
+    stats_.decode_rows += uint64_t(sched.last_decode_rows()), stats_.prefill_rows += uint64_t(sched.last_prefill_rows());
+    if (sched.last_decode_rows() + sched.last_prefill_rows() > 0) ++stats_.steps;
+    const Backend::ExpertTraffic tr = engine_.forward().backend().expert_traffic();
+    if (sched.last_prefill_rows() == 0 && sched.last_decode_rows() > 0 && tr.bytes >= stats_.expert_bytes) {
+      stats_.decode_step_expert_bytes += tr.bytes - stats_.expert_bytes;
+      stats_.decode_step_tokens += uint64_t(sched.last_decode_rows());
+    }
+    stats_.expert_visits = tr.visits, stats_.expert_bytes = tr.bytes;
   }
 }
 
@@ -158,6 +173,10 @@ void GenQueue::admit(Scheduler& sched, const std::shared_ptr<Job>& job) {
   r.on_token = [out](int id) { out->token(id); };
   r.on_done = [this, job, out](const GenerateStats& st) {
     out->cached(st.cached_tokens);
+    {
+      std::lock_guard<std::mutex> lk(mu_);  // before the client sees its reply
+      stats_.generated_tokens += uint64_t(st.generated_tokens);
+    }
     out->finish(st.generated_tokens, st.stopped);
     std::lock_guard<std::mutex> lk(mu_);
     ++(job->was_cancelled() ? stats_.cancelled : stats_.completed);

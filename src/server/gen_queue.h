@@ -129,7 +129,17 @@ class ReplyStream {
 struct QueueStats {
   long long queued = 0, completed = 0, cancelled = 0, failed = 0;
   bool busy = false;
-  int running = 0;  ///< sequences generating now (at most --max-seqs)
+  int running = 0;  ///< sequences generating now (at most --max-seqs), prefilling ones included
+  int prefilling = 0;  ///< of those, still prefilling their prompts
+  int max_seqs = 0, max_batch_tokens = 0;
+  uint64_t steps = 0, decode_rows = 0, prefill_rows = 0;  ///< scheduler steps and their rows (sums)
+  int last_decode_rows = 0, last_prefill_rows = 0;        ///< rows of the last step
+  /// Routed-expert traffic of the engine's backend (Backend::expert_traffic; host-routed MoE
+  /// only) and the tokens generated so far: bytes / generated_tokens = expert bytes per token.
+  uint64_t expert_visits = 0, expert_bytes = 0, generated_tokens = 0;
+  /// The same traffic over the steps that ran decodes only (no prefill row): bytes / tokens =
+  /// expert bytes per generated token of the decode itself.
+  uint64_t decode_step_expert_bytes = 0, decode_step_tokens = 0;
   bool has_store = false;  ///< the engine streams experts from disk; the counters below are its own
   uint64_t expert_hits = 0, expert_misses = 0, expert_bytes_read = 0;  ///< as of the last finished job
   bool has_prefix_cache = false;  ///< --prefix-cache above 0; the counters below are its own
@@ -142,7 +152,8 @@ class GenQueue {
   /// `max_queue`: jobs waiting (not counting the running one) beyond which submit() refuses.
   /// `cache` (may be null): prompts resume from and fill it (runtime/prefix_cache.h).
   /// `max_seqs`: sequences decoded together in one batched step.
-  GenQueue(Engine& engine, int max_queue, PrefixCache* cache = nullptr, int max_seqs = 1);
+  /// `max_batch_tokens`: rows per scheduler step (Scheduler; 0 = no budget).
+  GenQueue(Engine& engine, int max_queue, PrefixCache* cache = nullptr, int max_seqs = 1, int max_batch_tokens = 0);
   /// Test hook: instead of running the model, job k (in run order) "generates" replay[k % n]
   /// (cut at a stop id or max_tokens) through the same ReplyStream (parsing, streaming, stop
   /// strings). Set before the first submit().
@@ -168,7 +179,7 @@ class GenQueue {
   Engine& engine_;
   const int max_queue_;
   PrefixCache* cache_;
-  const int max_seqs_;
+  const int max_seqs_, max_batch_tokens_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<Job>> jobs_;

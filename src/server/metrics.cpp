@@ -68,6 +68,13 @@ std::string Metrics::text(const MetricsGauges& g) const {
   s += "wren_queue_depth " + std::to_string(g.queued) + "\n";
   s += header("wren_running_sequences", "gauge", "Sequences generating now.");
   s += "wren_running_sequences " + std::to_string(g.running) + "\n";
+  s += header("wren_step_rows_total", "counter", "Rows of the scheduler's steps, by kind (decode token, prefill token).");
+  s += "wren_step_rows_total{kind=\"decode\"} " + std::to_string(g.decode_rows) + "\n";
+  s += "wren_step_rows_total{kind=\"prefill\"} " + std::to_string(g.prefill_rows) + "\n";
+  s += header("wren_expert_visits_total", "counter", "Routed experts run (each unique expert of a step once; host-routed MoE).");
+  s += "wren_expert_visits_total " + std::to_string(g.expert_visits) + "\n";
+  s += header("wren_expert_weight_bytes_total", "counter", "Bytes of routed-expert weights those visits read.");
+  s += "wren_expert_weight_bytes_total " + std::to_string(g.expert_bytes) + "\n";
   if (g.has_store) {
     const uint64_t all = g.expert_hits + g.expert_misses;
     s += header("wren_expert_cache_hits_total", "counter", "Routed-expert lookups served from the cache.");

@@ -28,6 +28,8 @@ class Histogram {
 struct MetricsGauges {
   long long queued = 0;   ///< requests waiting
   int running = 0;        ///< sequences generating now
+  uint64_t expert_visits = 0, expert_bytes = 0;  ///< routed experts run and their weight bytes (Backend::expert_traffic)
+  uint64_t decode_rows = 0, prefill_rows = 0;    ///< rows of the scheduler's steps
   uint64_t expert_hits = 0, expert_misses = 0, expert_bytes_read = 0;  ///< expert store, if any
   bool has_store = false;
   bool has_prefix_cache = false;  ///< the counters below are the prefix cache's (--prefix-cache)

@@ -70,7 +70,7 @@ Server::Server(Engine& engine, ServerOptions o)
     : engine_(engine),
       o_(std::move(o)),
       cache_(o_.prefix_cache, o_.prefix_interval),
-      queue_(engine, o_.max_queue, &cache_, o_.max_seqs),
+      queue_(engine, o_.max_queue, &cache_, o_.max_seqs, o_.max_batch_tokens),
       started_(now_s()) {
   if (!o_.replay.empty()) queue_.set_replay(o_.replay);
   queue_.set_metrics(&metrics_);
@@ -135,6 +135,10 @@ void Server::routes() {
     MetricsGauges g;
     g.queued = q.queued;
     g.running = q.running;
+    g.expert_visits = q.expert_visits;
+    g.expert_bytes = q.expert_bytes;
+    g.prefill_rows = q.prefill_rows;
+    g.decode_rows = q.decode_rows;
     g.has_store = q.has_store;
     g.expert_hits = q.expert_hits;
     g.expert_misses = q.expert_misses;
@@ -179,6 +183,17 @@ void Server::health(Response& res) {
   const QueueStats s = queue_.stats();
   nlohmann::json h = {{"status", "ok"}, {"model", o_.model_id}, {"queued", s.queued}, {"busy", s.busy},
                       {"running", s.running}, {"completed", s.completed}, {"cancelled", s.cancelled}, {"failed", s.failed}};
+  h["prefilling"] = s.prefilling;
+  h["max_seqs"] = s.max_seqs;
+  h["max_batch_tokens"] = s.max_batch_tokens;
+  h["batch"] = {{"steps", s.steps}, {"decode_rows", s.decode_rows}, {"prefill_rows", s.prefill_rows},
+                {"last_decode_rows", s.last_decode_rows}, {"last_prefill_rows", s.last_prefill_rows}};
+  h["experts"] = {{"visits", s.expert_visits}, {"bytes", s.expert_bytes}, {"generated_tokens", s.generated_tokens},
+                  {"bytes_per_generated_token",
+                   s.generated_tokens ? double(s.expert_bytes) / double(s.generated_tokens) : 0.0},
+                  {"decode_step_bytes", s.decode_step_expert_bytes}, {"decode_step_tokens", s.decode_step_tokens},
+                  {"bytes_per_decode_token",
+                   s.decode_step_tokens ? double(s.decode_step_expert_bytes) / double(s.decode_step_tokens) : 0.0}};
   if (s.has_prefix_cache)
     h["prefix_cache"] = {{"lookups", s.prefix.lookups}, {"hits", s.prefix.hits},
                          {"cached_tokens", s.prefix.cached_tokens}, {"entries", s.prefix.entries},

@@ -30,6 +30,8 @@ struct ServerOptions {
   size_t prefix_cache = 0;   ///< --prefix-cache: host bytes of state snapshots (0 = off; runtime/prefix_cache.h)
   int prefix_interval = 256; ///< snapshot every this many prompt tokens
   int max_seqs = 1;          ///< --max-seqs: sequences decoded together (runtime/scheduler.h)
+  /// --max-batch-tokens: rows per step, decodes + prefill chunks (0 = no budget; else >= max_seqs)
+  int max_batch_tokens = 0;
 };
 
 /// `a == b` in time that depends only on a's length (the secret is b).
