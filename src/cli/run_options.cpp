@@ -62,9 +62,9 @@ ChatOptions chat_options(const CommonArgs& a) {
 EngineOptions CommonArgs::engine_options() const {
   EngineOptions o = engine;
   o.progress = !quiet && isatty(STDERR_FILENO);
-  o.plan = cpu.plan();
-  o.cpu = cpu.backend();
   o.cuda = cuda.backend();
+  o.plan = cpu.plan(gpu_fast(o.backend, o.cuda.precision));
+  o.cpu = cpu.backend();
   print_run_header(o.backend, o.cpu, o.plan, o.cuda, o.strict, o.predict == "on");
   return o;
 }
