@@ -233,11 +233,15 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
 ///   3. pass 2: S'[r][c] = S[r][c]·α_r + k̂_r·u stored straight to global memory, o = Σ_r q̂_r·S'[r][c];
 ///   4. RMSNorm (block_sum), × o_norm × σ(gate).
 /// S is read once (by the copies) and written once. No cluster, one block per head.
+/// KC = the conv kernel size at compile time (1..4): the taps and windows stay in registers (with
+/// a run-time K they were local memory, and each tap a dependent round trip: run 22-decode).
+template <int KC>
 __global__ void __launch_bounds__(kKdaDecodeMaxDim) kda_decode_bulk_kernel(KdaDecodeArgs a) {
   extern __shared__ __align__(16) float smem[];
   __shared__ double red[32];
   __shared__ __align__(8) uint64_t bars[kBulkChunks];
-  const int d = a.d, P = a.H * d, K = a.K, h = blockIdx.x, c = threadIdx.x;
+  constexpr int K = KC;
+  const int d = a.d, P = a.H * d, h = blockIdx.x, c = threadIdx.x;
   const bool live = c < d;
   const int ch = h * d + c;
   float* Ss = smem;        // [d][d] S_h as S[key][value]
@@ -249,7 +253,7 @@ __global__ void __launch_bounds__(kKdaDecodeMaxDim) kda_decode_bulk_kernel(KdaDe
 
   // 0. This thread's inputs first (they go out ahead of the state's bytes).
   float xin[3] = {0, 0, 0}, zc = 0, gate_v = 0, onorm_v = 0;
-  float wc[3][kKdaDecodeMaxConv], wi[3][kKdaDecodeMaxConv];
+  float wc[3][K], wi[3][K];  // wi: K - 1 taps used (K >= 1 keeps the array non-empty)
   const float alog = __ldg(a.a_log + h), braw = __ldg(a.beta + h);
   if (live) {
     const float* in[3] = {a.q, a.k, a.v};
@@ -259,8 +263,8 @@ __global__ void __launch_bounds__(kKdaDecodeMaxDim) kda_decode_bulk_kernel(KdaDe
       xin[m] = __ldg(in[m] + ch);
       const float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
 #pragma unroll
-      for (int j = 0; j < kKdaDecodeMaxConv; ++j) {
-        wc[m][j] = j < K ? __ldg(cw[m] + size_t(ch) * K + j) : 0.f;
+      for (int j = 0; j < K; ++j) {
+        wc[m][j] = __ldg(cw[m] + size_t(ch) * K + j);
         wi[m][j] = j < K - 1 ? win[j] : 0.f;
       }
     }
@@ -294,8 +298,7 @@ __global__ void __launch_bounds__(kKdaDecodeMaxDim) kda_decode_bulk_kernel(KdaDe
       kda::conv_push(wi[m], K, xin[m]);
       float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
 #pragma unroll
-      for (int j = 0; j < kKdaDecodeMaxConv - 1; ++j)
-        if (j < K - 1) win[j] = wi[m][j];
+      for (int j = 0; j < K - 1; ++j) win[j] = wi[m][j];
     }
     yq = y[0], yk = y[1], yv = y[2];
     const float A = exp_f(alog);
@@ -383,17 +386,30 @@ void launch(CudaBackend::Impl& m, const KdaDecodeArgs& a) {
 
 bool kda_decode(CudaBackend::Impl& m, const KdaDecodeArgs& a) {
   if (a.T != 1 || a.d < 1 || a.d > kKdaDecodeMaxDim || a.K < 1 || a.K > kKdaDecodeMaxConv) return false;
-  // Rows of 16-byte multiples on a 16-byte aligned state: the bulk-copy kernel (K3, Kimi Linear).
-  if (m.kda_decode_bulk && a.d % 4 == 0 && reinterpret_cast<uintptr_t>(a.S) % 16 == 0) {
+  // Rows of 16-byte multiples on a 16-byte aligned state, conv kernel 1..4: the bulk-copy kernel
+  // (K3, Kimi Linear).
+  constexpr size_t kBulkSmemMax = (size_t(kKdaDecodeMaxDim) * kKdaDecodeMaxDim + 3 * kKdaDecodeMaxDim) * sizeof(float);
+  if (m.kda_decode_bulk && a.d % 4 == 0 && a.K <= 4 && reinterpret_cast<uintptr_t>(a.S) % 16 == 0 &&
+      kBulkSmemMax <= size_t(m.max_smem_optin)) {
     const size_t smem = (size_t(a.d) * a.d + 3 * size_t(a.d)) * sizeof(float);
-    if (smem <= size_t(m.max_smem_optin)) {
-      if (smem > 48 * 1024 && int(smem) > m.kda_decode_optin) {
-        check_cuda(cudaFuncSetAttribute(kda_decode_bulk_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
-                   "cudaFuncSetAttribute (kda_core decode shared memory)");
-        m.kda_decode_optin = int(smem);
+    {
+      if (m.kda_decode_optin == 0) {  // once per backend: every form may take the d = 128 maximum
+        const void* ks[4] = {reinterpret_cast<const void*>(kda_decode_bulk_kernel<1>),
+                             reinterpret_cast<const void*>(kda_decode_bulk_kernel<2>),
+                             reinterpret_cast<const void*>(kda_decode_bulk_kernel<3>),
+                             reinterpret_cast<const void*>(kda_decode_bulk_kernel<4>)};
+        for (const void* k : ks)
+          check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBulkSmemMax)),
+                     "cudaFuncSetAttribute (kda_core decode shared memory)");
+        m.kda_decode_optin = int(kBulkSmemMax);
       }
       const int threads = (a.d + kWarp - 1) / kWarp * kWarp;
-      kda_decode_bulk_kernel<<<a.H, threads, smem, m.stream>>>(a);
+      switch (a.K) {
+        case 1: kda_decode_bulk_kernel<1><<<a.H, threads, smem, m.stream>>>(a); break;
+        case 2: kda_decode_bulk_kernel<2><<<a.H, threads, smem, m.stream>>>(a); break;
+        case 3: kda_decode_bulk_kernel<3><<<a.H, threads, smem, m.stream>>>(a); break;
+        default: kda_decode_bulk_kernel<4><<<a.H, threads, smem, m.stream>>>(a); break;
+      }
       m.launched("kda_core decode kernel (bulk)");
       ++m.stats.kda_decode_calls;
       ++m.stats.kda_decode_bulk_calls;
