@@ -158,6 +158,45 @@ TEST_F(FastCpu, QuantPlanReachesTheWeights) {
   for (const Model* m : {gen_exact_, golden_exact_}) EXPECT_TRUE(m->plan.exact());
 }
 
+// The "stored" plan (the CLI's default on CUDA in fast mode: the checkpoint's dtype): on k3-tiny-a
+// (101 BF16 tensors, the rest F32/U8) every BF16-stored matrix stays BF16 and decodes to the exact
+// plan's f32 values bit for bit (lossless), the F32 ones stay F32, vectors stay F32, and the plan
+// is not "exact" (it names itself in the run header).
+TEST_F(FastCpu, StoredPlanKeepsBf16MatricesLosslessly) {
+  const QuantPlan plan = QuantPlan::preset("stored");
+  EXPECT_FALSE(plan.exact());
+  EXPECT_EQ(plan.of(WClass::Attn, DType::BF16), WFormat::BF16);
+  EXPECT_EQ(plan.of(WClass::Attn, DType::F32), WFormat::F32);
+  EXPECT_EQ(plan.of(WClass::Attn, DType::F16), WFormat::F32);
+  EXPECT_EQ(plan.of(WClass::Vector, DType::BF16), WFormat::F32);
+  EXPECT_EQ(QuantPlan::preset("exact").of(WClass::Attn, DType::BF16), WFormat::F32);
+  EXPECT_NE(plan.describe().find("as stored"), std::string::npos) << plan.describe();
+  auto stored = load_model(test::golden_dir(), plan);
+  std::vector<const DenseWeight*> a, b;
+  for_each_tensor(stored->config, stored->weights, [&](const TensorSpec& s) { if (s.dense) a.push_back(s.dense); });
+  for_each_tensor(golden_exact_->config, golden_exact_->weights, [&](const TensorSpec& s) { if (s.dense) b.push_back(s.dense); });
+  ASSERT_EQ(a.size(), b.size());
+  int bf16 = 0, f32 = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    ASSERT_EQ(b[i]->format, WFormat::F32);
+    if (a[i]->format == WFormat::F32) {
+      ++f32;
+      continue;
+    }
+    ASSERT_EQ(a[i]->format, WFormat::BF16) << "tensor " << i;
+    ASSERT_GT(a[i]->rows, 1) << "a vector must stay f32";
+    ++bf16;
+    std::vector<float> row(size_t(a[i]->cols));
+    for (int64_t r = 0; r < a[i]->rows; ++r) {
+      dequant_row(*a[i], r, row.data());
+      ASSERT_EQ(0, std::memcmp(row.data(), static_cast<const float*>(b[i]->data) + r * b[i]->cols, row.size() * 4))
+          << "tensor " << i << " row " << r << ": BF16 kept must decode to the upcast values";
+    }
+  }
+  EXPECT_GT(bf16, 0);
+  EXPECT_GT(f32, 0);
+}
+
 TEST_F(FastCpu, QuantizedForwardEqualsExactForwardOnTheDequantizedWeights) {
   // The quantized path end to end: a second copy of the default-plan model has every quantized
   // matrix replaced by its f32 decode; the exact path on it must give the quantized path's logits

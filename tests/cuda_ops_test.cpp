@@ -192,6 +192,33 @@ TEST_F(CudaOps, GemmMatchesCpu) {
   }
 }
 
+// The decode GEMV of few-row f32 matrices (gemm.cu gemv_row_kernel: rows <= 4096, T = 1, a block
+// per row staging the row and x in shared memory) keeps cpu::dot's order: bit-identical to the CPU
+// on the K3 / Kimi Linear small projections, odd column counts and a misaligned x (scalar staging),
+// and at the 4096 / 4097-row boundary (4097 takes the 32-row kernel). Every element compared exactly.
+TEST_F(CudaOps, GemvFewRowsBitIdenticalToCpu) {
+  std::mt19937 g(21);
+  const int cases[][3] = {{96, 7168, 0}, {128, 7168, 0}, {896, 7168, 0}, {1536, 7168, 1}, {32, 2304, 0},
+                          {4096, 2304, 0}, {4097, 64, 0},  {5, 13, 0},     {3, 100, 1},     {1, 1, 0},
+                          {7, 12289, 0}};
+  for (const auto& c : cases) {
+    const int rows = c[0], cols = c[1], off = c[2];  // off: x starts 1 float into its buffer
+    HostWeight w(random_vec(g, size_t(rows) * cols), rows, cols);
+    const auto x = random_vec(g, size_t(cols) + off);
+    be_->upload(w.w);
+    float* dx = dev(x) + off;
+    float* dy = poisoned(size_t(rows));
+    be_->gemm(w.w, dx, 1, dy);
+    std::vector<float> ref(static_cast<size_t>(rows));
+    cpu_.gemm(w.w, x.data() + off, 1, ref.data());
+    const std::vector<float> got = host(dy, ref.size());
+    int differ = 0;
+    for (int r = 0; r < rows; ++r) differ += std::memcmp(&got[r], &ref[r], sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0) << "gemv rows " << rows << " cols " << cols << " x offset " << off << ": " << differ
+                         << " rows not bit-identical to the CPU";
+  }
+}
+
 // gemm on packed weights (BF16 / Q8_ROW / Q4_G64, ops/weights.h) against the CPU scalar reference
 // kernels rows_{bf16,q8,q4}_scalar on the same packed bytes. Weights quantized by quantize_matrix
 // from random non-zero f32; odd cols give a partial last q4 group and the unaligned (scalar-load)
@@ -516,7 +543,8 @@ TEST_F(CudaOps, KdaCoreMatchesCpuAcrossCalls) {
   }
 }
 
-// ---- KDA decode step (T = 1, kda_decode.cu: a cluster per head, S read once and written once) ----
+// ---- KDA decode step (T = 1, kda_decode.cu: a block per head fed by bulk copies when d % 4 == 0,
+// else a cluster per head; S read once and written once) ----
 
 /// One KDA layer's random weights, uploaded to the backend, and a random non-zero state.
 struct KdaSetup {
@@ -541,7 +569,8 @@ struct KdaSetup {
 
 // The fused decode step against the CPU over many decode tokens at position > 0 (after a prefill
 // chunk through the token kernel), from a random non-zero state: head_dim 1..128 (partial warps,
-// 1-4 blocks per cluster, the fixed-stride d = 128 kernel), K3's 96×128 and Kimi Linear's 32×128
+// 1-4 blocks per cluster, the fixed-stride d = 128 kernel; the bulk-copy kernel for d % 4 == 0 with
+// 1-4 chunks of 32 rows, partial last chunks), K3's 96×128 and Kimi Linear's 32×128
 // heads, conv kernels 1-4, both gates; d > 128 must take the token kernel. Outputs and S within
 // rel-L2 1e-5 after every token, conv windows exact; the decode counter proves which kernel ran.
 TEST_F(CudaOps, KdaDecodeStepMatchesCpu) {
@@ -551,7 +580,11 @@ TEST_F(CudaOps, KdaDecodeStepMatchesCpu) {
   const std::vector<Case> cases = {{1, 1, 4, 0, 3},    {2, 8, 4, 3, 5},   {3, 16, 3, 0, 4},  {2, 31, 4, 2, 4},
                                    {1, 32, 4, 0, 3},   {2, 33, 2, 5, 4},  {4, 64, 4, 0, 3},  {2, 65, 1, 3, 3},
                                    {3, 100, 4, 2, 4},  {2, 127, 4, 0, 3}, {5, 128, 4, 7, 6}, {2, 128, 1, 0, 3},
-                                   {96, 128, 4, 3, 4}, {32, 128, 4, 2, 5}, {1, 160, 4, 0, 2}};
+                                   {96, 128, 4, 3, 4}, {32, 128, 4, 2, 5}, {1, 160, 4, 0, 2},
+                                   // bulk-copy kernel (d % 4 == 0): one partial chunk, 2-4 chunks
+                                   // with a partial last one, K 1..4
+                                   {2, 4, 2, 0, 3},    {3, 36, 4, 2, 3},  {2, 96, 3, 1, 3},  {1, 124, 4, 0, 3},
+                                   {7, 12, 1, 0, 2}};
   for (const KdaGate gate_kind : {KdaGate::LowerBound, KdaGate::Softplus})  // K3, Kimi Linear
   for (const Case& c : cases) {
     const int H = c.H, d = c.d, K = c.K, P = H * d;
@@ -568,10 +601,12 @@ TEST_F(CudaOps, KdaDecodeStepMatchesCpu) {
       const auto z = random_vec(g, size_t(T) * P, -3.f, 3.f), beta = random_vec(g, size_t(T) * H, -3.f, 3.f);
       const auto gate = random_vec(g, size_t(T) * P, -3.f, 3.f);
       float* dout = poisoned(size_t(T) * P);
-      const uint64_t before = be_->stats().kda_decode_calls;
+      const uint64_t before = be_->stats().kda_decode_calls, bulk_before = be_->stats().kda_decode_bulk_calls;
       be_->kda_core(p, su.w, ds, dev(q), dev(k), dev(v), dev(z), dev(beta), dev(gate), T, dout);
       const uint64_t fused = be_->stats().kda_decode_calls - before;
+      const uint64_t bulk = be_->stats().kda_decode_bulk_calls - bulk_before;
       EXPECT_EQ(fused, (T == 1 && d <= 128) ? 1u : 0u) << "H " << H << " d " << d << " T " << T;
+      EXPECT_EQ(bulk, (T == 1 && d <= 128 && d % 4 == 0) ? 1u : 0u) << "H " << H << " d " << d << " T " << T;
       std::vector<float> ref(size_t(T) * P);
       cpu_.kda_core(p, su.w, hs, q.data(), k.data(), v.data(), z.data(), beta.data(), gate.data(), T, ref.data());
       const std::string sh = shape({{"H", H}, {"d", d}, {"K", K}, {"T", T}, {"call", long(call)},
@@ -590,7 +625,7 @@ TEST_F(CudaOps, KdaDecodeStepMatchesCpu) {
 TEST_F(CudaOps, KdaDecodeAgreesWithTokenKernel) {
   ScopedOptions mode(*be_, kRecurrent);
   std::mt19937 g(12);
-  for (const auto& [H, d] : std::vector<std::pair<int, int>>{{4, 128}, {3, 48}, {2, 100}, {96, 128}})
+  for (const auto& [H, d] : std::vector<std::pair<int, int>>{{4, 128}, {3, 48}, {2, 100}, {96, 128}, {2, 33}, {3, 70}})
   for (const KdaGate gate_kind : {KdaGate::LowerBound, KdaGate::Softplus}) {
     const int K = 4, P = H * d, N = 9;
     KdaParams p{H, d, K, -5.f, 1e-5f, gate_kind};
@@ -620,6 +655,13 @@ TEST_F(CudaOps, KdaDecodeAgreesWithTokenKernel) {
 // the 50 MB L2, so the state comes from DRAM as in a real model). Printed, not asserted.
 TEST_F(CudaOps, KdaDecodeSpeedVsCopy) {
   std::mt19937 g(13);
+  const size_t big = size_t(1) << 27;  // floats: 512 MB each way, the copy bandwidth the floor uses
+  float* bsrc = be_->alloc(big);
+  float* bdst = be_->alloc(big);
+  const double copy_gbs = 2.0 * big * 4 / be_->time_recorded([&](int) { be_->copy_kernel(bsrc, big, bdst); }, 4, 5) / 1e9;
+  be_->release(bsrc);
+  be_->release(bdst);
+  std::printf("[ kda decode ] copy kernel 512 MB -> 512 MB: %.0f GB/s (read + written)\n", copy_gbs);
   for (const int H : {96, 32}) {
     const int d = 128, K = 4, P = H * d;
     const size_t n = size_t(H) * d * d;
@@ -636,15 +678,23 @@ TEST_F(CudaOps, KdaDecodeSpeedVsCopy) {
     const auto in = random_vec(g, size_t(6) * P);
     float* x = dev(in);
     float* y = be_->alloc(P);
-    const double t_kda = be_->time_recorded(
-        [&](int i) { be_->kda_core(p, su.w, st[i % R], x, x + P, x + 2 * P, x + 3 * P, x + 4 * P, x + 5 * P, 1, y); },
-        R, 10);
+    auto step = [&](int i) {
+      be_->kda_core(p, su.w, st[i % R], x, x + P, x + 2 * P, x + 3 * P, x + 4 * P, x + 5 * P, 1, y);
+    };
+    const uint64_t bulk0 = be_->stats().kda_decode_bulk_calls;
+    const double t_kda = be_->time_recorded(step, R, 10);
+    EXPECT_GT(be_->stats().kda_decode_bulk_calls, bulk0);  // the bulk-copy kernel was timed
+    be_->set_kda_decode_bulk(false);
+    const double t_cluster = be_->time_recorded(step, R, 10);
+    be_->set_kda_decode_bulk(true);
     const double t_copy = be_->time_recorded([&](int i) { be_->copy_kernel(src[i], n, dst[i]); }, R, 10);
     const double bytes = 2.0 * n * 4;
-    std::printf("[ kda decode ] H=%d d=128: fused step %.2f us (%.0f GB/s of state r+w), copy kernel of the same "
-                "%.1f MB %.2f us (%.0f GB/s): %.0f%% of the copy\n",
-                H, t_kda * 1e6, bytes / t_kda / 1e9, bytes / 1e6, t_copy * 1e6, bytes / t_copy / 1e9,
-                100 * t_copy / t_kda);
+    std::printf("[ kda decode ] H=%d d=128: fused step (bulk copy) %.2f us (%.0f GB/s of state r+w), cluster form "
+                "%.2f us (%.0f GB/s), copy kernel of the same %.1f MB %.2f us (%.0f GB/s): bulk %.0f%%, cluster "
+                "%.0f%% of the copy; floor (state r+w at the 512 MB copy's rate) %.2f us: bulk at %.0f%% of it\n",
+                H, t_kda * 1e6, bytes / t_kda / 1e9, t_cluster * 1e6, bytes / t_cluster / 1e9, bytes / 1e6,
+                t_copy * 1e6, bytes / t_copy / 1e9, 100 * t_copy / t_kda, 100 * t_copy / t_cluster,
+                bytes / copy_gbs / 1e3, 100 * bytes / copy_gbs / 1e3 / (t_kda * 1e6));
     EXPECT_TRUE(std::isfinite(host(y, P)[0]));
     for (int i = 0; i < R; ++i) be_->release(src[i]), be_->release(dst[i]);
     be_->release(y);

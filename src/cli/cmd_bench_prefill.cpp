@@ -27,9 +27,9 @@ void add_bench_prefill(CLI::App* bench) {
   cuda->add_to(sub);
   sub->add_flag("--json", a->json, "Also print the numbers as one JSON object");
   sub->callback([a, cpu, cuda] {
-    a->engine.plan = cpu->plan();
     a->engine.cpu = cpu->backend();
     a->engine.cuda = cuda->backend();
+    a->engine.plan = cpu->plan(gpu_fast(a->engine.backend, a->engine.cuda.precision));
     a->cpu_line = describe(a->engine.cpu, a->engine.plan);
     bench::run_prefill(*a);
   });

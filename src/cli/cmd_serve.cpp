@@ -78,9 +78,9 @@ class SignalStopper {
 
 void serve(ServeArgs& a) {
   signal(SIGPIPE, SIG_IGN);                   // a client that hangs up is a failed write, not a crash
-  a.engine.plan = a.cpu.plan();
   a.engine.cpu = a.cpu.backend();
   a.engine.cuda = a.cuda.backend();
+  a.engine.plan = a.cpu.plan(gpu_fast(a.engine.backend, a.engine.cuda.precision));
   print_run_header(a.engine.backend, a.engine.cpu, a.engine.plan, a.engine.cuda);
   a.engine.progress = !a.quiet && isatty(STDERR_FILENO);
   Engine e(a.engine);

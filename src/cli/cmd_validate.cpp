@@ -112,9 +112,9 @@ void validate(const ValidateArgs& a) {
   ref_o.plan = QuantPlan{};  // exact f32
   ref_o.cpu_fallback = false;
   ref_o.announce = false;
-  cand_o.plan = a.cpu.plan();
   cand_o.cpu = a.cpu.backend();
   cand_o.cuda = a.cuda.backend();
+  cand_o.plan = a.cpu.plan(gpu_fast(cand_o.backend, cand_o.cuda.precision));
   cand_o.cpu_fallback = false;  // a failure must show, not be papered over
   Engine cand(cand_o);
   ref_o.chunk = cand.chunk();  // the injection hooks need the same chunks (the CPU gives the same bits for any)

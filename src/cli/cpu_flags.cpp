@@ -16,8 +16,9 @@ void CpuFlags::add_to(CLI::App* sub) {
   sub->add_option("--threads", threads, "Threads (default: every core; at most 1024)")->check(CLI::Range(0, 1024));
   sub->add_option("--isa", isa, "Kernel level: auto, scalar (the reference kernels), avx2, avx512");
   sub->add_option("--quant", quant,
-                  "Dense-weight formats: exact (all f32, default), bf16, q8, default (q4 attn/latent/"
-                  "shared/dense, q8 mla/head, bf16 router/embed), q4");
+                  "Dense-weight formats: exact (all f32; the default on the CPU and with --gpu-precision exact), "
+                  "stored (the checkpoint's dtype: bf16 matrices stay bf16, others f32; the default on CUDA in "
+                  "fast mode), bf16, q8, default (q4 attn/latent/shared/dense, q8 mla/head, bf16 router/embed), q4");
   for (int c = 1; c < kWClasses; ++c) {
     const std::string name = wclass_name(WClass(c));
     sub->add_option("--quant-" + name, per_class[c], "Format of the " + name + " weights: f32, bf16, q8, q4");
@@ -25,8 +26,12 @@ void CpuFlags::add_to(CLI::App* sub) {
   sub->add_option("--mx-act", mx_act, "MXFP4 expert activations: f32 (default, exact) or int8 (per-32-group)");
 }
 
-QuantPlan CpuFlags::plan() const {
-  QuantPlan p = QuantPlan::preset(quant);
+bool gpu_fast(const std::string& backend, GpuPrecision precision) {
+  return precision == GpuPrecision::Fast && resolve_backend(backend) == "cuda";
+}
+
+QuantPlan CpuFlags::plan(bool gpu_fast) const {
+  QuantPlan p = QuantPlan::preset(!quant.empty() ? quant : gpu_fast ? "stored" : "exact");
   for (int c = 1; c < kWClasses; ++c)
     if (!per_class[c].empty())
       p.set(WClass(c), parse_wformat(per_class[c], std::string("--quant-") + wclass_name(WClass(c))));

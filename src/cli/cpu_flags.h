@@ -15,17 +15,24 @@ namespace wren::cli {
 struct CpuFlags {
   int threads = 0;               ///< 0 = every core
   std::string isa = "auto";      ///< auto | scalar | avx2 | avx512
-  std::string quant = "exact";   ///< preset (model/quant.h)
+  std::string quant;             ///< preset (model/quant.h); "" = the default rule of plan()
   std::string mx_act = "f32";    ///< f32 | int8
   std::array<std::string, kWClasses> per_class{};  ///< "" = the preset's format
 
   /// Registers --threads, --isa, --quant, --quant-<class> and --mx-act on `sub`.
   void add_to(CLI::App* sub);
-  /// The formats: the preset with the per-class overrides. Throws wren::Error on bad names.
-  QuantPlan plan() const;
+  /// The formats: the preset with the per-class overrides. Without --quant the preset is
+  /// "stored" (the checkpoint's dtype: BF16 matrices stay BF16) when `gpu_fast` (the run's backend
+  /// is CUDA in fast precision mode: gpu_fast()), else "exact" (all f32). Throws wren::Error on
+  /// bad names.
+  QuantPlan plan(bool gpu_fast = false) const;
   /// The backend options. Throws wren::Error on bad names or an unsupported level.
   CpuOptions backend() const;
 };
+
+/// True when `backend` (cpu | cuda | auto) resolves to CUDA and `precision` is fast: the case in
+/// which CpuFlags::plan keeps the checkpoint's BF16 matrices as BF16. Throws as resolve_backend.
+bool gpu_fast(const std::string& backend, GpuPrecision precision);
 
 /// One line for the run header: "cpu avx512 x2 threads; weights attn=q4 ...; experts mxfp4 x f32".
 std::string describe(const CpuOptions& o, const QuantPlan& p);

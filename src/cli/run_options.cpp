@@ -77,9 +77,9 @@ ChatOptions chat_options(const CommonArgs& a) {
 EngineOptions CommonArgs::engine_options() const {
   EngineOptions o = engine;
   o.progress = !quiet && isatty(STDERR_FILENO);
-  o.plan = cpu.plan();
-  o.cpu = cpu.backend();
   o.cuda = cuda.backend();
+  o.plan = cpu.plan(gpu_fast(o.backend, o.cuda.precision));
+  o.cpu = cpu.backend();
   check(gpus.empty() || under_launcher(), "--gpus: only `wren run` starts pipeline ranks (or run under a launcher "
                                           "that sets RANK and WORLD_SIZE)");
   apply_rank_env(o, gpus);  // a rank of --gpus or of an outside launcher (RANK / WORLD_SIZE)

@@ -73,7 +73,7 @@ void store_dense(ModelWeights& w, const TensorRef& r, const TensorSpec& s, const
                  const std::string& where) {
   DenseWeight& d = *s.dense;
   const size_t n = r.info->nbytes / dtype_size(r.info->dtype);
-  const WFormat f = d.rows > 1 ? plan.of(s.cls) : WFormat::F32;
+  const WFormat f = d.rows > 1 ? plan.of(s.cls, r.info->dtype) : WFormat::F32;
   if (f == WFormat::F32) {
     float* dst = w.alloc(n);
     upcast(r, dst);
@@ -106,7 +106,7 @@ void place_dense(Backend& be, const TensorRef& r, const TensorSpec& s, const Qua
   DenseWeight& d = *s.dense;
   const DType t = r.info->dtype;
   const size_t n = r.info->nbytes / dtype_size(t);
-  const WFormat f = plan.of(s.cls);
+  const WFormat f = plan.of(s.cls, t);
   d.format = f;
   PlaceRequest q;
   q.where = where;

@@ -51,10 +51,12 @@ WFormat parse_wformat(const std::string& s, const std::string& what) {
 }
 
 bool QuantPlan::exact() const {
-  return std::all_of(format.begin(), format.end(), [](WFormat f) { return f == WFormat::F32; });
+  return !keep_bf16 && std::all_of(format.begin(), format.end(), [](WFormat f) { return f == WFormat::F32; });
 }
 
 std::string QuantPlan::describe() const {
+  if (keep_bf16 && std::all_of(format.begin(), format.end(), [](WFormat f) { return f == WFormat::F32; }))
+    return "as stored (bf16 matrices kept bf16, others f32)";
   std::string s;
   for (int c = 1; c < kWClasses; ++c)
     s += std::string(c > 1 ? " " : "") + kClassNames[c] + "=" + wformat_name(of(WClass(c)));
@@ -67,6 +69,10 @@ QuantPlan QuantPlan::preset(const std::string& name) {
     for (int c = 1; c < kWClasses; ++c) p.set(WClass(c), f);
   };
   if (name == "exact") return p;
+  if (name == "stored") {
+    p.keep_bf16 = true;
+    return p;
+  }
   if (name == "bf16") {
     all(WFormat::BF16);
     return p;
@@ -81,7 +87,7 @@ QuantPlan QuantPlan::preset(const std::string& name) {
     p.set(WClass::Embed, WFormat::BF16);
     return p;
   }
-  throw UsageError("--quant: '" + name + "' is not a preset (expected exact, bf16, q8, default or q4)");
+  throw UsageError("--quant: '" + name + "' is not a preset (expected exact, stored, bf16, q8, default or q4)");
 }
 
 void quantize_matrix(const float* src, int64_t rows, int64_t cols, WFormat f, void* data, float* scale) {

@@ -18,11 +18,22 @@ WFormat parse_wformat(const std::string& s, const std::string& what);
 /// The format of each tensor class. Vector tensors are always F32.
 struct QuantPlan {
   std::array<WFormat, kWClasses> format{};  ///< value-initialized: all F32 (exact)
+  /// The checkpoint's own dtype (preset "stored", the CLI's default with a GPU in fast precision
+  /// mode): a matrix stored as BF16 whose class is F32 here stays BF16 (lossless, no upcast);
+  /// other classes and dtypes are as `format` says.
+  bool keep_bf16 = false;
 
   WFormat of(WClass c) const { return c == WClass::Vector ? WFormat::F32 : format[size_t(c)]; }
+  /// The format one matrix of class c stored as `stored` is loaded in: of(c), except BF16 for a
+  /// BF16-stored matrix of an F32 class under keep_bf16.
+  WFormat of(WClass c, DType stored) const {
+    const WFormat f = of(c);
+    return keep_bf16 && c != WClass::Vector && f == WFormat::F32 && stored == DType::BF16 ? WFormat::BF16 : f;
+  }
   void set(WClass c, WFormat f) { format[size_t(c)] = f; }
-  bool exact() const;  ///< every class F32
-  /// "attn=q4 mla=q8 ..." over the quantizable classes.
+  bool exact() const;  ///< every class F32 and no BF16 kept
+  /// "attn=q4 mla=q8 ..." over the quantizable classes ("as stored (bf16 kept bf16, others f32)"
+  /// for the stored preset).
   std::string describe() const;
 
   /// Presets (docs/cpu-performance.md justifies them):
@@ -32,6 +43,7 @@ struct QuantPlan {
   ///   default  colibri-like: q4 for attn/latent/shared/dense, q8 for mla and head, router and
   ///            embedding bf16
   ///   q4       every matrix q4, router and embedding bf16
+  ///   stored   the checkpoint's dtype: BF16 matrices stay BF16, the rest f32 (keep_bf16)
   /// Throws wren::Error on another name.
   static QuantPlan preset(const std::string& name);
 };

@@ -57,6 +57,7 @@ struct CudaStats {
   uint64_t grouped_moe_calls = 0;  ///< fast mode: routed_moe calls run as one grouped GEMM (moe_grouped.cu)
   uint64_t bf16_weight_bytes = 0;  ///< fast mode: device bytes of BF16 weight copies made from f32
   uint64_t kda_decode_calls = 0;   ///< kda_core calls run by the fused decode kernel (kda_decode.cu)
+  uint64_t kda_decode_bulk_calls = 0;  ///< of those, run by its bulk-copy form (d % 4 == 0: K3, Kimi Linear)
 };
 
 /// Device time of one kind of launch over a profiled span (CudaBackend::profile_begin/_end): the
@@ -132,6 +133,10 @@ class CudaBackend final : public Backend {
   /// stores, one wave of grid-stride blocks), one launch on the compute stream; buffers 16-byte
   /// aligned (alloc()'s are). Ratios in docs/gpu-results.md are taken against it.
   void copy_kernel(const float* src, size_t n, float* dst);
+  /// Benchmark/test hook: false sends every fused KDA decode step to the cluster form of
+  /// kda_decode.cu instead of its bulk-copy form (default true; both give the token kernel's bits),
+  /// so one run can time the two side by side.
+  void set_kda_decode_bulk(bool on);
   /// Fault injection (tests of the CPU fallback): the kernel launch numbered `at_launch` (counting
   /// from 1 over the backend's life, as CudaStats::launches) throws DeviceError; 0 turns it off.
   /// CudaOptions::fault_at (--cuda-fault-at) sets it at construction.

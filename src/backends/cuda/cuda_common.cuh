@@ -87,6 +87,8 @@ struct CudaBackend::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;
   int max_smem_optin = 0;  ///< bytes of dynamic shared memory a block may opt into
+  int kda_decode_optin = 0;  ///< dynamic shared memory opted into for the KDA decode kernel so far
+  bool kda_decode_bulk = true;  ///< set_kda_decode_bulk: the bulk-copy decode kernel where it applies
   std::unordered_map<const void*, cuda::DeviceTensor> weights;  ///< host tensor -> device copy
   std::vector<void*> arenas;                                    ///< weight arenas (owned)
   cuda::Scratch ids, act, scores, router_ids, router_w;         ///< per-op scratch

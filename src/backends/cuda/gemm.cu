@@ -8,6 +8,8 @@
 // ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)) (f32 addition commutes). Built with -fmad=false, the result
 // is bit-identical to the CPU backend. A block has 256 threads = 32 rows; blockIdx.y walks token
 // tiles of TT, so each weight element is read once per tile.
+#include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "backends/cuda/cuda_common.cuh"
@@ -46,6 +48,52 @@ __global__ void gemm_kernel(const float* __restrict__ W, const float* __restrict
     s = s + __shfl_xor_sync(mask, s, 2);
     s = s + __shfl_xor_sync(mask, s, 4);
     if (lane8 == 0 && tt < nt) y[size_t(t0 + tt) * rows + row] = s;
+  }
+}
+
+/// Decode GEMV (T = 1) of a matrix with few rows (rows <= kFewRows: the K3/Kimi Linear f_a, b_proj,
+/// router, q_a, kv_a projections), where gemm_kernel's 32-row blocks fill only a few SMs and each
+/// lane waits on its loads one column at a time (~106 µs at cols 7168 whatever the row count, run
+/// 18). One block per row: all threads stage the row and x in shared memory first (every load in
+/// flight at once; 16-byte loads when `vec`), then 8 threads form cpu::dot's 8 partial sums over
+/// columns i ≡ j (mod 8) in increasing i and the same xor tree as gemm_kernel: the same sums in
+/// the same order, so bit-identical to it and to the CPU.
+constexpr int kFewRows = 4096;
+constexpr int kMaxDevices = 64;  ///< devices whose shared-memory opt-in is remembered (others: set every call)
+
+__global__ void __launch_bounds__(kGemmThreads) gemv_row_kernel(const float* __restrict__ W, const float* __restrict__ x,
+                                                                int cols, bool vec, float* __restrict__ y) {
+  extern __shared__ __align__(16) float sm[];
+  const int row = blockIdx.x, pad = (cols + 3) & ~3;
+  float* ws = sm;
+  float* xs = sm + pad;
+  const float* w = W + size_t(row) * cols;
+  if (vec) {
+    const float4* w4 = reinterpret_cast<const float4*>(w);
+    const float4* x4 = reinterpret_cast<const float4*>(x);
+    float4* ws4 = reinterpret_cast<float4*>(ws);
+    float4* xs4 = reinterpret_cast<float4*>(xs);
+#pragma unroll 4
+    for (int i = threadIdx.x; i < cols / 4; i += kGemmThreads) {
+      ws4[i] = __ldg(w4 + i);
+      xs4[i] = __ldg(x4 + i);
+    }
+  } else {
+#pragma unroll 4
+    for (int i = threadIdx.x; i < cols; i += kGemmThreads) {
+      ws[i] = __ldg(w + i);
+      xs[i] = __ldg(x + i);
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < 8) {
+    float acc = 0.f;
+#pragma unroll 16
+    for (int i = threadIdx.x; i < cols; i += 8) acc += ws[i] * xs[i];
+    acc = acc + __shfl_xor_sync(0xffu, acc, 1);
+    acc = acc + __shfl_xor_sync(0xffu, acc, 2);
+    acc = acc + __shfl_xor_sync(0xffu, acc, 4);
+    if (threadIdx.x == 0) y[row] = acc;
   }
 }
 
@@ -114,6 +162,21 @@ void CudaBackend::gemm(const DenseWeight& W, const float* x, int T, float* y) {
   const float* dw = m.dense(W, "gemm");
   const int rows = int(W.rows), cols = int(W.cols);
   const unsigned gx = unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  const size_t row_smem = 2 * size_t((cols + 3) & ~3) * sizeof(float);
+  if (T == 1 && rows <= kFewRows && row_smem <= size_t(m.max_smem_optin)) {
+    // The opt-in is a property of the kernel on a device: kept per device, raised as needed.
+    static std::atomic<int> optin[kMaxDevices];
+    const bool tracked = m.device >= 0 && m.device < kMaxDevices;
+    if (row_smem > 48 * 1024 && (!tracked || int(row_smem) > optin[m.device].load())) {
+      cuda::check_cuda(cudaFuncSetAttribute(gemv_row_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(row_smem)),
+                       "cudaFuncSetAttribute (gemv shared memory)");
+      if (tracked) optin[m.device].store(int(row_smem));
+    }
+    const bool vec = cols % 4 == 0 && ((reinterpret_cast<uintptr_t>(dw) | reinterpret_cast<uintptr_t>(x)) & 15) == 0;
+    gemv_row_kernel<<<unsigned(rows), kGemmThreads, row_smem, m.stream>>>(dw, x, cols, vec, y);
+    m.launched("gemv (few rows) kernel");
+    return;
+  }
   if (T == 1) {
     gemm_kernel<1><<<dim3(gx, 1), kGemmThreads, 0, m.stream>>>(dw, x, T, rows, cols, y);
   } else if (T <= 4) {

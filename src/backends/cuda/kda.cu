@@ -13,8 +13,9 @@
 // Two paths (issue 6): this token-by-token kernel (exact mode: the CPU's summation order) and the
 // chunked form of kda_chunked.cu (parallel within a chunk of C tokens; same results up to f32
 // rounding, not bit-identical). Selection per call:
-// - T = 1 (decode): the fused decode kernel of kda_decode.cu (head_dim <= 128: one warp per 32 value
-//   columns, a cluster per head, S read once and written once); the token kernel above that.
+// - T = 1 (decode): the fused decode kernel of kda_decode.cu (head_dim <= 128: a block per head fed
+//   by bulk copies when d % 4 == 0, else a cluster per head; S read once and written once); the
+//   token kernel above that.
 // - T > 1: the backend option CudaOptions::kda (--cuda-kda) = Recurrent (the token kernel for
 //   every T, exact mode) or Chunked (docs/gpu-method.md#kda-chunked); the CLI picks Chunked in fast
 //   precision mode and Recurrent in exact mode unless --cuda-kda says otherwise; kda_chunk

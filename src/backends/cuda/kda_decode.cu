@@ -1,5 +1,10 @@
 // CUDA backend: the fused KDA decode step (docs/model.md#kda, steps 2-7; docs/gpu-method.md#kda-decode),
-// one launch per layer and token. The delta rule makes the value columns of S_h independent once
+// one launch per layer and token, in two forms with the same arithmetic:
+// - the bulk-copy form (kda_decode_bulk_kernel below; d % 4 == 0, a 16-byte aligned state: K3 and
+//   Kimi Linear): one block per head, S_h brought into shared memory by the copy engine in chunks
+//   of 32 rows while the threads do the conv, gates and norms;
+// - the cluster form (every other d <= 128), described here:
+// The delta rule makes the value columns of S_h independent once
 // q̂, k̂, α and β are known, so a head is split into ceil(d/32) blocks, each owning 32 value columns,
 // grouped as one thread-block cluster per head (Hopper, sm_90); a block is NW warps, warp w holding
 // rows [w·RW, (w+1)·RW) of the block's columns (d = 128: 2 warps of 64 rows; else warps of 32):
@@ -194,6 +199,171 @@ __global__ void __launch_bounds__(kWarp * NW) kda_decode_kernel(KdaDecodeArgs a)
   cluster.sync();  // no block exits while another still reads its shared memory
 }
 
+// ---- The bulk-copy kernel (d % 4 == 0, d <= 128; docs/gpu-method.md#kda-decode) ----
+
+/// Rows of S_h per bulk copy: each has its own mbarrier, so pass 1 starts on the first rows while
+/// the later ones are still arriving.
+constexpr int kBulkRows = 32;
+constexpr int kBulkChunks = (kKdaDecodeMaxDim + kBulkRows - 1) / kBulkRows;
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+/// Waits for phase `parity` of the mbarrier at shared address `bar`.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n\t.reg .pred P1;\n"
+      "WAIT_%=:\n\t"
+      "mbarrier.try_wait.parity.shared::cta.b64 P1, [%0], %1;\n\t"
+      "@P1 bra DONE_%=;\n\t"
+      "bra WAIT_%=;\n"
+      "DONE_%=:\n\t}" ::"r"(bar),
+      "r"(parity)
+      : "memory");
+}
+
+/// One block = head blockIdx.x, one thread per value column c (blockDim = d rounded up to 32), the
+/// token kernel's (kda.cu) arithmetic for T = 1 expression by expression, with S_h arriving by
+/// bulk asynchronous copies (the copy engine, no registers held) while the threads do the conv,
+/// gates and norms:
+///   0. thread 0 starts ceil(d/32) bulk copies of 32 rows of S_h each into shared memory, one
+///      mbarrier each; every thread first loads its channel's inputs, weights and windows;
+///   1. conv + SiLU of channel c of q, k, v (the windows advance), L2 factors (block_sum, the token
+///      kernel's order), α_c, β;
+///   2. pass 1 over the rows in order, waiting for each chunk: u = Σ_r k̂_r·(S[r][c]·α_r);
+///   3. pass 2: S'[r][c] = S[r][c]·α_r + k̂_r·u stored straight to global memory, o = Σ_r q̂_r·S'[r][c];
+///   4. RMSNorm (block_sum), × o_norm × σ(gate).
+/// S is read once (by the copies) and written once. No cluster, one block per head.
+/// KC = the conv kernel size at compile time (1..4): the taps and windows stay in registers (with
+/// a run-time K they were local memory, and each tap a dependent round trip: run 22-decode).
+template <int KC>
+__global__ void __launch_bounds__(kKdaDecodeMaxDim) kda_decode_bulk_kernel(KdaDecodeArgs a) {
+  extern __shared__ __align__(16) float smem[];
+  __shared__ double red[32];
+  __shared__ __align__(8) uint64_t bars[kBulkChunks];
+  constexpr int K = KC;
+  const int d = a.d, P = a.H * d, h = blockIdx.x, c = threadIdx.x;
+  const bool live = c < d;
+  const int ch = h * d + c;
+  float* Ss = smem;        // [d][d] S_h as S[key][value]
+  float* qs = Ss + d * d;  // [d] q̂
+  float* ks = qs + d;      // [d] k̂
+  float* al = ks + d;      // [d] α
+  float* Sg = a.S + size_t(h) * d * d;
+  const int chunks = (d + kBulkRows - 1) / kBulkRows;
+
+  // 0. This thread's inputs first (they go out ahead of the state's bytes).
+  float xin[3] = {0, 0, 0}, zc = 0, gate_v = 0, onorm_v = 0;
+  float wc[3][K], wi[3][K];  // wi: K - 1 taps used (K >= 1 keeps the array non-empty)
+  const float alog = __ldg(a.a_log + h), braw = __ldg(a.beta + h);
+  if (live) {
+    const float* in[3] = {a.q, a.k, a.v};
+    const float* cw[3] = {a.q_conv, a.k_conv, a.v_conv};
+#pragma unroll
+    for (int m = 0; m < 3; ++m) {
+      xin[m] = __ldg(in[m] + ch);
+      const float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
+#pragma unroll
+      for (int j = 0; j < K; ++j) {
+        wc[m][j] = __ldg(cw[m] + size_t(ch) * K + j);
+        wi[m][j] = j < K - 1 ? win[j] : 0.f;
+      }
+    }
+    zc = __ldg(a.z + ch) + __ldg(a.dt_bias + ch);
+    gate_v = __ldg(a.gate + ch);
+    onorm_v = __ldg(a.o_norm + c);
+  }
+  if (c == 0) {
+    for (int j = 0; j < chunks; ++j)
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bars[j])) : "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    for (int j = 0; j < chunks; ++j) {
+      const int r0 = j * kBulkRows, rows = min(kBulkRows, d - r0);
+      const uint32_t bytes = uint32_t(rows) * d * 4, bar = smem_addr(&bars[j]);
+      asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+      asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+                       smem_addr(Ss + size_t(r0) * d)),
+                   "l"(Sg + size_t(r0) * d), "r"(bytes), "r"(bar)
+                   : "memory");
+    }
+  }
+
+  // 1. Conv + SiLU of channel c of q, k, v (windows advance: only this thread touches them).
+  float yq = 0, yk = 0, yv = 0, alpha = 0;
+  if (live) {
+    float y[3];
+#pragma unroll
+    for (int m = 0; m < 3; ++m) {
+      y[m] = kda::conv_silu(wc[m], K, xin[m], kda::WindowTaps{wi[m]});
+      kda::conv_push(wi[m], K, xin[m]);
+      float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
+#pragma unroll
+      for (int j = 0; j < K - 1; ++j) win[j] = wi[m][j];
+    }
+    yq = y[0], yk = y[1], yv = y[2];
+    const float A = exp_f(alog);
+    alpha = exp_f(kda::log_decay(a.softplus_gate, A, zc, a.lower));
+  }
+  // The token kernel's L2 sums: thread c adds channel c, then block_sum (the same tree).
+  const double sq = block_sum(live ? double(yq) * yq : 0.0, red);
+  const double sk = block_sum(live ? double(yk) * yk : 0.0, red);
+  const float invq = kda::l2_factor(sq, 1.0f / sqrtf(float(d))), invk = kda::l2_factor(sk, 1.0f);
+  if (live) qs[c] = yq * invq, ks[c] = yk * invk, al[c] = alpha;
+  const float b = kda::beta_gate(braw);
+  __syncthreads();  // qs, ks, al complete (the mbarrier inits were published by block_sum's barriers)
+
+  // 2. Pass 1: u = Σ_r k̂_r·(S[r][c]·α_r), one chain in row order, chunk by chunk as they land.
+  //    Rows go by fours (d % 4 == 0): α, k̂, q̂ of four rows are one 16-byte shared load.
+  const float4* al4 = reinterpret_cast<const float4*>(al);
+  const float4* ks4 = reinterpret_cast<const float4*>(ks);
+  const float4* qs4 = reinterpret_cast<const float4*>(qs);
+  float u = 0;
+  for (int j = 0; j < chunks; ++j) {
+    mbar_wait(smem_addr(&bars[j]), 0);
+    const int r1 = min(d, (j + 1) * kBulkRows);
+    if (live) {
+#pragma unroll 4
+      for (int r = j * kBulkRows; r < r1; r += 4) {
+        const float4 a4 = al4[r / 4], k4 = ks4[r / 4];
+        const float* Sr = Ss + r * d + c;
+        u += k4.x * (Sr[0] * a4.x);
+        u += k4.y * (Sr[d] * a4.y);
+        u += k4.z * (Sr[2 * d] * a4.z);
+        u += k4.w * (Sr[3 * d] * a4.w);
+      }
+    }
+  }
+  u = b * (yv - u);
+  // 3. Pass 2: S' = S·α + k̂·u to global memory (st.global: no alias with the shared reads), o = q̂ᵀS'.
+  float o = 0;
+  if (live) {
+#pragma unroll 4
+    for (int r = 0; r < d; r += 4) {
+      const float4 a4 = al4[r / 4], k4 = ks4[r / 4], q4 = qs4[r / 4];
+      const float* Sr = Ss + r * d + c;
+      float* Sw = Sg + size_t(r) * d + c;
+      const float s0 = Sr[0] * a4.x + k4.x * u, s1 = Sr[d] * a4.y + k4.y * u;
+      const float s2 = Sr[2 * d] * a4.z + k4.z * u, s3 = Sr[3 * d] * a4.w + k4.w * u;
+      __stcg(Sw, s0);
+      __stcg(Sw + d, s1);
+      __stcg(Sw + 2 * d, s2);
+      __stcg(Sw + 3 * d, s3);
+      o += q4.x * s0;
+      o += q4.y * s1;
+      o += q4.z * s2;
+      o += q4.w * s3;
+    }
+  }
+  // 4. Per-head RMSNorm (the token kernel's block_sum), × o_norm, × σ(gate).
+  const double so = block_sum(live ? double(o) * o : 0.0, red);
+  if (live) {
+    const float inv = float(1.0 / sqrt(so / d + a.eps));
+    float y = o * inv * onorm_v;
+    y *= sigmoid_f(gate_v);
+    a.out[ch] = y;
+  }
+}
+
 template <int RW, int NW, bool FIXED>
 void launch(CudaBackend::Impl& m, const KdaDecodeArgs& a) {
   const unsigned blocks = unsigned((a.d + kWarp - 1) / kWarp);
@@ -216,6 +386,36 @@ void launch(CudaBackend::Impl& m, const KdaDecodeArgs& a) {
 
 bool kda_decode(CudaBackend::Impl& m, const KdaDecodeArgs& a) {
   if (a.T != 1 || a.d < 1 || a.d > kKdaDecodeMaxDim || a.K < 1 || a.K > kKdaDecodeMaxConv) return false;
+  // Rows of 16-byte multiples on a 16-byte aligned state, conv kernel 1..4: the bulk-copy kernel
+  // (K3, Kimi Linear).
+  constexpr size_t kBulkSmemMax = (size_t(kKdaDecodeMaxDim) * kKdaDecodeMaxDim + 3 * kKdaDecodeMaxDim) * sizeof(float);
+  if (m.kda_decode_bulk && a.d % 4 == 0 && a.K <= 4 && reinterpret_cast<uintptr_t>(a.S) % 16 == 0 &&
+      kBulkSmemMax <= size_t(m.max_smem_optin)) {
+    const size_t smem = (size_t(a.d) * a.d + 3 * size_t(a.d)) * sizeof(float);
+    {
+      if (m.kda_decode_optin == 0) {  // once per backend: every form may take the d = 128 maximum
+        const void* ks[4] = {reinterpret_cast<const void*>(kda_decode_bulk_kernel<1>),
+                             reinterpret_cast<const void*>(kda_decode_bulk_kernel<2>),
+                             reinterpret_cast<const void*>(kda_decode_bulk_kernel<3>),
+                             reinterpret_cast<const void*>(kda_decode_bulk_kernel<4>)};
+        for (const void* k : ks)
+          check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBulkSmemMax)),
+                     "cudaFuncSetAttribute (kda_core decode shared memory)");
+        m.kda_decode_optin = int(kBulkSmemMax);
+      }
+      const int threads = (a.d + kWarp - 1) / kWarp * kWarp;
+      switch (a.K) {
+        case 1: kda_decode_bulk_kernel<1><<<a.H, threads, smem, m.stream>>>(a); break;
+        case 2: kda_decode_bulk_kernel<2><<<a.H, threads, smem, m.stream>>>(a); break;
+        case 3: kda_decode_bulk_kernel<3><<<a.H, threads, smem, m.stream>>>(a); break;
+        default: kda_decode_bulk_kernel<4><<<a.H, threads, smem, m.stream>>>(a); break;
+      }
+      m.launched("kda_core decode kernel (bulk)");
+      ++m.stats.kda_decode_calls;
+      ++m.stats.kda_decode_bulk_calls;
+      return true;
+    }
+  }
   // d = 128 (K3, Kimi Linear): 2 warps of 64 rows, stride fixed. Other d: warps of 32 rows (runtime
   // strides cost address registers; 64 rows would spill).
   if (a.d == 128) launch<64, 2, true>(m, a);
@@ -228,3 +428,9 @@ bool kda_decode(CudaBackend::Impl& m, const KdaDecodeArgs& a) {
 }
 
 }  // namespace wren::cuda
+
+namespace wren {
+
+void CudaBackend::set_kda_decode_bulk(bool on) { impl_->kda_decode_bulk = on; }
+
+}  // namespace wren
