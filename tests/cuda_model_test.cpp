@@ -445,7 +445,9 @@ TEST_F(CudaModel, DecodeStepIsOneGraphLaunch) {
 }
 
 // VRAM expert tier: the golden model at expert budgets of "all" (resident, decode graphs),
-// partial (a third of the experts) and minimal (top-k slots: prefill runs one token per group)
+// partial (a third of the experts), four layers' worth (4 x top-k slots: prefetch has room),
+// minimal (top-k slots: prefill runs one token per group, no room for guesses), each with
+// prediction off and on (the next layer's guess copied into VRAM slots while a layer computes),
 // gives bit-identical logits (prefill, every position, then greedy decode), with the experts read
 // through the shard mappings and through the ExpertStore (disk -> host -> VRAM slots).
 TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
@@ -474,51 +476,71 @@ TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
   };
   const Budget budgets[] = {{"all", CudaBackend::kAllExperts, false, 0},
                             {"partial", slot * (total / 3), false, total / 3},
+                            {"4 layers", slot * 4 * uint64_t(c.top_k), false, 4 * uint64_t(c.top_k)},
+                            {"4 layers+store", slot * 4 * uint64_t(c.top_k), true, 4 * uint64_t(c.top_k)},
                             {"minimal", slot * uint64_t(c.top_k), false, uint64_t(c.top_k)},
                             {"minimal+store", slot * uint64_t(c.top_k) + 100, true, uint64_t(c.top_k)}};
   const GoldenCase gc = golden_cases()[1];
   const int T = int(gc.ids.size()), V = c.vocab, steps = 6;
   std::vector<float> ref;
-  for (const Budget& b : budgets) {
-    std::unique_ptr<ExpertStore> store;
-    CudaBackend be;
-    be.set_vram_expert_budget(b.bytes);
-    if (b.store) {
-      ExpertStoreOptions so;
-      so.cache_bytes = uint64_t(c.expert_bytes()) * 6;
-      so.direct = DirectIo::Off;
-      store = std::make_unique<ExpertStore>(model->weights, c.expert_bytes(), so);
-      be.set_expert_source(store.get());
+  for (const Budget& b : budgets)
+    for (bool predict : {false, true}) {
+      std::unique_ptr<ExpertStore> store;
+      CudaBackend be;
+      be.set_vram_expert_budget(b.bytes);
+      if (b.store) {
+        ExpertStoreOptions so;
+        so.cache_bytes = uint64_t(c.expert_bytes()) * 6;
+        so.direct = DirectIo::Off;
+        store = std::make_unique<ExpertStore>(model->weights, c.expert_bytes(), so);
+        be.set_expert_source(store.get());
+      }
+      be.upload(weight_list(model->weights));
+      EXPECT_EQ(be.streams_experts(), b.slots != 0) << b.name;
+      EXPECT_EQ(be.stats().expert_slots, b.slots) << b.name;
+      ForwardOptions fo;
+      fo.max_chunk = 32;
+      fo.predict = predict;
+      Forward fwd(*model, be, fo);
+      SequenceState st(be, c, 256);
+      std::vector<float> out(size_t(T + steps) * V);
+      fwd.run(st, gc.ids.data(), nullptr, T, out.data(), true);
+      for (int i = 0; i < steps; ++i) {
+        const int id = argmax(out.data() + size_t(T - 1 + i) * V, V);
+        fwd.run(st, &id, nullptr, 1, out.data() + size_t(T + i) * V, false);
+      }
+      const CudaStats s = be.stats();
+      const std::string name = std::string(b.name) + (predict ? ", predict on" : ", predict off");
+      if (ref.empty()) {
+        ref = out;
+        EXPECT_GT(s.graph_launches, 0u) << "all experts resident: decode runs as graphs";
+      } else {
+        EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), out.size() * 4)) << name << ": logits differ from budget 'all'";
+        if (b.slots) {
+          EXPECT_GT(s.tier_misses, 0u) << name;
+          EXPECT_EQ(s.graph_launches, 0u) << name << ": steps with streamed experts run without the graph";
+        }
+      }
+      if (b.slots && !predict) {
+        EXPECT_EQ(s.tier_prefetch_issued, 0u) << name;
+      }
+      if (b.slots && predict && b.slots >= 4 * uint64_t(c.top_k)) {
+        EXPECT_GT(s.tier_prefetch_issued, 0u) << name << ": guesses are copied into VRAM slots";
+        EXPECT_GT(s.tier_guess_needed, 0u) << name;
+      }
+      if (store) {
+        EXPECT_GT(store->stats().misses, 0u) << "the experts came through the store";
+      }
+      std::printf("[ cuda tier %s ] %llu slots, %llu hits, %llu misses, %.1f MB copied host->device; prefetch: %llu copied, "
+                  "%llu used, %llu evicted unused, recall %.1f%%; %llu graph launches, %llu host syncs%s\n",
+                  name.c_str(), (unsigned long long)s.expert_slots, (unsigned long long)s.tier_hits,
+                  (unsigned long long)s.tier_misses, (s.tier_bytes + s.tier_prefetch_bytes) / 1e6,
+                  (unsigned long long)s.tier_prefetch_issued, (unsigned long long)s.tier_prefetch_used,
+                  (unsigned long long)s.tier_prefetch_wasted,
+                  s.tier_guess_needed ? 100.0 * s.tier_guess_hit / s.tier_guess_needed : 0.0,
+                  (unsigned long long)s.graph_launches, (unsigned long long)s.host_syncs,
+                  b.slots ? "; logits bit-identical to budget all" : "");
     }
-    be.upload(weight_list(model->weights));
-    EXPECT_EQ(be.streams_experts(), b.slots != 0) << b.name;
-    EXPECT_EQ(be.stats().expert_slots, b.slots) << b.name;
-    Forward fwd(*model, be, {32, -1});
-    SequenceState st(be, c, 256);
-    std::vector<float> out(size_t(T + steps) * V);
-    fwd.run(st, gc.ids.data(), nullptr, T, out.data(), true);
-    for (int i = 0; i < steps; ++i) {
-      const int id = argmax(out.data() + size_t(T - 1 + i) * V, V);
-      fwd.run(st, &id, nullptr, 1, out.data() + size_t(T + i) * V, false);
-    }
-    const CudaStats s = be.stats();
-    if (ref.empty()) {
-      ref = out;
-      EXPECT_GT(s.graph_launches, 0u) << "all experts resident: decode runs as graphs";
-    } else {
-      EXPECT_EQ(0, std::memcmp(out.data(), ref.data(), out.size() * 4)) << b.name << ": logits differ from budget 'all'";
-      EXPECT_GT(s.tier_misses, 0u) << b.name;
-      EXPECT_EQ(s.graph_launches, 0u) << b.name << ": steps with streamed experts run without the graph";
-    }
-    if (store) {
-      EXPECT_GT(store->stats().misses, 0u) << "the experts came through the store";
-    }
-    std::printf("[ cuda tier %s ] %llu slots, %llu hits, %llu misses, %.1f MB copied host->device, %llu graph launches, "
-                "%llu host syncs%s\n",
-                b.name, (unsigned long long)s.expert_slots, (unsigned long long)s.tier_hits,
-                (unsigned long long)s.tier_misses, s.tier_bytes / 1e6, (unsigned long long)s.graph_launches,
-                (unsigned long long)s.host_syncs, b.slots ? "; logits bit-identical to budget all" : "");
-  }
   // A budget below one expert is a clear error, not a crash.
   CudaBackend tiny;
   tiny.set_vram_expert_budget(slot / 2);

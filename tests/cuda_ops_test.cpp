@@ -1147,6 +1147,82 @@ TEST_F(CudaOps, RoutedMoeDenseExpertsFallBackCountedAndStrict) {
   EXPECT_EQ(fast.stats().grouped_moe_calls, 1u);
 }
 
+// VRAM expert tier: a prefetch racing an eviction and a use (docs/streaming.md#cuda). Two slots;
+// the test hook holds every prefetch batch back on the device with a 100 ms spin kernel, so its
+// copies are surely in flight. Layer 0 routes to experts {0, 1} (both slots); then the guess
+// {2, 3} for layer 1 takes both slots (evicting layer 0's, whose kernels may still run) and layer 1
+// routes to {3, 5}: expert 3 is a hit on a slot whose copy has not landed (the kernels must wait
+// for it), and expert 5 evicts the in-flight guess 2 (its copy must wait for the guess's copy, or
+// that stale copy lands on top of it). The outputs must equal all-resident experts bit for bit.
+TEST(CudaTier, PrefetchRacingAnEviction) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  std::mt19937 g(21);
+  const int E = 8, k = 2, io = 64, inter = 32;
+  std::vector<std::unique_ptr<HostExpert>> hx;
+  MoeWeights mw[2];
+  HostWeight bias(std::vector<float>(E, 0.f), 1, E);
+  WeightList wl;
+  wl.dense.push_back(&bias.w);
+  for (int l = 0; l < 2; ++l) {
+    for (int e = 0; e < E; ++e) {
+      hx.push_back(std::make_unique<HostExpert>(g, io, inter, range_bytes(118, 127), range_bytes(120, 130)));
+      hx.back()->e.name = "layer " + std::to_string(l) + " expert " + std::to_string(e);
+      mw[l].experts.push_back(hx.back()->e);
+    }
+    mw[l].bias = bias.w;
+    wl.experts.push_back(&mw[l].experts);
+  }
+  const size_t slot = 3 * (size_t(inter) * io / 2) + 3 * 256;  // packed parts + 256-aligned scales
+  const auto z = random_vec(g, io, -2.f, 2.f);
+  auto pick = [&](std::initializer_list<int> ids) {
+    std::vector<float> v(E, -8.f);
+    for (int e : ids) v[e] = 8.f;
+    return v;
+  };
+  const std::vector<float> logits[2] = {pick({0, 1}), pick({3, 5})};
+  // out[layer] on a backend with `budget` bytes of expert slots; `race` sets the hooks and the guess.
+  auto run = [&](uint64_t budget, bool race, CudaStats* st) {
+    CudaBackend be;
+    be.set_vram_expert_budget(budget);
+    be.upload(wl);
+    if (race) be.tier_test_hooks(100000, true);
+    std::vector<std::vector<float>> out;
+    float* dz = be.alloc(io);
+    be.from_host(z.data(), io, dz);
+    float* dlog = be.alloc(E);
+    float* dys = be.alloc(size_t(k) * io);
+    float* dout = be.alloc(io);
+    for (int l = 0; l < 2; ++l) {
+      if (race && l == 1) {
+        const int guess[2] = {2, 3};
+        be.prefetch_experts(1, guess, 2);
+      }
+      be.from_host(logits[l].data(), E, dlog);
+      be.routed_moe(RoutedMoeParams{l, E, k, io, 1.f, 4.f, 25.f}, mw[l], dlog, dz, 1, RoutedMoeWork{dys}, dout);
+      out.emplace_back(io);
+      be.to_host(dout, io, out.back().data());
+    }
+    for (float* p : {dz, dlog, dys, dout}) be.release(p);
+    if (st) *st = be.stats();
+    return out;
+  };
+  const auto ref = run(CudaBackend::kAllExperts, false, nullptr);
+  CudaStats st;
+  const auto got = run(2 * slot, true, &st);
+  ASSERT_EQ(st.expert_slots, 2u) << "two slots expected (slot of " << slot << " bytes)";
+  EXPECT_EQ(st.tier_prefetch_issued, 2u) << "both guesses copied";
+  EXPECT_EQ(st.tier_prefetch_used, 1u) << "guess 3 used while its copy was in flight";
+  EXPECT_EQ(st.tier_prefetch_wasted, 1u) << "guess 2 evicted while its copy was in flight";
+  for (int l = 0; l < 2; ++l)
+    EXPECT_EQ(0, std::memcmp(got[l].data(), ref[l].data(), size_t(io) * 4))
+        << "layer " << l << ": the tier with a racing prefetch must equal resident experts bit for bit";
+  std::printf("[ cuda tier race ] 2 slots, prefetch copied %llu, used in flight %llu, evicted in flight %llu, "
+              "demand misses %llu; outputs bit-identical to resident experts\n",
+              (unsigned long long)st.tier_prefetch_issued, (unsigned long long)st.tier_prefetch_used,
+              (unsigned long long)st.tier_prefetch_wasted, (unsigned long long)st.tier_misses);
+}
+
 #endif  // WREN_HAVE_CUDA
 
 }  // namespace

@@ -66,6 +66,10 @@ struct StreamArgs {
   std::string budgets = "0.1,0.5,1";
   std::string direct = "auto";
   CpuOptions cpu;
+  /// "cpu" (budgets = host expert cache) or "cuda" (budgets = VRAM expert slots, with a host
+  /// cache of `host_cache` of all expert bytes between them and the disk; exact precision).
+  std::string backend = "cpu";
+  double host_cache = 0.25;
 };
 void run_stream(const StreamArgs& a);
 

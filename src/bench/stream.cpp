@@ -26,8 +26,12 @@
 #include "core/hash.h"
 #include "core/sizes.h"
 #include "model/forward.h"
+#include "runtime/backend_factory.h"
 #include "runtime/expert_store.h"
 #include "synth/synth.h"
+#ifdef WREN_HAVE_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
 
 namespace wren::bench {
 
@@ -142,6 +146,8 @@ struct RunResult {
   uint64_t prefill_read = 0, prefill_touched = 0, decode_read = 0;
   double prefill_hit = 0, decode_hit = 0, recall = 0, decode_wait_s = 0;
   uint64_t hash = 0;
+  // CUDA (VRAM tier): decode host -> device bytes (demand + prefetch), prefetch counters.
+  uint64_t decode_h2d = 0, prefetch_issued = 0, prefetch_used = 0, slots = 0;
 };
 
 int argmax(const std::vector<float>& v) { return int(std::max_element(v.begin(), v.end()) - v.begin()); }
@@ -185,6 +191,127 @@ RunResult one_run(const Model& m, const CpuOptions& cpu, const ExpertStoreOption
   r.decode_wait_s = d.wait_s;
   return r;
 }
+
+#ifdef WREN_HAVE_CUDA
+/// As one_run on the CUDA backend (exact precision): `vram` bytes of expert slots (kAllExperts =
+/// every expert resident, no store), the store of `so` between them and the disk.
+RunResult one_cuda_run(const Model& m, const ExpertStoreOptions& so, const std::set<std::string>& files,
+                       const StreamArgs& a, bool predict, uint64_t vram) {
+  const Config& c = m.config;
+  drop_cache(files);
+  CudaBackend be(0, CudaOptions{});
+  be.set_vram_expert_budget(vram);
+  be.upload(weight_list(m.weights));
+  std::unique_ptr<ExpertStore> store;
+  std::unique_ptr<TouchCounter> touch;
+  if (be.streams_experts()) {
+    store = std::make_unique<ExpertStore>(m.weights, c.expert_bytes(), so);
+    touch = std::make_unique<TouchCounter>(*store);
+    be.set_expert_source(touch.get());
+  }
+  ForwardOptions fo;
+  fo.max_chunk = a.chunk;
+  fo.predict = predict;
+  Forward fwd(m, be, fo);
+  SequenceState st(be, c, a.prompt + a.tokens + 1);
+  std::vector<int> prompt;
+  for (int i = 0; i < a.prompt; ++i) prompt.push_back((131 * i + 7) % c.vocab);
+  std::vector<float> logits(c.vocab);
+  RunResult r;
+  r.slots = be.stats().expert_slots;
+  double t0 = now_s();
+  fwd.run(st, prompt.data(), nullptr, a.prompt, logits.data(), false);
+  r.prefill_s = now_s() - t0;
+  const CudaStats p = be.stats();
+  if (store) {
+    r.prefill_read = store->stats().bytes_read;
+    r.prefill_touched = touch->touched.size() * uint64_t(c.expert_bytes());
+    store->reset_stats();
+  }
+  r.prefill_hit = p.tier_hits + p.tier_misses ? double(p.tier_hits) / double(p.tier_hits + p.tier_misses) : 1.0;
+  r.hash = fnv1a64(logits.data(), logits.size() * 4);
+  t0 = now_s();
+  for (int k = 0; k < a.tokens; ++k) {
+    const int id = argmax(logits);
+    fwd.run(st, &id, nullptr, 1, logits.data(), false);
+    r.hash = fnv1a64(logits.data(), logits.size() * 4, r.hash);
+  }
+  r.decode_s = now_s() - t0;
+  const CudaStats d = be.stats();
+  const uint64_t hits = d.tier_hits - p.tier_hits, misses = d.tier_misses - p.tier_misses;
+  r.decode_hit = hits + misses ? double(hits) / double(hits + misses) : 1.0;
+  const uint64_t needed = d.tier_guess_needed - p.tier_guess_needed, hit = d.tier_guess_hit - p.tier_guess_hit;
+  r.recall = needed ? double(hit) / double(needed) : 0;
+  r.decode_h2d = (d.tier_bytes - p.tier_bytes) + (d.tier_prefetch_bytes - p.tier_prefetch_bytes);
+  r.prefetch_issued = d.tier_prefetch_issued - p.tier_prefetch_issued;
+  r.prefetch_used = d.tier_prefetch_used - p.tier_prefetch_used;
+  if (store) {
+    r.decode_read = store->stats().bytes_read;
+    r.decode_wait_s = store->stats().wait_s;
+  }
+  return r;
+}
+
+/// The CUDA half of run_stream: VRAM budgets (fractions of all expert bytes; 1 = all resident)
+/// with prediction off and on, against the raw read `raw_med` and the host-to-device bandwidth
+/// measured now.
+void cuda_budgets(const Model& m, ExpertStoreOptions so, const std::set<std::string>& files, const StreamArgs& a,
+                  double raw_med, uint64_t all_bytes) {
+  const Config& c = m.config;
+  double h2d = 0;
+  {
+    CudaBackend probe(0, CudaOptions{});
+    h2d = probe.h2d_gbps(size_t(256) << 20);
+  }
+  so.cache_bytes = std::max<uint64_t>(c.expert_bytes(), uint64_t(a.host_cache * double(all_bytes)));
+  std::printf("\n## CUDA: VRAM expert tier (exact precision), host cache %.2f GB (%.0f%%) between it and the disk\n"
+              "host -> device copy from pinned memory, measured now: %.2f GB/s\n",
+              so.cache_bytes / 1e9, a.host_cache * 100, h2d);
+  std::printf("| VRAM budget | slots | predict | prefill tok/s | prefill disk GB / touched | decode s/token | "
+              "VRAM hit rate | recall | prefetch used / copied | disk GB/token | H2D GB/token | disk GB/s (x raw) | "
+              "H2D GB/s (x measured) | floor s/token | time / floor |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  std::set<uint64_t> hashes;
+  std::istringstream bs(a.budgets);
+  for (std::string item; std::getline(bs, item, ',');) {
+    const double frac = std::stod(item);
+    const uint64_t vram = frac >= 1 ? CudaBackend::kAllExperts : uint64_t(frac * double(all_bytes));
+    for (bool predict : {false, true}) {
+      std::vector<double> pf, sd, disk, h2dt, dach, hach;
+      RunResult last;
+      for (int r = 0; r < a.runs; ++r) {
+        last = one_cuda_run(m, so, files, a, predict, vram);
+        hashes.insert(last.hash);
+        pf.push_back(a.prompt / last.prefill_s);
+        sd.push_back(last.decode_s / a.tokens);
+        disk.push_back(last.decode_read / 1e9 / a.tokens);
+        h2dt.push_back(last.decode_h2d / 1e9 / a.tokens);
+        dach.push_back(last.decode_read / 1e9 / last.decode_s);
+        hach.push_back(last.decode_h2d / 1e9 / last.decode_s);
+      }
+      // The floor: every disk byte at the raw read speed and every copied byte at the measured
+      // host-to-device speed, whichever is longer (they can overlap).
+      const double floor = std::max(median(disk) / raw_med, median(h2dt) / h2d);
+      char recall[32] = "-", ratio[32] = "-";
+      if (predict && last.slots) std::snprintf(recall, sizeof recall, "%.1f%%", 100 * last.recall);
+      if (floor > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", median(sd) / floor);
+      std::printf("| %.0f%% (%.2f GB) | %llu | %s | %.2f / %.2f | %.2f / %.2f | %.4f / %.4f | %.1f%% | %s | %llu / %llu | "
+                  "%.3f | %.3f | %.3f (%.2fx) | %.2f (%.2fx) | %.4f | %s |\n",
+                  frac * 100, frac >= 1 ? all_bytes / 1e9 : vram / 1e9, (unsigned long long)last.slots,
+                  predict ? "on" : "off", minimum(pf), median(pf), last.prefill_read / 1e9, last.prefill_touched / 1e9,
+                  minimum(sd), median(sd), 100 * last.decode_hit,
+                  recall,
+                  (unsigned long long)last.prefetch_used, (unsigned long long)last.prefetch_issued, median(disk),
+                  median(h2dt), median(dach), median(dach) / raw_med, median(hach), median(hach) / h2d, floor,
+                  ratio);
+      std::fflush(stdout);
+    }
+  }
+  std::printf("\nCUDA logits identical at every VRAM budget, prediction on and off: %s (%zu distinct hashes)\n",
+              hashes.size() == 1 ? "yes" : "NO", hashes.size());
+  check(hashes.size() == 1, "bench stream --backend cuda: the logits differ between budgets or prediction modes");
+}
+#endif
 
 }  // namespace
 
@@ -232,8 +359,15 @@ void run_stream(const StreamArgs& a) {
   std::printf("model: %s (%s)\nexperts: %d MoE layers x %d = %llu experts of %.2f MB = %.2f GB in %zu shards; top-%d\n",
               dir.c_str(), reuse ? "reused" : "written", c.n_layers - c.first_dense, c.n_experts,
               (unsigned long long)n_exp, c.expert_bytes() / 1e6, all_bytes / 1e9, files.size(), c.top_k);
-  std::printf("cpu: %s, %d threads; prefill %d tokens (chunk %d), decode %d tokens; %d runs each\n",
-              cpu::isa_name(a.cpu.isa), a.cpu.threads, a.prompt, a.chunk, a.tokens, a.runs);
+  std::printf("backend %s; cpu: %s, %d threads; prefill %d tokens (chunk %d), decode %d tokens; %d runs each\n",
+              a.backend.c_str(), cpu::isa_name(a.cpu.isa), a.cpu.threads, a.prompt, a.chunk, a.tokens, a.runs);
+#ifndef WREN_HAVE_CUDA
+  check(a.backend != "cuda", "bench stream --backend cuda: this build has no CUDA backend (configure with -DWREN_CUDA=ON)");
+#endif
+  if (a.backend == "cuda") {
+    std::string why;
+    check(cuda_usable(&why), "bench stream --backend cuda: " + why);
+  }
 
   ExpertStoreOptions so;
   so.direct = a.direct == "off" ? DirectIo::Off : a.direct == "on" ? DirectIo::On : DirectIo::Auto;
@@ -262,6 +396,13 @@ void run_stream(const StreamArgs& a) {
               a.loaders, minimum(st), median(st), median(st) / raw_med, minimum(st_ahead), median(st_ahead),
               median(st_ahead) / raw_med);
 
+#ifdef WREN_HAVE_CUDA
+  if (a.backend == "cuda") {
+    cuda_budgets(*model, so, files, a, raw_med, all_bytes);
+    std::printf("peak RSS %.0f MB\n", peak_rss_bytes() / 1e6);
+    return;
+  }
+#endif
   std::printf("\n## Prefill and decode by budget (cold cache at the start of each run; min / median of %d runs)\n", a.runs);
   std::printf("| budget | predict | prefill tok/s | prefill GB read / touched | decode s/token | decode GB/token | hit rate | recall | achieved GB/s (x raw) | I/O floor s/token | time / floor |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");

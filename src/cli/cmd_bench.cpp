@@ -84,6 +84,10 @@ void add_bench_stream(CLI::App* bench) {
   sub->add_option("--budgets", a->budgets, "Expert cache budgets, fractions of all expert bytes")->capture_default_str();
   sub->add_option("--direct", a->direct, "O_DIRECT reads: auto, on or off")
       ->check(CLI::IsMember({"auto", "on", "off"}));
+  sub->add_option("--backend", a->backend, "cpu (budgets = host cache) or cuda (budgets = VRAM slots)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  sub->add_option("--host-cache", a->host_cache, "CUDA: host expert cache, fraction of all expert bytes")
+      ->check(CLI::Range(0.0, 1.0))->capture_default_str();
   auto cpu = std::make_shared<CpuFlags>();
   cpu->add_to(sub);
   sub->callback([a, cpu] {

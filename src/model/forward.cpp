@@ -267,7 +267,7 @@ void Forward::chunk_ops(const int* ids, const float* x0, int T, int t0, float* l
     if (x0) be_.from_host(x0, TD, b.P);
     else be_.embed(w.embed, ids, T, b.P);
   }
-  predict_now_ = opts_.predict && !recorded && be_.expert_source() && be_.streams_experts();
+  predict_now_ = opts_.predict && !recorded && be_.uses_prediction() && be_.streams_experts();
 
   int n_blocks = blocks0_;
   for (int i = opts_.first_layer; i < n_layers_; ++i) {

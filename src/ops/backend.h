@@ -219,9 +219,13 @@ class Backend {
   /// A guess that routed_moe of `layer` will soon ask for `experts` (n ids, duplicates allowed):
   /// passed to the expert source (ExpertSource::prefetch) so its reads start early. Timing only:
   /// routed_moe's results never depend on it. Nothing happens without an expert source.
-  void prefetch_experts(int layer, const int* experts, int n) {
+  /// A backend with its own tier (CUDA's VRAM slots) may override it, passing the guess on.
+  virtual void prefetch_experts(int layer, const int* experts, int n) {
     if (experts_) experts_->prefetch(layer, experts, n);
   }
+  /// True when the forward pass should compute guesses (ForwardOptions::predict): an expert source
+  /// is set. A backend with a tier of its own says so itself.
+  virtual bool uses_prediction() const { return experts_ != nullptr; }
   /// Strict mode (--strict): any decline or slow fallback of a coarse op throws wren::Error
   /// instead of running the slower path.
   void set_strict(bool on) { strict_ = on; }

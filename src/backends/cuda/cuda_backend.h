@@ -50,6 +50,13 @@ struct CudaStats {
   uint64_t tier_hits = 0;        ///< VRAM tier: selected experts found in a slot
   uint64_t tier_misses = 0;      ///< VRAM tier: experts copied host -> device into a slot
   uint64_t tier_bytes = 0;       ///< VRAM tier: bytes copied for those misses
+  uint64_t tier_prefetch_issued = 0;  ///< VRAM tier: guessed experts copied into a slot ahead of need
+  uint64_t tier_prefetch_bytes = 0;   ///< VRAM tier: bytes of those copies
+  uint64_t tier_prefetch_used = 0;    ///< VRAM tier: of those, found by a later routed_moe (a hit)
+  uint64_t tier_prefetch_wasted = 0;  ///< VRAM tier: of those, evicted before any use
+  uint64_t tier_prefetch_failed = 0;  ///< VRAM tier: guesses whose host read failed (read again on demand)
+  uint64_t tier_guess_needed = 0;     ///< VRAM tier recall: distinct experts of calls that had a guess
+  uint64_t tier_guess_hit = 0;        ///< VRAM tier recall: of those, how many the guess contained
   uint64_t uploaded_bytes = 0;   ///< weight bytes copied to the device by upload()
   uint64_t resident_tensors = 0; ///< distinct host tensors with a device copy
   uint64_t expert_calls = 0;     ///< expert_ffn calls
@@ -97,6 +104,22 @@ class CudaBackend final : public Backend {
   /// VRAM tier then reads missing experts from the expert source (Backend::set_expert_source,
   /// e.g. the ExpertStore: disk -> host -> VRAM; null = the shard mappings of the uploaded model).
   bool streams_experts() const override;
+  /// Prediction is worth its router GEMV when experts stream (the VRAM tier is active).
+  bool uses_prediction() const override;
+  /// A guess for `layer` (Backend::prefetch_experts): the guessed experts that are not in a VRAM
+  /// slot go to the expert source's prefetch (host reads start now), and the tier copies the
+  /// guessed experts into VRAM slots on its prefetch copy stream right after the routed_moe call
+  /// that runs now has queued its kernels (or at the start of `layer`'s own call, when that comes
+  /// first). Timing only: routed_moe's results never depend on it.
+  void prefetch_experts(int layer, const int* experts, int n) override;
+  /// Test hooks of the VRAM tier: `stall_prefetch_us` > 0 queues a spin kernel of about that many
+  /// microseconds on the prefetch copy stream before each batch of prefetch copies (so they are
+  /// surely in flight when later work evicts or reads their slots); `ignore_prefetch_limits` lets
+  /// a prefetch take every slot the running call does not use.
+  void tier_test_hooks(int stall_prefetch_us, bool ignore_prefetch_limits);
+  /// Benchmark helper: host-to-device copy bandwidth, GB/s, of `bytes` from pinned host memory
+  /// (cudaMemcpyAsync on the compute stream; median of `reps` after one warm-up).
+  double h2d_gbps(size_t bytes, int reps = 5);
   /// Mirrors one dense weight's current contents, any WFormat (data, and scale when it has one; a
   /// repeated call refreshes the device copy).
   void upload(const DenseWeight& w);

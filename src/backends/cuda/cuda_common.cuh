@@ -47,12 +47,28 @@ struct LayerTable {
   int cap = 0;                ///< entries allocated at dev
 };
 
+/// One VRAM expert slot of the tier: which expert it holds, its place in the LRU list, and the
+/// events that order the copies into it against the kernels that read it.
+struct TierSlot {
+  int64_t key = -1;        ///< layer << 32 | expert; -1 = empty (on the free list)
+  int prev = -1, next = -1;  ///< intrusive LRU links (valid while in_lru)
+  bool in_lru = false;     ///< evictable: loaded and not taken by the tier_prepare running now
+  bool prefetched = false; ///< copied by a prefetch and not used by a routed_moe call yet
+  bool copied = false;     ///< `ready` has been recorded (a copy into the slot was queued)
+  uint64_t use = 0;        ///< clock of its last use (routed_moe group or prefetch); LRU order
+  uint64_t read_seq = 0;   ///< sequence number of the last kernel group that read it (0 = none)
+  cudaEvent_t ready = nullptr;  ///< recorded after the latest copy into the slot
+};
+
 /// The VRAM expert tier (expert_tier.cu): when the routed MXFP4 experts exceed the budget they
 /// stay on the host (the ExpertSource: shard mappings or the ExpertStore) and an LRU of device
 /// slots holds the recently used ones. Slots are keyed by (layer, expert id), never by a host
 /// address (the store reuses its buffers for other experts: docs/gpu-method.md#residency). A slot is
 /// one expert's six tensors, each 256-byte aligned: w1 packed, w1 scale, w3 packed, w3 scale,
-/// w2 packed, w2 scale.
+/// w2 packed, w2 scale. Bookkeeping is O(1) per expert (hash map, free list, intrusive LRU).
+/// Copies run on two copy streams of their own (demand, prefetch) from a ring of pinned staging
+/// buffers allocated at set-up; events order them: a copy into a slot waits for the kernels that
+/// last read it and for the slot's previous copy; kernels wait for the copies of their slots.
 struct ExpertTier {
   uint64_t budget = 0;       ///< bytes for routed experts; 0 = free memory less a margin
   bool active = false;       ///< some experts live on the host (slots in use)
@@ -63,13 +79,32 @@ struct ExpertTier {
   int inter = 0, io = 0, n_slots = 0;
   char* arena = nullptr;                    ///< [n_slots, slot_bytes] device (owned)
   std::unordered_map<int64_t, int> where;   ///< layer << 32 | expert -> slot
-  std::vector<int64_t> key;                 ///< slot -> key, -1 = empty
-  std::vector<uint64_t> last_use;           ///< slot -> LRU clock of its last use
-  uint64_t clock = 0;
-  uint8_t* staging = nullptr;               ///< pinned host staging of the misses being copied
-  size_t staging_bytes = 0;
+  std::vector<TierSlot> slots;
+  std::vector<int> free_slots;              ///< empty slots
+  int lru_head = -1, lru_tail = -1;         ///< evictable slots, least recently used first
+  uint64_t clock = 0;                       ///< bumped by every tier_prepare (group stamp)
+  uint64_t call_first = 1;                  ///< first stamp of the routed_moe call running now
+  int last_distinct = 0;                    ///< distinct experts of the latest routed_moe call
+  int prefetched_unused = 0;                ///< slots with `prefetched` set
+  cudaStream_t demand_copy = nullptr, prefetch_copy = nullptr;  ///< host -> device copy streams
+  uint8_t* staging = nullptr;               ///< pinned [n_staging, slot_bytes] (set-up)
+  int n_staging = 0, next_staging = 0;
+  std::vector<cudaEvent_t> staging_done;    ///< [n_staging] recorded after the copy out of it
+  std::vector<char> staging_busy;           ///< [n_staging] staging_done was recorded
+  std::vector<cudaEvent_t> reads;           ///< ring of events after kernel groups (compute stream)
+  uint64_t read_seq = 0;                    ///< last sequence number recorded into `reads`
   ExpertPtrs* pinned_pairs = nullptr;       ///< pinned host per-pair table
   size_t pinned_pairs_len = 0;
+  std::vector<int> group_slots;             ///< slots of the latest tier_prepare
+  // Prediction (CudaBackend::prefetch_experts): the guess waiting to be copied, and the one the
+  // next routed_moe of guess_layer measures recall against.
+  int pending_layer = -1;
+  std::vector<int> pending_ids;
+  int guess_layer = -1;
+  std::vector<int> guess_ids;               ///< sorted, unique
+  // Test hooks (CudaBackend::tier_test_hooks).
+  int stall_prefetch_us = 0;                ///< a spin kernel of this length before each prefetch batch
+  bool ignore_prefetch_limits = false;      ///< prefetch may fill every slot not used by this call
 };
 
 /// A grow-only device scratch buffer (stream-ordered reuse: every user is on the one stream).
@@ -131,9 +166,21 @@ struct CudaBackend::Impl {
   /// (returns true; the experts are then not uploaded), else returns false.
   bool tier_setup(const WeightList& w, uint64_t bytes);
   /// Tier: makes the experts of `pairs` (host ids [pairs]) of `layer` resident in slots (copying
-  /// the misses from the host tier; at most n_slots distinct ids) and returns the device per-pair
-  /// table [pairs]. The caller has synchronized since the previous call (staging reuse).
-  const cuda::ExpertPtrs* tier_prepare(int layer, const int* ids, int pairs);
+  /// the misses from the host tier on the demand copy stream; at most n_slots distinct ids), makes
+  /// the compute stream wait for the copies of those slots, and returns the device per-pair table
+  /// [pairs], written at entry `at` of the call's table (pinned host and device, sized by
+  /// tier_begin_call). The group's slots are left in `group_slots` for tier_mark_read.
+  const cuda::ExpertPtrs* tier_prepare(int layer, const int* ids, int pairs, int at);
+  /// Tier: starts one routed_moe call of `pairs` pairs (after its ids came to the host, so every
+  /// earlier use of the pair tables is done): sizes the pair tables, starts the call's stamps.
+  void tier_begin_call(int pairs);
+  /// Tier: records an event on the compute stream after the kernels of the latest group and marks
+  /// its slots as read by it (a later copy into them waits for it).
+  void tier_mark_read();
+  /// Tier: copies the pending guess (CudaBackend::prefetch_experts) into free or least recently
+  /// used slots on the prefetch copy stream, never evicting a slot used by the call running now.
+  /// Never throws for a failed read (counted; the expert is read again on demand).
+  void tier_prefetch();
   /// Tier: frees the slots (a new upload starts over).
   void tier_reset();
 };

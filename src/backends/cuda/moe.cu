@@ -380,10 +380,13 @@ bool CudaBackend::routed_moe_on_device(const RoutedMoeParams& p, const MoeWeight
 }
 
 /// routed_moe through the VRAM tier: route on the device, ids to the host (one sync), then token
-/// groups whose distinct experts fit the slots: make them resident, run all their pairs.
+/// groups whose distinct experts fit the slots: make them resident (copies on the tier's streams,
+/// ordered by events), run all their pairs. A pending guess (prefetch_experts) is copied into
+/// slots once the kernels are queued, so those copies overlap this layer's compute; a guess for
+/// this very layer goes first.
 static void tier_routed_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeights& mw, const float* logits,
                      const float* z, int T, float* ys, float* out) {
-  const cuda::ExpertTier& tier = m.tier;
+  cuda::ExpertTier& tier = m.tier;
   const int k = p.top_k, pairs = T * k;
   if (tier.io != p.io)
     throw Error("CUDA backend: routed_moe: layer " + std::to_string(p.layer) + ": expert width " +
@@ -399,11 +402,24 @@ static void tier_routed_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, cons
   cuda::check_cuda(cudaMemcpyAsync(ids.data(), dids, size_t(pairs) * sizeof(int), cudaMemcpyDeviceToHost, m.stream),
                    "cudaMemcpyAsync (routed ids)");
   m.sync("routed_moe (ids for the VRAM tier)");
+  m.tier_begin_call(pairs);
+  if (tier.pending_layer == p.layer) m.tier_prefetch();  // a guess for this layer: before its demand
+  // Recall of the guess for this layer: over the call's distinct experts.
+  std::vector<char> in(size_t(p.n_experts), 0);
+  int distinct = 0;
+  for (int e : ids) distinct += in[e] ? 0 : (in[e] = 1);
+  if (tier.guess_layer == p.layer) {
+    tier.guess_layer = -1;
+    m.stats.tier_guess_needed += uint64_t(distinct);
+    for (int e : tier.guess_ids)
+      if (e >= 0 && e < p.n_experts && in[e]) ++m.stats.tier_guess_hit;
+  }
+  tier.last_distinct = std::min(distinct, tier.n_slots);
   float* act = static_cast<float*>(m.scratch(m.act, size_t(pairs) * tier.inter * sizeof(float)));
   for (int t0 = 0; t0 < T;) {
     // The longest run of tokens whose distinct experts fit the slots (one token always must).
-    std::vector<char> in(size_t(p.n_experts), 0);
-    int distinct = 0, t1 = t0;
+    std::fill(in.begin(), in.end(), 0);
+    int gdistinct = 0, t1 = t0;
     while (t1 < T) {
       int add = 0;
       for (int j = 0; j < k; ++j) {
@@ -412,22 +428,23 @@ static void tier_routed_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, cons
         for (int i = 0; i < j && !dup; ++i) dup = ids[size_t(t1) * k + i] == e;
         add += !dup;
       }
-      if (t1 > t0 && distinct + add > tier.n_slots) break;
+      if (t1 > t0 && gdistinct + add > tier.n_slots) break;
       for (int j = 0; j < k; ++j) in[ids[size_t(t1) * k + j]] = 1;
-      distinct += add;
+      gdistinct += add;
       ++t1;
     }
-    if (t0 > 0) m.sync("routed_moe (VRAM tier staging reuse)");
     const int gp = (t1 - t0) * k;
-    const cuda::ExpertPtrs* table = m.tier_prepare(p.layer, ids.data() + size_t(t0) * k, gp);
+    const cuda::ExpertPtrs* table = m.tier_prepare(p.layer, ids.data() + size_t(t0) * k, gp, t0 * k);
     launch_mx_batch<true>(m, MxBatchArgs{table, nullptr, z + size_t(t0) * tier.io, act, k, tier.inter, tier.io, p.b1, p.b2},
                           gp, "routed_moe gate/up kernel");
     launch_mx_batch<false>(m, MxBatchArgs{table, nullptr, act, ys + size_t(t0) * k * tier.io, 1, tier.io, tier.inter, 0.f, 0.f},
                            gp, "routed_moe down kernel");
+    m.tier_mark_read();
     t0 = t1;
   }
   routed_sum_kernel<<<cuda::grid_for(size_t(T) * tier.io, 256), 256, 0, m.stream>>>(ys, dw, k, tier.io, T, out);
   m.launched("routed_moe weighted-sum kernel");
+  if (tier.pending_layer >= 0) m.tier_prefetch();  // the next layer's guess, while these kernels run
 }
 
 void CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, const float* logits, const float* z,
