@@ -358,6 +358,104 @@ TEST_F(CudaFast, MlaPrefillMatchesCpu) {
   std::printf("[ cuda fast ] mla prefill: %d calls, worst ctx rel-L2 %.3g\n", worst.cases, worst.rel);
 }
 
+// Chunked KDA on tensor cores (kda_chunked_mma.cu: the fast mode's intra-chunk and state passes,
+// TF32 operands, f32 accumulation and state) against the CPU's token-by-token recurrence (f32):
+// head_dim 16…128 incl. 33 and 100 (not multiples of 4 / 32: the 4-byte copy path and partial
+// 16-row tiles), 6 and 8 heads, T around the chunk lengths (2, C-1, C, C+1, 4C±1, 200; T = 1 runs the
+// decode step), chunk 16/32/64, both gates, random non-zero inputs and initial state, state carried
+// over the calls, outputs poisoned. Bound rel-L2 5e-3 on outputs and S (TF32 rounds each operand by
+// ≤ 2^-11 ≈ 4.9e-4; measured worst is printed), conv windows exact. The chunk rule: a 2C-token call
+// equals a C-token call followed by another, bit for bit (outputs and S). Profile labels show the
+// tensor-core kernels ran.
+TEST_F(CudaFast, KdaChunkedTensorCoresMatchCpu) {
+  std::mt19937 g(41);
+  struct Case { int H, d, C; std::vector<int> Ts; };
+  const std::vector<Case> cases = {
+      {1, 16, 16, {2, 15, 16, 17, 63, 65, 1, 200}},
+      {2, 32, 16, {17, 33}},
+      {6, 16, 32, {2, 31, 32, 33, 200}},
+      {3, 33, 32, {15, 64, 1, 65}},
+      {4, 64, 64, {63, 64, 65, 200}},
+      {2, 100, 32, {17, 63, 2}},
+      {5, 128, 32, {16, 200, 65, 127, 129}},
+      {1, 128, 64, {200, 64, 127, 255, 257}},
+      {8, 128, 16, {15, 16, 17}},
+      {3, 48, 64, {1, 100, 64}}};
+  Worst out_w, s_w;
+  uint64_t tc_launches = 0;
+  for (const KdaGate gate_kind : {KdaGate::LowerBound, KdaGate::Softplus})  // K3, Kimi Linear
+  for (const Case& c : cases) {
+    const int H = c.H, d = c.d, K = 4, P = H * d;
+    CudaOptions o = be_->options();
+    o.kda = CudaKda::Chunked, o.kda_chunk = c.C;
+    test::ScopedOptions chunk(*be_, o);
+    KdaParams p{H, d, K, -5.f, 1e-5f, gate_kind};
+    std::vector<HostWeight> ws;
+    ws.reserve(6);
+    auto& qc = ws.emplace_back(rnd(g, size_t(P) * K), P, K);
+    auto& kc = ws.emplace_back(rnd(g, size_t(P) * K), P, K);
+    auto& vc = ws.emplace_back(rnd(g, size_t(P) * K), P, K);
+    auto& alog = ws.emplace_back(rnd(g, H, -1.f, 1.f), 1, H);
+    auto& dtb = ws.emplace_back(rnd(g, P), 1, P);
+    auto& onorm = ws.emplace_back(rnd(g, d, 0.5f, 1.5f), 1, d);
+    KdaWeights w;
+    w.q_conv = qc.w, w.k_conv = kc.w, w.v_conv = vc.w, w.a_log = alog.w, w.dt_bias = dtb.w, w.o_norm = onorm.w;
+    for (auto& hw : ws) be_->upload(hw.w);
+    std::vector<float> S = rnd(g, size_t(H) * d * d, -0.1f, 0.1f);
+    std::vector<float> conv = rnd(g, size_t(3) * P * (K - 1));
+    KdaState hs{S.data(), conv.data()};
+    KdaState ds{dev(S), dev(conv)};
+    for (size_t call = 0; call < c.Ts.size(); ++call) {
+      const int T = c.Ts[call];
+      const auto q = rnd(g, size_t(T) * P), k = rnd(g, size_t(T) * P), v = rnd(g, size_t(T) * P);
+      const auto z = rnd(g, size_t(T) * P, -3.f, 3.f), beta = rnd(g, size_t(T) * H, -3.f, 3.f);
+      const auto gate = rnd(g, size_t(T) * P, -3.f, 3.f);
+      float* dout = poisoned(size_t(T) * P);
+      be_->profile_begin();
+      be_->kda_core(p, w, ds, dev(q), dev(k), dev(v), dev(z), dev(beta), dev(gate), T, dout);
+      double total = 0;
+      for (const CudaOpTime& t : be_->profile_end(&total))
+        if (t.name == "kda_core chunked: state kernel (tensor cores)") tc_launches += t.launches;
+      std::vector<float> ref(size_t(T) * P);
+      cpu_.kda_core(p, w, hs, q.data(), k.data(), v.data(), z.data(), beta.data(), gate.data(), T, ref.data());
+      const std::string sh = "H=" + std::to_string(H) + " d=" + std::to_string(d) + " C=" + std::to_string(c.C) +
+                             " T=" + std::to_string(T) + " call=" + std::to_string(call) +
+                             " softplus=" + std::to_string(gate_kind == KdaGate::Softplus);
+      const auto got = host(dout, ref.size());
+      ASSERT_EQ(nan_count(got), 0u) << sh;
+      const double ro = test::rel_l2(got.data(), ref.data(), ref.size());
+      const auto gs = host(ds.S, S.size());
+      const double rs = test::rel_l2(gs.data(), S.data(), S.size());
+      out_w.add(ro), s_w.add(rs);
+      EXPECT_LE(ro, 5e-3) << "kda out " << sh;
+      EXPECT_LE(rs, 5e-3) << "kda S " << sh;
+      EXPECT_EQ(0, std::memcmp(host(ds.conv, conv.size()).data(), conv.data(), conv.size() * 4)) << "conv " << sh;
+    }
+    // Chunk rule: one 2C-token call vs two C-token calls from the same state.
+    const int T2 = 2 * c.C;
+    const auto q = rnd(g, size_t(T2) * P), k = rnd(g, size_t(T2) * P), v = rnd(g, size_t(T2) * P);
+    const auto z = rnd(g, size_t(T2) * P, -3.f, 3.f), beta = rnd(g, size_t(T2) * H, -3.f, 3.f);
+    const auto gate = rnd(g, size_t(T2) * P, -3.f, 3.f);
+    const auto S0 = host(ds.S, S.size()), conv0 = host(ds.conv, conv.size());
+    float *dq = dev(q), *dk = dev(k), *dv = dev(v), *dz = dev(z), *db = dev(beta), *dg = dev(gate);
+    KdaState one{dev(S0), dev(conv0)}, two{dev(S0), dev(conv0)};
+    float* o1 = poisoned(size_t(T2) * P);
+    float* o2 = poisoned(size_t(T2) * P);
+    be_->kda_core(p, w, one, dq, dk, dv, dz, db, dg, T2, o1);
+    const size_t h = size_t(c.C) * P;
+    be_->kda_core(p, w, two, dq, dk, dv, dz, db, dg, c.C, o2);
+    be_->kda_core(p, w, two, dq + h, dk + h, dv + h, dz + h, db + size_t(c.C) * H, dg + h, c.C, o2 + h);
+    EXPECT_EQ(0, std::memcmp(host(o1, size_t(T2) * P).data(), host(o2, size_t(T2) * P).data(), size_t(T2) * P * 4))
+        << "chunk rule (out) H=" << H << " d=" << d << " C=" << c.C;
+    EXPECT_EQ(0, std::memcmp(host(one.S, S.size()).data(), host(two.S, S.size()).data(), S.size() * 4))
+        << "chunk rule (S) H=" << H << " d=" << d << " C=" << c.C;
+  }
+  EXPECT_GT(tc_launches, 0u) << "the tensor-core state kernel never ran";
+  std::printf("[ cuda fast ] kda chunked (tensor cores): %d calls, worst out rel-L2 %.3g, worst S rel-L2 %.3g, %llu "
+              "tensor-core state launches\n",
+              out_w.cases, out_w.rel, s_w.rel, (unsigned long long)tc_launches);
+}
+
 /// All-position logits of `ids` through a Forward with `chunk`.
 std::vector<float> model_logits(const Model& m, Backend& be, const std::vector<int>& ids, int chunk) {
   Forward fwd(m, be, {chunk, -1});

@@ -137,7 +137,7 @@ __global__ void kda_kernel(KdaArgs a) {
 /// header).
 int chunk_for_call(int T, int d, int max_smem, const CudaOptions& o) {
   if (T <= 1 || o.kda == CudaKda::Recurrent) return 0;  // exact mode by default (docs/gpu-method.md#kda-chunked)
-  return cuda::kda_chunk_fit(d, o.kda_chunk, max_smem);
+  return cuda::kda_chunk_fit(d, o.kda_chunk, max_smem, o.precision == GpuPrecision::Fast);
 }
 
 }  // namespace

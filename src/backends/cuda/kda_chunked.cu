@@ -325,9 +325,11 @@ __global__ void kda_out_kernel(KdaChunkArgs a) {
 
 }  // namespace
 
-int kda_chunk_fit(int d, int want, int max_smem) {
-  for (int C : {64, 32, 16})
-    if (C <= want && std::max(intra_smem(d, C), state_smem(d, C)) + 1024 <= size_t(max_smem)) return C;
+int kda_chunk_fit(int d, int want, int max_smem, bool tensor_cores) {
+  for (int C : {64, 32, 16}) {
+    const size_t need = tensor_cores ? kda_mma_smem(d, C) : std::max(intra_smem(d, C), state_smem(d, C));
+    if (C <= want && need + 1024 <= size_t(max_smem)) return C;
+  }
   return 0;
 }
 
@@ -352,19 +354,23 @@ void kda_chunked(CudaBackend::Impl& m, const KdaChunkArgs& a, int C) {
     kda_window_kernel<<<grid_for(size_t(3) * P, 256), 256, 0, m.stream>>>(a);
     m.launched("kda_core chunked: conv window kernel");
   }
-  const size_t ism = intra_smem(d, C);
-  if (ism > 48 * 1024)
-    check_cuda(cudaFuncSetAttribute(kda_intra_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ism)),
-               "cudaFuncSetAttribute (kda_core chunked intra shared memory)");
-  kda_intra_kernel<<<dim3(chunks, H), kIntraThreads, ism, m.stream>>>(T, H, d, C, qn, kn, vc, gl, bs, Qm, egc);
-  m.launched("kda_core chunked: intra-chunk kernel");
-  const size_t ssm = state_smem(d, C);
-  if (ssm > 48 * 1024)
-    check_cuda(cudaFuncSetAttribute(kda_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ssm)),
-               "cudaFuncSetAttribute (kda_core chunked state shared memory)");
-  kda_state_kernel<<<dim3(H, (d + kSlice - 1) / kSlice), kStateThreads, ssm, m.stream>>>(T, H, d, C, qn, kn, gl, vc, Qm,
-                                                                                        egc, a.S, a.out);
-  m.launched("kda_core chunked: state kernel");
+  if (m.opts.precision == GpuPrecision::Fast) {
+    kda_chunk_passes_mma(m, T, H, d, C, qn, kn, vc, gl, bs, Qm, egc, a.S, a.out);
+  } else {
+    const size_t ism = intra_smem(d, C);
+    if (ism > 48 * 1024)
+      check_cuda(cudaFuncSetAttribute(kda_intra_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ism)),
+                 "cudaFuncSetAttribute (kda_core chunked intra shared memory)");
+    kda_intra_kernel<<<dim3(chunks, H), kIntraThreads, ism, m.stream>>>(T, H, d, C, qn, kn, vc, gl, bs, Qm, egc);
+    m.launched("kda_core chunked: intra-chunk kernel");
+    const size_t ssm = state_smem(d, C);
+    if (ssm > 48 * 1024)
+      check_cuda(cudaFuncSetAttribute(kda_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ssm)),
+                 "cudaFuncSetAttribute (kda_core chunked state shared memory)");
+    kda_state_kernel<<<dim3(H, (d + kSlice - 1) / kSlice), kStateThreads, ssm, m.stream>>>(T, H, d, C, qn, kn, gl, vc, Qm,
+                                                                                          egc, a.S, a.out);
+    m.launched("kda_core chunked: state kernel");
+  }
   kda_out_kernel<<<dim3(T, H), tpb, 0, m.stream>>>(a);
   m.launched("kda_core chunked: output norm kernel");
 }

@@ -20,13 +20,27 @@ struct KdaChunkArgs {
 };
 
 /// Chunk length for head_dim d: the largest of 64, 32, 16 that is <= `want` and whose
-/// intra-chunk kernel fits in `max_smem` bytes of shared memory; 0 when none fits (the caller
-/// then runs the token-by-token kernel).
-int kda_chunk_fit(int d, int want, int max_smem);
+/// chunk kernels (the f32 ones, or with `tensor_cores` those of kda_chunked_mma.cu) fit in
+/// `max_smem` bytes of shared memory; 0 when none fits (the caller then runs the token-by-token kernel).
+int kda_chunk_fit(int d, int want, int max_smem, bool tensor_cores = false);
+
+/// Shared memory (bytes) the tensor-core chunk passes need at head_dim d, chunk C (single-buffered
+/// state pass; it double-buffers when that fits too).
+size_t kda_mma_smem(int d, int C);
+
+/// The intra-chunk and state passes on tensor cores (kda_chunked_mma.cu; fast precision mode):
+/// same inputs, outputs and scratch layout as kda_chunked.cu's f32 kernels (qn, kn, vc, gl [T, P]
+/// in, rewritten to q̃, k̂, U, W; bs [T, H]; Qm [chunks, H, C, C]; egc [chunks, P]); advances S
+/// [H, d, d] and writes the raw (pre-norm) output out [T, P]. C is 16, 32 or 64. Throws wren::Error
+/// for any other C.
+void kda_chunk_passes_mma(CudaBackend::Impl& m, int T, int H, int d, int C, float* qn, float* kn, float* vc,
+                          float* gl, const float* bs, float* Qm, float* egc, float* S, float* out);
 
 /// Runs the KDA core for a.T >= 1 tokens in the chunked form with chunk length C (from
 /// kda_chunk_fit): 5 launches on m's stream, scratch from m.scores. Same outputs, final S and
-/// conv windows as the recurrence up to f32 rounding (conv windows bit-identical).
+/// conv windows as the recurrence up to f32 rounding (conv windows bit-identical); in fast
+/// precision mode (m.opts.precision) the two chunk passes run on tensor cores with TF32 operands
+/// (kda_chunk_passes_mma: rel-L2 ~1e-3 instead of ~1e-6; conv windows still bit-identical).
 void kda_chunked(CudaBackend::Impl& m, const KdaChunkArgs& a, int C);
 
 }  // namespace cuda
