@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -152,13 +153,12 @@ struct RunResult {
 
 int argmax(const std::vector<float>& v) { return int(std::max_element(v.begin(), v.end()) - v.begin()); }
 
-RunResult one_run(const Model& m, const CpuOptions& cpu, const ExpertStoreOptions& so, const std::set<std::string>& files,
-                  const StreamArgs& a, bool predict) {
+/// The timed part of one bench run on `be`: prefills the bench prompt (a.prompt ids), then decodes
+/// a.tokens greedy tokens, into r.prefill_s / r.decode_s (seconds) and r.hash (every logits row,
+/// fnv1a64); `between` runs after the prefill, outside both timings (stats snapshots and resets).
+void time_prompt(const Model& m, Backend& be, const StreamArgs& a, bool predict, RunResult& r,
+                 const std::function<void()>& between) {
   const Config& c = m.config;
-  drop_cache(files);
-  ExpertStore store(m.weights, c.expert_bytes(), so);
-  TouchCounter touch(store);
-  CpuBackend be(cpu, &touch);
   ForwardOptions fo;
   fo.max_chunk = a.chunk;
   fo.predict = predict;
@@ -167,16 +167,11 @@ RunResult one_run(const Model& m, const CpuOptions& cpu, const ExpertStoreOption
   std::vector<int> prompt;
   for (int i = 0; i < a.prompt; ++i) prompt.push_back((131 * i + 7) % c.vocab);
   std::vector<float> logits(c.vocab);
-  RunResult r;
   double t0 = now_s();
   fwd.run(st, prompt.data(), nullptr, a.prompt, logits.data(), false);
   r.prefill_s = now_s() - t0;
-  const ExpertStoreStats p = store.stats();
-  r.prefill_read = p.bytes_read;
-  r.prefill_touched = touch.touched.size() * uint64_t(c.expert_bytes());
-  r.prefill_hit = p.hit_rate();
   r.hash = fnv1a64(logits.data(), logits.size() * 4);
-  store.reset_stats();
+  between();
   t0 = now_s();
   for (int k = 0; k < a.tokens; ++k) {
     const int id = argmax(logits);
@@ -184,6 +179,23 @@ RunResult one_run(const Model& m, const CpuOptions& cpu, const ExpertStoreOption
     r.hash = fnv1a64(logits.data(), logits.size() * 4, r.hash);
   }
   r.decode_s = now_s() - t0;
+}
+
+RunResult one_run(const Model& m, const CpuOptions& cpu, const ExpertStoreOptions& so, const std::set<std::string>& files,
+                  const StreamArgs& a, bool predict) {
+  const Config& c = m.config;
+  drop_cache(files);
+  ExpertStore store(m.weights, c.expert_bytes(), so);
+  TouchCounter touch(store);
+  CpuBackend be(cpu, &touch);
+  RunResult r;
+  time_prompt(m, be, a, predict, r, [&] {
+    const ExpertStoreStats& p = store.stats();
+    r.prefill_read = p.bytes_read;
+    r.prefill_touched = touch.touched.size() * uint64_t(c.expert_bytes());
+    r.prefill_hit = p.hit_rate();
+    store.reset_stats();
+  });
   const ExpertStoreStats& d = store.stats();
   r.decode_read = d.bytes_read;
   r.decode_hit = d.hit_rate();
@@ -209,34 +221,18 @@ RunResult one_cuda_run(const Model& m, const ExpertStoreOptions& so, const std::
     touch = std::make_unique<TouchCounter>(*store);
     be.set_expert_source(touch.get());
   }
-  ForwardOptions fo;
-  fo.max_chunk = a.chunk;
-  fo.predict = predict;
-  Forward fwd(m, be, fo);
-  SequenceState st(be, c, a.prompt + a.tokens + 1);
-  std::vector<int> prompt;
-  for (int i = 0; i < a.prompt; ++i) prompt.push_back((131 * i + 7) % c.vocab);
-  std::vector<float> logits(c.vocab);
   RunResult r;
   r.slots = be.stats().expert_slots;
-  double t0 = now_s();
-  fwd.run(st, prompt.data(), nullptr, a.prompt, logits.data(), false);
-  r.prefill_s = now_s() - t0;
-  const CudaStats p = be.stats();
-  if (store) {
-    r.prefill_read = store->stats().bytes_read;
-    r.prefill_touched = touch->touched.size() * uint64_t(c.expert_bytes());
-    store->reset_stats();
-  }
-  r.prefill_hit = p.tier_hits + p.tier_misses ? double(p.tier_hits) / double(p.tier_hits + p.tier_misses) : 1.0;
-  r.hash = fnv1a64(logits.data(), logits.size() * 4);
-  t0 = now_s();
-  for (int k = 0; k < a.tokens; ++k) {
-    const int id = argmax(logits);
-    fwd.run(st, &id, nullptr, 1, logits.data(), false);
-    r.hash = fnv1a64(logits.data(), logits.size() * 4, r.hash);
-  }
-  r.decode_s = now_s() - t0;
+  CudaStats p;
+  time_prompt(m, be, a, predict, r, [&] {
+    p = be.stats();
+    if (store) {
+      r.prefill_read = store->stats().bytes_read;
+      r.prefill_touched = touch->touched.size() * uint64_t(c.expert_bytes());
+      store->reset_stats();
+    }
+    r.prefill_hit = p.tier_hits + p.tier_misses ? double(p.tier_hits) / double(p.tier_hits + p.tier_misses) : 1.0;
+  });
   const CudaStats d = be.stats();
   const uint64_t hits = d.tier_hits - p.tier_hits, misses = d.tier_misses - p.tier_misses;
   r.decode_hit = hits + misses ? double(hits) / double(hits + misses) : 1.0;

@@ -169,8 +169,7 @@ void Forward::run(SequenceState& st, const int* ids, const float* x0, int T, flo
   }
   for (int t0 = 0; t0 < T; t0 += opts_.max_chunk) {
     const int n = std::min(opts_.max_chunk, T - t0);
-    const bool last = t0 + n == T;
-    float* out = logits == nullptr ? nullptr : all_logits ? logits + t0 * V : last ? logits : nullptr;
+    float* out = chunk_logits(logits, all_logits, t0, n, T, V);
     chunk(st, ids + t0, x0 ? x0 + t0 * D : nullptr, n, t0, out, all_logits, hooks);
   }
 }

@@ -61,6 +61,15 @@ struct ForwardOptions {
   StageLink link = {};
 };
 
+/// Where chunk [t0, t0 + n) of a T-token run writes its logits: `logits` + t0 rows of V when every
+/// row is asked for (`all_logits`: logits is [T, V]), `logits` itself for the last chunk otherwise
+/// (logits is [V], the last token's), else nowhere (null; also when `logits` is null).
+inline float* chunk_logits(float* logits, bool all_logits, int t0, int n, int T, size_t V) {
+  if (logits == nullptr) return nullptr;
+  if (all_logits) return logits + size_t(t0) * V;
+  return t0 + n == T ? logits : nullptr;
+}
+
 /// One sequence's part of a mixed step (TokenStep::run_mixed): `n` >= 1 tokens `ids` consumed at
 /// the state's position (a decode step is n = 1, a prefill chunk n > 1); `logits` host [V] of its
 /// last token, or null when not needed.

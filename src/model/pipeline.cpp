@@ -186,8 +186,7 @@ void PipelineForward::run(SequenceState& st, const int* ids, const float* x0, in
   // Chunk here, so each stage's message for a chunk is taken before the next chunk is sent.
   for (int t0 = 0; t0 < T; t0 += chunk_) {
     const int n = std::min(chunk_, T - t0);
-    const bool last = t0 + n == T;
-    float* out = logits == nullptr ? nullptr : all_logits ? logits + t0 * V : last ? logits : nullptr;
+    float* out = chunk_logits(logits, all_logits, t0, n, T, V);
     for (int s = 0; s < S; ++s)
       stages_[size_t(s)]->run(st, ids + t0, s == 0 && x0 ? x0 + t0 * D : nullptr, n, s + 1 == S ? out : nullptr,
                               all_logits);

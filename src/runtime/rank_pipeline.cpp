@@ -77,8 +77,7 @@ void RankPipeline::run(SequenceState& st, const int* ids, const float* x0, int T
   const int S = plan_.stages();
   for (int t0 = 0; t0 < T; t0 += chunk_) {
     const int n = std::min(chunk_, T - t0);
-    const bool last = t0 + n == T;
-    float* out = logits == nullptr ? nullptr : all_logits ? logits + t0 * V : last ? logits : nullptr;
+    float* out = chunk_logits(logits, all_logits, t0, n, T, V);
     if (S == 1) {
       fwd_->run(st, ids + t0, x0 ? x0 + t0 * D : nullptr, n, out, all_logits);
       continue;
