@@ -280,6 +280,18 @@ TEST(Cli, BadArgumentsExitNonZero) {
   EXPECT_NE(out.find("wren: error: --expert-cache: 'abc' is not a size"), std::string::npos) << out;
   EXPECT_EQ(2, test::run_wren("run " + model_arg() + " --ids 1 --quant q3", &out)) << out;
   EXPECT_NE(out.find("wren: error: --quant: 'q3' is not a preset"), std::string::npos) << out;
+  EXPECT_EQ(2, test::run_wren("run " + model_arg() + " --ids 1 --pipeline 0", &out)) << out;
+  EXPECT_NE(out.find("wren: error: --pipeline '0'"), std::string::npos) << out;
+  EXPECT_EQ(2, test::run_wren("run " + model_arg() + " --ids 1 --pipeline 1+x", &out)) << out;
+  EXPECT_EQ(2, test::run_wren("run " + model_arg() + " --ids 1 --backend cpu --gpus 0", &out)) << out;
+  EXPECT_NE(out.find("--gpus: the pipeline ranks need the CUDA backend"), std::string::npos) << out;
+  // A budget the server refuses is refused before the model loads, also by bench serve (was: terminate).
+  EXPECT_EQ(2, test::run_wren("bench serve " + model_arg() + " --requests 1 --max-tokens 1 --max-batch-tokens 1", &out)) << out;
+  EXPECT_NE(out.find("wren: error: --max-batch-tokens 1 is below --max-seqs 16"), std::string::npos) << out;
+  EXPECT_EQ(2, test::run_wren("bench serve " + model_arg() + " --clients 0", &out)) << out;
+  EXPECT_EQ(2, test::run_wren("bench stream --dir " + test::temp_dir("bench-stream-budgets") + " --moe-layers 1 --experts 16 --runs 1 --budgets abc", &out)) << out;
+  EXPECT_NE(out.find("--budgets: 'abc' is not a fraction"), std::string::npos) << out;
+  EXPECT_EQ(2, test::run_wren("bench stream --dir " + test::temp_dir("bench-stream-budgets") + " --moe-layers 1 --experts 16 --runs 1 --budgets 0.1,-0.5", &out)) << out;
   EXPECT_EQ(1, test::run_wren("perplexity " + model_arg() + " " + test::temp_dir("ppl-dir"), &out)) << out;
   EXPECT_NE(out.find("is a folder (expected a UTF-8 text file)"), std::string::npos) << out;
   // bench stream writes its checkpoint only into a folder it owns: a model folder is refused untouched.

@@ -151,6 +151,22 @@ struct RunResult {
   uint64_t decode_h2d = 0, prefetch_issued = 0, prefetch_used = 0, slots = 0;
 };
 
+/// --budgets: comma-separated fractions of all expert bytes, each in (0, 1] (1 = every expert
+/// fits). Throws UsageError naming the bad item.
+std::vector<double> parse_budgets(const std::string& list) {
+  std::vector<double> out;
+  std::istringstream bs(list);
+  for (std::string item; std::getline(bs, item, ',');) {
+    char* end = nullptr;
+    const double f = std::strtod(item.c_str(), &end);
+    usage_check(!item.empty() && *end == '\0' && f > 0 && f <= 1,
+                "--budgets: '" + item + "' is not a fraction of the expert bytes in (0, 1] (e.g. 0.1,0.3,1)");
+    out.push_back(f);
+  }
+  usage_check(!out.empty(), "--budgets: give at least one fraction (e.g. 0.1,0.3,1)");
+  return out;
+}
+
 int argmax(const std::vector<float>& v) { return int(std::max_element(v.begin(), v.end()) - v.begin()); }
 
 /// The timed part of one bench run on `be`: prefills the bench prompt (a.prompt ids), then decodes
@@ -268,9 +284,7 @@ void cuda_budgets(const Model& m, ExpertStoreOptions so, const std::set<std::str
               "H2D GB/s (x measured) | floor s/token | time / floor |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::set<uint64_t> hashes;
-  std::istringstream bs(a.budgets);
-  for (std::string item; std::getline(bs, item, ',');) {
-    const double frac = std::stod(item);
+  for (const double frac : parse_budgets(a.budgets)) {
     const uint64_t vram = frac >= 1 ? CudaBackend::kAllExperts : uint64_t(frac * double(all_bytes));
     for (bool predict : {false, true}) {
       std::vector<double> pf, sd, disk, h2dt, dach, hach;
@@ -313,6 +327,12 @@ void cuda_budgets(const Model& m, ExpertStoreOptions so, const std::set<std::str
 
 void run_stream(const StreamArgs& a) {
   check(a.moe_layers >= 1 && a.experts >= 16, "bench stream: --moe-layers >= 1 and --experts >= 16");
+  parse_budgets(a.budgets);  // usage errors before any work
+  if (a.backend == "cuda") {  // before the checkpoint is written
+    std::string why;
+    const bool ok = cuda_usable(&why);  // (not inside check(): its message would be built first)
+    check(ok, "bench stream --backend cuda: " + why);
+  }
   const nlohmann::json cfg = stream_config(a.moe_layers, a.experts);
   const std::string dir = a.dir;
   bool reuse = false;
@@ -360,10 +380,6 @@ void run_stream(const StreamArgs& a) {
 #ifndef WREN_HAVE_CUDA
   check(a.backend != "cuda", "bench stream --backend cuda: this build has no CUDA backend (configure with -DWREN_CUDA=ON)");
 #endif
-  if (a.backend == "cuda") {
-    std::string why;
-    check(cuda_usable(&why), "bench stream --backend cuda: " + why);
-  }
 
   ExpertStoreOptions so;
   so.direct = a.direct == "off" ? DirectIo::Off : a.direct == "on" ? DirectIo::On : DirectIo::Auto;
@@ -403,9 +419,7 @@ void run_stream(const StreamArgs& a) {
   std::printf("| budget | predict | prefill tok/s | prefill GB read / touched | decode s/token | decode GB/token | hit rate | recall | achieved GB/s (x raw) | I/O floor s/token | time / floor |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::set<uint64_t> hashes;
-  std::istringstream bs(a.budgets);
-  for (std::string item; std::getline(bs, item, ',');) {
-    const double frac = std::stod(item);
+  for (const double frac : parse_budgets(a.budgets)) {
     so.cache_bytes = std::max<uint64_t>(c.expert_bytes(), uint64_t(frac * double(all_bytes)));
     for (bool predict : {false, true}) {
       std::vector<double> pf, sd, gbt, ach;

@@ -25,6 +25,7 @@
 #include "core/error.h"
 #include "core/sizes.h"
 #include "runtime/engine.h"
+#include "runtime/scheduler.h"
 #include "server/server.h"
 
 namespace wren::cli {
@@ -124,12 +125,13 @@ void bench_serve(BenchServeArgs& a, CpuFlags& cpu, CudaFlags& cuda) {
     for (std::string s; std::getline(ss, s, ',');) {
       char* end = nullptr;
       const long c = std::strtol(s.c_str(), &end, 10);
-      check(!s.empty() && *end == '\0' && c >= 1 && c <= 1024, "--clients: '" + s + "' is not a client count in 1..1024");
+      usage_check(!s.empty() && *end == '\0' && c >= 1 && c <= 1024, "--clients: '" + s + "' is not a client count in 1..1024");
       counts.push_back(int(c));
     }
-    check(!counts.empty(), "--clients: give at least one count");
+    usage_check(!counts.empty(), "--clients: give at least one count");
   }
-  a.engine.plan = cpu.plan();
+  const int batch_tokens = resolve_batch_tokens(a.max_seqs, a.max_batch_tokens);  // before the load
+  a.engine.plan = cpu.plan(gpu_fast(a.engine.backend, cuda.precision));
   a.engine.cpu = cpu.backend();
   a.engine.cuda = cuda.backend();
   a.engine.announce = false;
@@ -145,7 +147,7 @@ void bench_serve(BenchServeArgs& a, CpuFlags& cpu, CudaFlags& cuda) {
   so.log_requests = false;
   so.prefix_cache = parse_size(a.prefix_cache, "--prefix-cache");
   so.max_seqs = a.max_seqs;
-  so.max_batch_tokens = a.max_batch_tokens >= 0 ? a.max_batch_tokens : std::max(128, a.max_seqs);
+  so.max_batch_tokens = batch_tokens;
   server::Server srv(e, so);
   const int port = srv.bind();
   std::thread listener([&] { srv.listen(); });

@@ -19,6 +19,7 @@
 #include "core/error.h"
 #include "core/hash.h"
 #include "core/sizes.h"
+#include "runtime/backend_factory.h"
 #include "runtime/chat_format.h"
 #include "runtime/f32_file.h"
 #include "tokenizer/stream_decoder.h"
@@ -239,6 +240,11 @@ void add_run(CLI::App& app) {
   sub->callback([a, sub] {
     a->has_prompt = sub->count("prompt") > 0;
     if (!a->common.gpus.empty() && !under_launcher()) {  // the parent: start the ranks, wait for them
+      for (int g : a->common.gpus) usage_check(g >= 0, "--gpus: " + std::to_string(g) + " is not a CUDA device index");
+      std::string why;
+      const bool cuda = a->common.engine.backend != "cpu" && cuda_usable(&why);
+      usage_check(cuda, "--gpus: the pipeline ranks need the CUDA backend (" +
+                            (a->common.engine.backend == "cpu" ? std::string("--backend cpu was given") : why) + ")");
       const int rc = launch_ranks(a->common.gpus);
       check(rc == 0, "--gpus: a pipeline rank failed (exit status " + std::to_string(rc) + ")");
       return;

@@ -18,6 +18,7 @@
 #include "cli/run_options.h"
 #include "core/error.h"
 #include "core/sizes.h"
+#include "runtime/scheduler.h"
 #include "server/server.h"
 
 namespace wren::cli {
@@ -78,6 +79,10 @@ class SignalStopper {
 
 void serve(ServeArgs& a) {
   signal(SIGPIPE, SIG_IGN);                   // a client that hangs up is a failed write, not a crash
+  // Batched decode is bit-identical to solo runs on the CPU and in CUDA exact mode (Batched.*,
+  // CudaBatched.*, run 22-serve); CUDA fast mode is within its own tolerance (docs/serve.md).
+  a.server.max_seqs = a.max_seqs > 0 ? a.max_seqs : 16;
+  a.server.max_batch_tokens = resolve_batch_tokens(a.server.max_seqs, a.max_batch_tokens);  // before the load
   a.engine.cpu = a.cpu.backend();
   a.engine.cuda = a.cuda.backend();
   a.engine.plan = a.cpu.plan(gpu_fast(a.engine.backend, a.engine.cuda.precision));
@@ -109,13 +114,6 @@ void serve(ServeArgs& a) {
   }
   a.server.ctx = a.engine.ctx;
   a.server.prefix_cache = parse_size(a.prefix_cache, "--prefix-cache");
-  // Batched decode is bit-identical to solo runs on the CPU and in CUDA exact mode (Batched.*,
-  // CudaBatched.*, run 22-serve); CUDA fast mode is within its own tolerance (docs/serve.md).
-  a.server.max_seqs = a.max_seqs > 0 ? a.max_seqs : 16;
-  a.server.max_batch_tokens = a.max_batch_tokens >= 0 ? a.max_batch_tokens : std::max(128, a.server.max_seqs);
-  check(a.server.max_batch_tokens == 0 || a.server.max_batch_tokens >= a.server.max_seqs,
-        "--max-batch-tokens " + std::to_string(a.server.max_batch_tokens) + " is below --max-seqs " +
-            std::to_string(a.server.max_seqs) + ": every running sequence needs a row per step (0 = no budget)");
   server::Server s(e, a.server);
   const int port = s.bind();
   SignalStopper stopper(s);

@@ -106,10 +106,14 @@ void print_stats(const GenerateStats& s, Engine& e) {
                  e.backend().name());
   const int decoded = s.generated_tokens > 1 ? s.generated_tokens - 1 : 0;
   const std::string cached = s.cached_tokens ? " (" + std::to_string(s.cached_tokens) + " from the prefix cache)" : "";
+  // The prefill rate counts the tokens actually prefilled (a cached prefix is restored, not computed).
+  const int fresh = s.prompt_tokens - s.cached_tokens;
+  char rate[64] = "none (all cached)";
+  if (fresh > 0) std::snprintf(rate, sizeof rate, "%.1f tok/s", fresh / std::max(s.prefill_s, 1e-9));
   std::fprintf(stderr,
-               "wren: backend %s; %d prompt token%s%s, prefill %.1f tok/s, TTFT %.3f s; %d generated, decode %.1f tok/s; peak RSS %.1f MB\n",
+               "wren: backend %s; %d prompt token%s%s, prefill %s, TTFT %.3f s; %d generated, decode %.1f tok/s; peak RSS %.1f MB\n",
                e.forward().on_fallback() ? "cpu (fallback after a GPU failure)" : e.backend().name(), s.prompt_tokens,
-               s.prompt_tokens == 1 ? "" : "s", cached.c_str(), s.prompt_tokens / std::max(s.prefill_s, 1e-9), s.ttft_s, s.generated_tokens,
+               s.prompt_tokens == 1 ? "" : "s", cached.c_str(), rate, s.ttft_s, s.generated_tokens,
                decoded ? decoded / std::max(s.decode_s, 1e-9) : 0.0, peak_rss_bytes() / 1e6);
 }
 

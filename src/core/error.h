@@ -27,6 +27,11 @@ class UsageError : public Error {
   explicit UsageError(const std::string& msg) : Error(msg) {}
 };
 
+/// Throws UsageError(msg) when `cond` is false: for command-line values (exit 2).
+inline void usage_check(bool cond, const std::string& msg) {
+  if (!cond) throw UsageError(msg);
+}
+
 /// Throws Error(msg) when `cond` is false.
 inline void check(bool cond, const std::string& msg) {
   if (!cond) throw Error(msg);

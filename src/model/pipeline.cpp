@@ -77,15 +77,16 @@ StagePlan plan_stages(int n_layers, int stages, StageSplit split, const std::vec
 StageSplit parse_stage_split(const std::string& s) {
   if (s == "even") return StageSplit::Even;
   if (s == "bytes") return StageSplit::Bytes;
-  throw Error("--pipeline-split: '" + s + "' (expected even or bytes)");
+  throw UsageError("--pipeline-split: '" + s + "' (expected even or bytes)");
 }
 
 StagePlan parse_pipeline(const std::string& spec, int n_layers, StageSplit split, const std::vector<uint64_t>& bytes) {
   const std::string bad = "--pipeline '" + spec + "': ";
-  check(!spec.empty() && spec.find_first_not_of("0123456789+") == std::string::npos,
+  usage_check(!spec.empty() && spec.find_first_not_of("0123456789+") == std::string::npos,
         bad + "expected a stage count (e.g. 2) or layers per stage (e.g. 3+2+1)");
   if (spec.find('+') == std::string::npos) {
-    check(spec.size() <= 6, bad + "too many stages");
+    usage_check(spec.size() <= 6 && std::stoi(spec) >= 1 && std::stoi(spec) <= n_layers,
+                bad + "expected 1 to " + std::to_string(n_layers) + " stages (one layer each at the most)");
     return plan_stages(n_layers, std::stoi(spec), split, bytes);
   }
   StagePlan p;
@@ -94,11 +95,11 @@ StagePlan parse_pipeline(const std::string& spec, int n_layers, StageSplit split
   while (at <= spec.size()) {
     const size_t plus = std::min(spec.find('+', at), spec.size());
     const std::string part = spec.substr(at, plus - at);
-    check(!part.empty() && part.size() <= 6 && std::stoi(part) >= 1, bad + "every stage needs at least one layer");
+    usage_check(!part.empty() && part.size() <= 6 && std::stoi(part) >= 1, bad + "every stage needs at least one layer");
     p.bounds.push_back(p.bounds.back() + std::stoi(part));
     at = plus + 1;
   }
-  check(p.bounds.back() == n_layers, bad + "the stages hold " + std::to_string(p.bounds.back()) +
+  usage_check(p.bounds.back() == n_layers, bad + "the stages hold " + std::to_string(p.bounds.back()) +
                                          " layers, the model runs " + std::to_string(n_layers));
   return p;
 }

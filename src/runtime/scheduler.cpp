@@ -37,6 +37,14 @@ Scheduler::Scheduler(TokenStep& fwd, std::function<std::unique_ptr<SequenceState
             ": every running sequence needs a row per step (0 = no budget)");
 }
 
+int resolve_batch_tokens(int max_seqs, int requested) {
+  const int budget = requested >= 0 ? requested : std::max(128, max_seqs);
+  usage_check(budget == 0 || budget >= max_seqs, "--max-batch-tokens " + std::to_string(budget) + " is below --max-seqs " +
+                                                     std::to_string(max_seqs) +
+                                                     ": every running sequence needs a row per step (0 = no budget)");
+  return budget;
+}
+
 int Scheduler::prefilling() const {
   int n = 0;
   for (const auto& s : running_) n += s->prefilling;

@@ -32,6 +32,11 @@ struct SeqRequest {
   std::function<void(const std::string&)> on_error;
 };
 
+/// The step's token budget for `--max-seqs` max_seqs and `--max-batch-tokens` requested (-1 = the
+/// default, max(128, max_seqs); 0 = no budget). Throws UsageError when it is below max_seqs (every
+/// running sequence needs a row per step). Front ends call it before loading the model.
+int resolve_batch_tokens(int max_seqs, int requested);
+
 class Scheduler {
  public:
   /// `make_state`: a fresh, empty sequence state; `max_seqs` >= 1 sequences run together.
