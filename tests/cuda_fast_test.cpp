@@ -26,6 +26,8 @@
 #include "ops/state.h"
 #include "test_util.h"
 #ifdef WREN_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
 #include "backends/cuda/cuda_backend.h"
 #endif
 
@@ -254,6 +256,109 @@ TEST_F(CudaFast, RoutedMoeGroupedMatchesCpu) {
     }
   std::printf("[ cuda fast ] grouped routed experts: mxfp4 %d cases worst rel-L2 %.3g; dense %d cases worst %.3g\n",
               mx.cases, mx.rel, dn.cases, dn.rel);
+}
+
+// The grouped products on Hopper warpgroup MMA (moe_wgmma.cu; on a compute capability 9.0 device
+// they must be the ones that run): dense and MXFP4 experts against the CPU with routings chosen
+// to give experts 0, 1, 63-65, 127-129 and 300 rows (one token's slot can pin an expert: logits of
+// +12 beat the random ones in [-4, 4]), K not a multiple of the 64-column k-step (a partial last
+// step; MXFP4: half a step), N past the 128/256-column blocks, SiTU and SiLU, T = 1 (dense) and
+// awkward token counts; each call against the first tokens alone, bit for bit (chunk rule).
+TEST_F(CudaFast, RoutedMoeWgmmaTilesMatchCpu) {
+  std::mt19937 g(36);
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  const bool hopper = major == 9 && minor == 0;
+  struct Case {
+    bool dense;
+    int E, k, io, inter;
+    bool silu;
+    int pin;  ///< 0: random routing; 1: slot 0 -> expert 0 for every token, slot 1 skewed (see below)
+    std::vector<int> Ts;
+  };
+  const Case cases[] = {
+      {true, 16, 2, 256, 192, true, 1, {300, 129, 65}},
+      {true, 8, 2, 520, 264, false, 0, {1, 3, 64, 65, 257}},
+      {true, 16, 4, 768, 384, true, 0, {160}},
+      {true, 4, 1, 64, 8, true, 1, {127, 128, 2}},
+      {false, 16, 2, 256, 192, false, 1, {300, 129}},
+      {false, 8, 2, 544, 288, false, 0, {2, 65, 257}},
+      {false, 16, 4, 768, 384, false, 0, {160}},
+  };
+  Worst mx, dn;
+  uint64_t wg_launches = 0, calls = 0;
+  for (const Case& c : cases) {
+    std::vector<std::unique_ptr<MxExpert>> mxe;
+    std::vector<std::unique_ptr<DenseExpert>> dne;
+    MoeWeights mw;
+    for (int e = 0; e < c.E; ++e) {
+      if (c.dense) {
+        dne.push_back(std::make_unique<DenseExpert>(g, c.io, c.inter));
+        mw.experts.push_back(dne.back()->e);
+      } else {
+        mxe.push_back(std::make_unique<MxExpert>(g, c.io, c.inter));
+        mw.experts.push_back(mxe.back()->e);
+      }
+    }
+    HostWeight bias(rnd(g, c.E, -0.1f, 0.1f), 1, c.E);
+    mw.bias = bias.w;
+    be_->upload(bias.w);
+    for (const ExpertRef& e : mw.experts) be_->upload(e);
+    RoutedMoeParams p{5, c.E, c.k, c.io, 2.446f, 4.f, 25.f};
+    p.format = c.dense ? ExpertFormat::Dense : ExpertFormat::MXFP4;
+    p.act = c.silu ? Activation::SiLU : Activation::SiTU;
+    p.inter = c.inter;
+    for (int T : c.Ts) {
+      const std::string sh = std::string(c.dense ? "dense" : "mxfp4") + " E=" + std::to_string(c.E) + " k=" +
+                             std::to_string(c.k) + " io=" + std::to_string(c.io) + " inter=" + std::to_string(c.inter) +
+                             " pin=" + std::to_string(c.pin) + " T=" + std::to_string(T);
+      auto logits = rnd(g, size_t(T) * c.E, -4.f, 4.f);
+      if (c.pin)
+        for (int t = 0; t < T; ++t) {
+          logits[size_t(t) * c.E] = 12.f;  // every token: expert 0 (T rows)
+          if (c.k < 2) continue;
+          // slot 1: expert 2 for token 5 only (1 row), expert 1 for odd tokens, 3 + t % 5 else;
+          // experts past 7 get none from this slot.
+          const int e1 = t == 5 ? 2 : (t % 2 ? 1 : 3 + t % 5);
+          logits[size_t(t) * c.E + (e1 % c.E)] = 11.f;
+        }
+      const auto z = rnd(g, size_t(T) * c.io, -2.f, 2.f);
+      float* dout = poisoned(size_t(T) * c.io);
+      const uint64_t before = be_->stats().grouped_moe_calls;
+      be_->profile_begin();
+      be_->routed_moe(p, mw, dev(logits), dev(z), T, work(poisoned(size_t(T) * c.k * c.io), c.inter), dout);
+      double total = 0;
+      for (const CudaOpTime& t : be_->profile_end(&total))
+        if (t.name.find("grouped wgmma") != std::string::npos) wg_launches += t.launches;
+      ASSERT_EQ(be_->fallbacks(), 0u) << sh;
+      if (!c.dense && T == 1) continue;
+      EXPECT_EQ(be_->stats().grouped_moe_calls, before + 1) << sh << ": the grouped path ran";
+      ++calls;
+      const auto got = host(dout, size_t(T) * c.io);
+      const auto ref = cpu_routed(cpu_, mw, p, c.dense, logits, z, T);
+      EXPECT_EQ(nan_count(got), 0u) << sh;
+      const double r = test::rel_l2(got.data(), ref.data(), ref.size());
+      EXPECT_LE(r, c.dense ? 6e-3 : 8e-3) << sh;
+      (c.dense ? dn : mx).add(r);
+      if (T >= 3) {  // chunk rule
+        const int h = std::max(2, T / 3);
+        float* dout2 = poisoned(size_t(h) * c.io);
+        be_->routed_moe(p, mw, dev(std::vector<float>(logits.begin(), logits.begin() + size_t(h) * c.E)),
+                        dev(std::vector<float>(z.begin(), z.begin() + size_t(h) * c.io)), h,
+                        work(poisoned(size_t(h) * c.k * c.io), c.inter), dout2);
+        const auto part = host(dout2, size_t(h) * c.io);
+        EXPECT_EQ(0, std::memcmp(part.data(), got.data(), part.size() * 4)) << sh << ": depends on the chunk";
+      }
+    }
+  }
+  std::printf("[ cuda fast ] grouped experts (%s): %llu calls, %llu wgmma launches; mxfp4 %d cases worst rel-L2 %.3g; "
+              "dense %d cases worst %.3g\n",
+              hopper ? "compute capability 9.0" : "not sm_90", (unsigned long long)calls,
+              (unsigned long long)wg_launches, mx.cases, mx.rel, dn.cases, dn.rel);
+  if (hopper) {
+    EXPECT_EQ(wg_launches, 2 * calls) << "the sm_90a kernels ran for every grouped call";
+  }
 }
 
 // Per-launch profiling (bench prefill --profile): the span's labels name the launches made in it,

@@ -95,9 +95,10 @@ void run_prefill(PrefillArgs a) {
         double flop = 0;
         int r = 0, cc = 0;
         if (std::sscanf(op.name.c_str(), "gemm (fast, cuBLASLt) %dx%d", &r, &cc) == 2) flop = 2.0 * r * cc * tpl * op.launches;
-        else if (op.name == "routed_moe (fast) dense gate/up grouped MMA")
+        // The grouped experts (moe_grouped.cu: "... gate/up grouped MMA", "... down grouped wgmma", ...).
+        else if (op.name.rfind("routed_moe (fast) ", 0) == 0 && op.name.find("gate/up grouped") != std::string::npos)
           flop = 2.0 * tpl * c.top_k * 2.0 * c.moe_inter * c.expert_io() * op.launches;
-        else if (op.name == "routed_moe (fast) dense down grouped MMA")
+        else if (op.name.rfind("routed_moe (fast) ", 0) == 0 && op.name.find("down grouped") != std::string::npos)
           flop = 2.0 * tpl * c.top_k * double(c.moe_inter) * c.expert_io() * op.launches;
         const double tf = flop > 0 && op.ms > 0 ? flop / (op.ms * 1e-3) / 1e12 : 0;
         if (op.ms >= 0.005 * total) {

@@ -1,6 +1,12 @@
 // CUDA backend, fast precision mode: the routed experts of a chunk on tensor cores (BF16 operands,
 // f32 accumulation), grouped by expert.
 //
+// On Hopper (where the sm_90a code of moe_wgmma.cu loads; the default there), dense and MXFP4
+// experts alike: the sort below (128-row tiles), the pairs' inputs gathered in expert order as
+// BF16, one warpgroup-MMA launch per matrix over every touched expert (gate/up with the GLU fused,
+// MXFP4 decoded to BF16 in shared memory; down writing each pair's row), then the weighted sum; no
+// host sync, also while a graph is recorded. Elsewhere:
+//
 // Dense experts (Kimi Linear; BF16 or f32 checkpoints, f32 weights converted to BF16 once): after
 // the sort below, one pipelined tensor-core launch per matrix over every touched expert
 // (mma_grouped_kernel: mma.sync + ldmatrix + a cp.async ring; gate/up with the GLU fused, down
@@ -16,8 +22,8 @@
 //
 // After the router has written ids/weights [T·k] on the device (moe.cu):
 //  1. sort: one block counts the (token, slot) pairs per expert, lays the experts out in id order
-//     (ebase), lists the 64-row tiles of every touched expert (tile_e, tile_m0) and writes the
-//     pair order (sorted position -> pair j = t·k + slot). No host sync.
+//     (ebase), lists the 64-row (wgmma: 128-row) tiles of every touched expert (tile_e, tile_m0)
+//     and writes the pair order (sorted position -> pair j = t·k + slot). No host sync.
 //  2. gate/up: one launch, grid (tiles upper bound, inter / 64): a block takes 64 sorted pairs of
 //     one expert × 64 intermediate columns, gathers the tokens' z rows (f32 -> BF16 into shared
 //     memory), the expert's W1 and W3 rows (BF16 as stored, or MXFP4 decoded to BF16 in shared
@@ -28,7 +34,7 @@
 // Blocks past the real tile count exit at once. A token's outputs depend only on its own row (the
 // tensor-core k-loop order is fixed), so neither the chunk size nor the other tokens of the chunk
 // change them. Requirements: io and inter multiples of 8 (dense) or 32 (MXFP4, as stored).
-// A simple first version: no cp.async pipeline or wgmma yet (docs/gpu-results.md has its rate).
+// (These WMMA kernels are the simple first version; docs/gpu-results.md has their rate.)
 #include <cuda_bf16.h>
 #include <mma.h>
 
@@ -38,6 +44,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/lt_state.cuh"
+#include "backends/cuda/moe_wgmma.cuh"
 #include "core/mxfp4.h"
 
 namespace wren::cuda {
@@ -50,7 +57,7 @@ constexpr int BM = 64, BN = 64, BK = 32, kThreads = 128;
 constexpr int kLdA = BK + 8;   // bf16 elements per shared row (80 bytes: 16-byte and WMMA aligned)
 constexpr int kLdC = BN + 4;   // f32 elements per epilogue row
 
-__global__ void sort_pairs_kernel(const int* __restrict__ ids, int pairs, int E, int* __restrict__ order,
+__global__ void sort_pairs_kernel(const int* __restrict__ ids, int pairs, int E, int rows, int* __restrict__ order,
                                   int* __restrict__ ebase, int* __restrict__ tile_e, int* __restrict__ tile_m0,
                                   int* __restrict__ n_tiles) {
   extern __shared__ int sh[];
@@ -64,7 +71,7 @@ __global__ void sort_pairs_kernel(const int* __restrict__ ids, int pairs, int E,
     int base = 0, tiles = 0;
     for (int e = 0; e < E; ++e) {
       ebase[e] = base, pos[e] = base;
-      for (int r = 0; r < cnt[e]; r += BM) tile_e[tiles] = e, tile_m0[tiles] = base + r, ++tiles;
+      for (int r = 0; r < cnt[e]; r += rows) tile_e[tiles] = e, tile_m0[tiles] = base + r, ++tiles;
       base += cnt[e];
     }
     ebase[E] = base;
@@ -213,15 +220,20 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(GroupArgs a) {
   }
 }
 
-/// out[t, i] = Σ_j w[t·k + j] · ys[(t·k + j), i] in slot order.
+/// out[t, i] = Σ_j w[t·k + j] · ys[(t·k + j), i] in slot order, 4 columns a thread (io % 4 == 0).
 __global__ void slot_sum_kernel(const float* __restrict__ ys, const float* __restrict__ w, int k, int io, int T,
                                 float* __restrict__ out) {
-  const size_t n = size_t(T) * io;
+  const int per_row = io / 4;
+  const size_t n = size_t(T) * per_row;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const size_t t = i / io, c = i % io;
-    float acc = 0;
-    for (int j = 0; j < k; ++j) acc += w[t * k + j] * ys[(t * k + j) * io + c];
-    out[i] = acc;
+    const size_t t = i / per_row, c = (i % per_row) * 4;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int j = 0; j < k; ++j) {
+      const float wj = w[t * k + j];
+      const float4 y = *reinterpret_cast<const float4*>(ys + (t * k + j) * io + c);
+      acc.x += wj * y.x, acc.y += wj * y.y, acc.z += wj * y.z, acc.w += wj * y.w;
+    }
+    *reinterpret_cast<float4*>(out + t * io + c) = acc;
   }
 }
 
@@ -277,13 +289,19 @@ __global__ void mx_dequant_kernel(const ExpertPtrs* __restrict__ table, ExpertLi
   }
 }
 
-/// zs[p, :] = bf16(z[order[p] / k, :]) (the pairs' inputs in expert order).
+/// zs[p, :] = bf16(z[order[p] / k, :]) (the pairs' inputs in expert order), 8 values a thread
+/// (io % 8 == 0: two 16-byte loads, one 16-byte store).
 __global__ void gather_rows_kernel(const float* __restrict__ z, const int* __restrict__ order, int pairs, int k, int io,
                                    __nv_bfloat16* __restrict__ zs) {
-  const size_t n = size_t(pairs) * io;
+  const int per_row = io / 8;
+  const size_t n = size_t(pairs) * per_row;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const size_t p = i / io, c = i % io;
-    zs[i] = __float2bfloat16_rn(z[size_t(order[p] / k) * io + c]);
+    const size_t p = i / per_row, c = (i % per_row) * 8;
+    const float4* src = reinterpret_cast<const float4*>(z + size_t(order[p] / k) * io + c);
+    const float4 v0 = src[0], v1 = src[1];
+    __align__(16) __nv_bfloat162 o[4] = {__floats2bfloat162_rn(v0.x, v0.y), __floats2bfloat162_rn(v0.z, v0.w),
+                                         __floats2bfloat162_rn(v1.x, v1.y), __floats2bfloat162_rn(v1.z, v1.w)};
+    *reinterpret_cast<uint4*>(zs + p * io + c) = *reinterpret_cast<const uint4*>(o);
   }
 }
 
@@ -483,7 +501,7 @@ void mma_grouped_dense(CudaBackend::Impl& m, const RoutedMoeParams& p, const Den
     attr_set = true;
   }
   auto* zs = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.xb, size_t(pairs) * io));
-  gather_rows_kernel<<<grid_for(size_t(pairs) * io, 256), 256, 0, m.stream>>>(z, order, pairs, k, io, zs);
+  gather_rows_kernel<<<grid_for(size_t(pairs) * io / 8, 256), 256, 0, m.stream>>>(z, order, pairs, k, io, zs);
   m.launched("routed_moe (fast) gather kernel");
   auto* act = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.act, size_t(pairs) * inter));
   MmaArgs g{};
@@ -497,7 +515,7 @@ void mma_grouped_dense(CudaBackend::Impl& m, const RoutedMoeParams& p, const Den
   mma_grouped_kernel<false><<<dim3(unsigned(max_tiles), unsigned((io + kMN - 1) / kMN)), kMmaThreads, kMmaSmem,
                               m.stream>>>(d);
   m.launched("routed_moe (fast) dense down grouped MMA");
-  slot_sum_kernel<<<grid_for(size_t(T) * io, 256), 256, 0, m.stream>>>(ys, dw, k, io, T, out);
+  slot_sum_kernel<<<grid_for(size_t(T) * io / 4, 256), 256, 0, m.stream>>>(ys, dw, k, io, T, out);
   m.launched("routed_moe (fast) weighted-sum kernel");
 }
 
@@ -555,7 +573,11 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
   const DenseTable* dt = table ? nullptr : dense_table(m, mw, io);
   if (!table && !dt) return false;
   const int inter = table ? int(mw.experts[0].w1.rows) : dt->inter;
-  const int max_tiles = pairs / BM + std::min(E, pairs) + 1;
+  // Hopper warpgroup MMA (moe_wgmma.cu) where its sm_90a code loads: dense and MXFP4 experts, one
+  // launch per matrix, no host sync, also while a graph is recorded; tiles of kWgTileRows rows.
+  const bool wg = wgmma_grouped_available(m);
+  const int rows = wg ? kWgTileRows : BM;
+  const int max_tiles = pairs / rows + std::min(E, pairs) + 1;
   const size_t ints = size_t(pairs) + size_t(E + 1) + 2 * size_t(max_tiles) + 1;
   int* base = static_cast<int*>(m.scratch(s.sort, ints * sizeof(int)));
   int *order = base, *ebase = order + pairs, *tile_e = ebase + E + 1, *tile_m0 = tile_e + max_tiles,
@@ -564,8 +586,28 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
   if (sort_smem > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(sort_pairs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sort_smem)),
                "cudaFuncSetAttribute (grouped MoE sort)");
-  sort_pairs_kernel<<<1, 1024, sort_smem, m.stream>>>(dids, pairs, E, order, ebase, tile_e, tile_m0, n_tiles);
+  sort_pairs_kernel<<<1, 1024, sort_smem, m.stream>>>(dids, pairs, E, rows, order, ebase, tile_e, tile_m0, n_tiles);
   m.launched("routed_moe (fast) sort kernel");
+  if (wg) {
+    auto* zs = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.xb, size_t(pairs) * io));
+    gather_rows_kernel<<<grid_for(size_t(pairs) * io / 8, 256), 256, 0, m.stream>>>(z, order, pairs, k, io, zs);
+    m.launched("routed_moe (fast) gather kernel");
+    auto* act = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.act, size_t(pairs) * inter));
+    WgArgs g;
+    g.dense = dt ? dt->dev : nullptr, g.mx = table;
+    g.order = order, g.ebase = ebase, g.tile_e = tile_e, g.tile_m0 = tile_m0, g.n_tiles = n_tiles;
+    g.A = zs, g.act_out = act, g.K = io, g.N = inter, g.b1 = p.b1, g.b2 = p.b2, g.silu = p.act == Activation::SiLU ? 1 : 0;
+    wgmma_grouped(m, true, g, max_tiles,
+                  table ? "routed_moe (fast) mxfp4 gate/up grouped wgmma" : "routed_moe (fast) dense gate/up grouped wgmma");
+    WgArgs d = g;
+    d.A = act, d.act_out = nullptr, d.ys = ys, d.K = inter, d.N = io;
+    wgmma_grouped(m, false, d, max_tiles,
+                  table ? "routed_moe (fast) mxfp4 down grouped wgmma" : "routed_moe (fast) dense down grouped wgmma");
+    slot_sum_kernel<<<grid_for(size_t(T) * io / 4, 256), 256, 0, m.stream>>>(ys, dw, k, io, T, out);
+    m.launched("routed_moe (fast) weighted-sum kernel");
+    ++m.stats.grouped_moe_calls;
+    return true;
+  }
   if (dt) {  // dense experts: the pipelined grouped MMA kernels (no host sync)
     mma_grouped_dense(m, p, *dt, order, ebase, tile_e, tile_m0, n_tiles, max_tiles, dw, z, T, ys, out);
     ++m.stats.grouped_moe_calls;
@@ -577,7 +619,7 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
                "cudaMemcpyAsync (expert row bases)");
     m.sync("routed_moe (fast): expert row counts");
     auto* zs = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.xb, size_t(pairs) * io));
-    gather_rows_kernel<<<grid_for(size_t(pairs) * io, 256), 256, 0, m.stream>>>(z, order, pairs, k, io, zs);
+    gather_rows_kernel<<<grid_for(size_t(pairs) * io / 8, 256), 256, 0, m.stream>>>(z, order, pairs, k, io, zs);
     m.launched("routed_moe (fast) gather kernel");
     float* gu = static_cast<float*>(m.scratch(s.mla[3], size_t(pairs) * 2 * inter * sizeof(float)));
     auto* act16 = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.act, size_t(pairs) * inter));
@@ -631,7 +673,7 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
     }
     scatter_rows_kernel<<<grid_for(size_t(pairs) * io, 256), 256, 0, m.stream>>>(y, order, pairs, io, ys);
     m.launched("routed_moe (fast) scatter kernel");
-    slot_sum_kernel<<<grid_for(size_t(T) * io, 256), 256, 0, m.stream>>>(ys, dw, k, io, T, out);
+    slot_sum_kernel<<<grid_for(size_t(T) * io / 4, 256), 256, 0, m.stream>>>(ys, dw, k, io, T, out);
     m.launched("routed_moe (fast) weighted-sum kernel");
     ++m.stats.grouped_moe_calls;
     return true;
@@ -651,7 +693,7 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
   if (table) grouped_kernel<false, true><<<grid2, kThreads, 0, m.stream>>>(d);
   else grouped_kernel<false, false><<<grid2, kThreads, 0, m.stream>>>(d);
   m.launched("routed_moe (fast) down grouped GEMM");
-  slot_sum_kernel<<<grid_for(size_t(T) * io, 256), 256, 0, m.stream>>>(ys, dw, k, io, T, out);
+  slot_sum_kernel<<<grid_for(size_t(T) * io / 4, 256), 256, 0, m.stream>>>(ys, dw, k, io, T, out);
   m.launched("routed_moe (fast) weighted-sum kernel");
   ++m.stats.grouped_moe_calls;
   return true;
