@@ -35,7 +35,8 @@
 //   arithmetic (same operations and order), so q, k, v, α, β are bit-identical to the recurrence's
 //   and the conv windows come out bit-identical; only the delta-rule sums are reordered. In fast
 //   precision mode (d <= 128) the prep and output-norm kernels run a warp per (token, head): the same
-//   formulas, the f64 sums of squares in a warp-shuffle order (conv windows still bit-identical).
+//   formulas, the f64 sums of squares in a warp-shuffle order and the SiLU/gate exps in f32 (expf,
+//   ≤ 2 ulp, instead of f64 rounded once); the conv windows are still bit-identical.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -112,13 +113,15 @@ __global__ void kda_prep_kernel(KdaChunkArgs a, float* qn, float* kn, float* vc,
   if (threadIdx.x == 0) bs[size_t(t) * a.H + h] = kda::beta_gate(a.beta[size_t(t) * a.H + h]);
 }
 
-/// Fast precision mode, d <= 128 (kWarpMaxDim): the prep kernel's arithmetic with one warp per
+/// Fast precision mode, d <= 128 (kWarpMaxDim): the prep kernel's formulas with one warp per
 /// (token, head) and 8 heads of a token per block, the sums of squares reduced by warp shuffles
-/// (f64, another order than block_sum's: fast mode only; exact mode keeps kda_prep_kernel so its
-/// q, k, v, α, β stay the token kernel's bits). No shared memory and no barrier: each lane keeps its
-/// ≤ 4 channels of q, k, v in registers.
+/// (f64, another order than block_sum's) and the gates' exps in f32 (kda::Exp::F32: CUDA expf,
+/// ≤ 2 ulp, where the exact kernels round an f64 exp once); fast mode only: exact mode keeps
+/// kda_prep_kernel so its q, k, v, α, β stay the token kernel's bits. No shared memory and no
+/// barrier: each lane keeps its ≤ 4 channels of q, k, v in registers.
 constexpr int kWarpMaxDim = 128;
 constexpr int kPrepWarps = 8;
+constexpr kda::Exp kFastExp = kda::Exp::F32;  // the fast-mode warp kernels' gate exp
 
 __device__ __forceinline__ double warp_sum_d(double v) {
   for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
@@ -142,8 +145,8 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) kda_prep_warp_kernel(KdaCh
 #pragma unroll
     for (int m = 0; m < 3; ++m) {
       const float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
-      y[m][j] = kda::conv_silu(convw[m] + size_t(ch) * K, K, ins[m][size_t(t) * P + ch],
-                               ChunkTaps{ins[m], win, P, ch, t, K});
+      y[m][j] = kda::conv_silu<kFastExp>(convw[m] + size_t(ch) * K, K, ins[m][size_t(t) * P + ch],
+                                         ChunkTaps{ins[m], win, P, ch, t, K});
     }
     sq += double(y[0][j]) * y[0][j];
     sk += double(y[1][j]) * y[1][j];
@@ -160,12 +163,13 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) kda_prep_warp_kernel(KdaCh
     qn[at] = y[0][j] * invq;
     kn[at] = y[1][j] * invk;
     vc[at] = y[2][j];
-    gl[at] = kda::log_decay(a.softplus_gate, A, a.z[at] + a.dt_bias[h * d + r], a.lower);
+    gl[at] = kda::log_decay<kFastExp>(a.softplus_gate, A, a.z[at] + a.dt_bias[h * d + r], a.lower);
   }
-  if (lane == 0) bs[size_t(t) * a.H + h] = kda::beta_gate(a.beta[size_t(t) * a.H + h]);
+  if (lane == 0) bs[size_t(t) * a.H + h] = kda::beta_gate<kFastExp>(a.beta[size_t(t) * a.H + h]);
 }
 
-/// Fast precision mode, d <= 128: kda_out_kernel's arithmetic with one warp per (token, head).
+/// Fast precision mode, d <= 128: kda_out_kernel's arithmetic with one warp per (token, head), the
+/// output gate's σ with the f32 exp (kFastExp) like the prep kernel's gates.
 __global__ void __launch_bounds__(kPrepWarps * kWarp) kda_out_warp_kernel(KdaChunkArgs a) {
   constexpr int kPer = kWarpMaxDim / kWarp;
   const int lane = threadIdx.x % kWarp, t = blockIdx.x, h = blockIdx.y * kPrepWarps + threadIdx.x / kWarp;
@@ -187,7 +191,7 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) kda_out_warp_kernel(KdaChu
     const int r = lane + kWarp * j;
     if (r >= d) break;
     float v = ov[j] * inv * a.o_norm[r];
-    v *= sigmoid_f(a.gate[size_t(t) * P + size_t(h) * d + r]);
+    v *= kda::sigmoid_b<kFastExp>(a.gate[size_t(t) * P + size_t(h) * d + r]);
     o[r] = v;
   }
 }
