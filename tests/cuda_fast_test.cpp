@@ -419,21 +419,31 @@ TEST_F(CudaFast, ExactModeDoesNotUseTheFastPaths) {
 
 // MLA prefill attention on tensor cores (mla_fast.cu) against the CPU across calls (prefill, then
 // more prefill chunks and decode steps on the grown cache; the cache is poisoned beyond its
-// length), including K3/Kimi head sizes and an unaligned shape that falls back to the exact
-// kernel. ctx rel-L2 <= 1e-2 (BF16 scores and probabilities); the f32 cache stays exact (1e-6).
+// length): the flash kernel's two instances (heads up to 64 / 64 and up to 192 / 128, with padded
+// columns: nope + extra = 24, 48, 56, 96, 192; v = 16 … 128), several heads (up to 8), T = 2 … 700
+// with T and the cache length off the 128-query / 64-key tiles, the materialized path (nope + extra
+// 208 > 192) and an unaligned shape that falls back to the exact kernel (T = 1 is the exact kernel
+// too). ctx rel-L2 <= 1e-2 (BF16 operands and probabilities); the f32 cache stays exact (1e-6).
+// The profile shows which path ran. The chunk rule, bit for bit: one 200-token call equals 77 + 123
+// tokens, and rows 1.. of 1 + 199 (the first token then takes the decode kernel).
 TEST_F(CudaFast, MlaPrefillMatchesCpu) {
   std::mt19937 g(35);
   struct Case {
     int H, nope, extra, v, lora;
     std::vector<int> Ts;
   };
-  const std::vector<Case> cases = {{1, 16, 8, 16, 32, {2, 1, 7}},          {4, 32, 16, 32, 32, {33, 1, 64, 2}},
-                                   {3, 16, 8, 24, 24, {130, 5}},           {2, 33, 5, 7, 40, {9, 4}},
-                                   {4, 128, 64, 128, 512, {300, 1, 17}},  {2, 16, 8, 16, 32, {257}}};
+  const std::vector<Case> cases = {{1, 16, 8, 16, 32, {2, 1, 7}},         {4, 32, 16, 32, 32, {33, 1, 64, 2}},
+                                   {3, 16, 8, 24, 24, {130, 5}},          {2, 33, 5, 7, 40, {9, 4}},
+                                   {4, 128, 64, 128, 512, {300, 1, 17}},  {2, 16, 8, 16, 32, {257}},
+                                   {2, 40, 16, 48, 40, {70, 129}},        {3, 64, 32, 96, 64, {150, 3, 66}},
+                                   {8, 128, 64, 128, 512, {700, 129}},   {2, 128, 80, 136, 64, {90, 40}}};
   Worst worst;
+  be_->profile_begin();
   for (const Case& c : cases) {
     MlaParams p{c.H, c.nope, c.extra, c.v, c.lora, 1e-6f};
-    const int W = c.lora + c.extra, qh = c.nope + c.extra, cap = 400;
+    const int W = c.lora + c.extra, qh = c.nope + c.extra;
+    int cap = 0;
+    for (int T : c.Ts) cap += T;
     HostWeight kvb(rnd(g, size_t(c.H) * (c.nope + c.v) * c.lora, -0.3f, 0.3f), c.H * (c.nope + c.v), c.lora);
     HostWeight norm(rnd(g, c.lora, 0.5f, 1.5f), 1, c.lora);
     MlaWeights w;
@@ -450,8 +460,9 @@ TEST_F(CudaFast, MlaPrefillMatchesCpu) {
       std::vector<float> ref(size_t(T) * c.H * c.v);
       cpu_.mla_attend(p, w, hc, q.data(), ckv.data(), T, ref.data());
       const auto got = host(dctx, ref.size());
-      const std::string sh = "H=" + std::to_string(c.H) + " nope=" + std::to_string(c.nope) + " kv_lora=" +
-                             std::to_string(c.lora) + " T=" + std::to_string(T) + " pos=" + std::to_string(hc.length - T);
+      const std::string sh = "H=" + std::to_string(c.H) + " nope=" + std::to_string(c.nope) + " extra=" +
+                             std::to_string(c.extra) + " v=" + std::to_string(c.v) + " kv_lora=" + std::to_string(c.lora) +
+                             " T=" + std::to_string(T) + " pos=" + std::to_string(hc.length - T);
       EXPECT_EQ(nan_count(got), 0u) << sh;
       const double r = test::rel_l2(got.data(), ref.data(), ref.size());
       EXPECT_LE(r, 1e-2) << sh;
@@ -460,7 +471,44 @@ TEST_F(CudaFast, MlaPrefillMatchesCpu) {
       EXPECT_LE(test::rel_l2(cache.data(), hcache.data(), cache.size()), 1e-6) << sh;
     }
   }
-  std::printf("[ cuda fast ] mla prefill: %d calls, worst ctx rel-L2 %.3g\n", worst.cases, worst.rel);
+  double total = 0;
+  uint64_t flash = 0, softmax = 0;
+  for (const CudaOpTime& t : be_->profile_end(&total)) {
+    if (t.name == "mla (fast) flash attention kernel") flash = t.launches;
+    if (t.name == "mla (fast) causal softmax kernel") softmax = t.launches;
+  }
+  EXPECT_GE(flash, 15u) << "the flash kernel ran for every aligned T >= 2 call with heads <= 192 / 128";
+  EXPECT_GE(softmax, 2u) << "nope + extra = 208 takes the materialized path";
+  // Chunk rule.
+  for (const Case& c : {Case{4, 128, 64, 128, 512, {}}, Case{3, 16, 8, 24, 24, {}}}) {
+    MlaParams p{c.H, c.nope, c.extra, c.v, c.lora, 1e-6f};
+    const int W = c.lora + c.extra, qh = c.nope + c.extra, T = 200, row = c.H * c.v;
+    HostWeight kvb(rnd(g, size_t(c.H) * (c.nope + c.v) * c.lora, -0.3f, 0.3f), c.H * (c.nope + c.v), c.lora);
+    HostWeight norm(rnd(g, c.lora, 0.5f, 1.5f), 1, c.lora);
+    MlaWeights w;
+    w.kv_b = kvb.w, w.kv_a_norm = norm.w;
+    be_->upload(kvb.w);
+    be_->upload(norm.w);
+    const auto q = rnd(g, size_t(T) * c.H * qh), ckv = rnd(g, size_t(T) * W, -2.f, 2.f);
+    float* dq = dev(q);
+    float* dkv = dev(ckv);
+    auto run = [&](int first) {
+      MlaCache dc{poisoned(size_t(T) * W), 0, T};
+      float* dctx = poisoned(size_t(T) * row);
+      be_->mla_attend(p, w, dc, dq, dkv, first, dctx);
+      be_->mla_attend(p, w, dc, dq + size_t(first) * c.H * qh, dkv + size_t(first) * W, T - first,
+                      dctx + size_t(first) * row);
+      return host(dctx, size_t(T) * row);
+    };
+    const auto whole = run(0);  // a 0-token call, then all 200
+    const auto split = run(77);
+    const auto one = run(1);
+    EXPECT_EQ(0, std::memcmp(whole.data(), split.data(), whole.size() * 4)) << "H=" << c.H << ": 77 + 123 != 200";
+    EXPECT_EQ(0, std::memcmp(whole.data() + row, one.data() + row, (whole.size() - row) * 4))
+        << "H=" << c.H << ": rows 1.. of 1 + 199 != 200";
+  }
+  std::printf("[ cuda fast ] mla prefill: %d calls (%llu flash launches), worst ctx rel-L2 %.3g\n", worst.cases,
+              (unsigned long long)flash, worst.rel);
 }
 
 // Chunked KDA on tensor cores (kda_chunked_mma.cu: the fast mode's intra-chunk and state passes,
@@ -471,10 +519,14 @@ TEST_F(CudaFast, MlaPrefillMatchesCpu) {
 // over the calls, outputs poisoned. Bound rel-L2 5e-3 on outputs and S (TF32 rounds each operand by
 // ≤ 2^-11 ≈ 4.9e-4; measured worst is printed), conv windows exact. The chunk rule: a 2C-token call
 // equals a C-token call followed by another, bit for bit (outputs and S). Profile labels show the
-// tensor-core kernels ran.
+// tensor-core kernels ran. For d ≤ 128 the prep and output-norm kernels are the fast mode's warp
+// kernels, whose SiLU and gate exps are f32 expf (≤ 2 ulp; kda_math.h Exp::F32): a relative error
+// of a few 1e-7 in q, k, v, g, β and the output gate, ~1e-6 on the outputs, far under the TF32
+// error. The last cases draw z, β and the output gate from ±25 (range zr), so the softplus gate
+// takes both branches (z > 20 and log1p(e^z) near e^20) and the sigmoids saturate.
 TEST_F(CudaFast, KdaChunkedTensorCoresMatchCpu) {
   std::mt19937 g(41);
-  struct Case { int H, d, C; std::vector<int> Ts; };
+  struct Case { int H, d, C; std::vector<int> Ts; float zr = 3.f; };
   const std::vector<Case> cases = {
       {1, 16, 16, {2, 15, 16, 17, 63, 65, 1, 200}},
       {2, 32, 16, {17, 33}},
@@ -485,7 +537,9 @@ TEST_F(CudaFast, KdaChunkedTensorCoresMatchCpu) {
       {5, 128, 32, {16, 200, 65, 127, 129}},
       {1, 128, 64, {200, 64, 127, 255, 257}},
       {8, 128, 16, {15, 16, 17}},
-      {3, 48, 64, {1, 100, 64}}};
+      {3, 48, 64, {1, 100, 64}},
+      {4, 128, 32, {65, 200}, 25.f},
+      {3, 33, 16, {17, 40}, 25.f}};
   Worst out_w, s_w;
   uint64_t tc_launches = 0;
   for (const KdaGate gate_kind : {KdaGate::LowerBound, KdaGate::Softplus})  // K3, Kimi Linear
@@ -513,8 +567,8 @@ TEST_F(CudaFast, KdaChunkedTensorCoresMatchCpu) {
     for (size_t call = 0; call < c.Ts.size(); ++call) {
       const int T = c.Ts[call];
       const auto q = rnd(g, size_t(T) * P), k = rnd(g, size_t(T) * P), v = rnd(g, size_t(T) * P);
-      const auto z = rnd(g, size_t(T) * P, -3.f, 3.f), beta = rnd(g, size_t(T) * H, -3.f, 3.f);
-      const auto gate = rnd(g, size_t(T) * P, -3.f, 3.f);
+      const auto z = rnd(g, size_t(T) * P, -c.zr, c.zr), beta = rnd(g, size_t(T) * H, -c.zr, c.zr);
+      const auto gate = rnd(g, size_t(T) * P, -c.zr, c.zr);
       float* dout = poisoned(size_t(T) * P);
       be_->profile_begin();
       be_->kda_core(p, w, ds, dev(q), dev(k), dev(v), dev(z), dev(beta), dev(gate), T, dout);

@@ -41,21 +41,48 @@ __global__ void f32_to_bf16_kernel(const float* __restrict__ x, size_t n, __nv_b
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     y[i] = __float2bfloat16_rn(x[i]);
 }
+/// The same conversion 4 elements at a time (16-byte loads, 8-byte stores; x 16-, y 8-byte
+/// aligned): element for element the scalar kernel's rounding, so the same bits.
+__global__ void f32_to_bf16_x4_kernel(const float4* __restrict__ x, size_t n4, uint2* __restrict__ y) {
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n4; i += size_t(gridDim.x) * blockDim.x) {
+    const float4 v = x[i];
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v.x, v.y), hi = __floats2bfloat162_rn(v.z, v.w);
+    y[i] = make_uint2(*reinterpret_cast<const unsigned*>(&lo), *reinterpret_cast<const unsigned*>(&hi));
+  }
+}
 }  // namespace
 
-/// The layouts and descriptor of one GEMM shape (created per call: a few µs of host work).
+/// One cuBLASLt matmul's operation descriptor and A/B/C layouts (RAII, created per call: a few µs
+/// of host work), for the dense GEMM and for lt_product alike. cuBLASLt is column-major: for the
+/// row-major LtProduct g it computes Cᵀ[N, M] = op(B)[N, K] · Aᵀ[K, M], i.e. m = N, n = M, k = K,
+/// cuBLASLt's "A" being our B and its "B" our A.
 struct LtDesc {
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  LtDesc(int rows, int cols, int n) {
+  /// g at M rows of A (g.M is not read: the algorithm is picked at a reference M).
+  LtDesc(const LtProduct& g, int M) {
     check_lt(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-    const cublasOperation_t t = CUBLAS_OP_T, nn = CUBLAS_OP_N;
-    check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &t, sizeof(t)), "set TRANSA");
+    const cublasOperation_t ta = g.b_nk ? CUBLAS_OP_T : CUBLAS_OP_N, nn = CUBLAS_OP_N;
+    check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "set TRANSA");
     check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)), "set TRANSB");
-    check_lt(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, cols, rows, cols), "layout A");
-    check_lt(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, cols, n, cols), "layout B");
-    check_lt(cublasLtMatrixLayoutCreate(&c, CUDA_R_32F, rows, n, rows), "layout C");
+    // "A" of cuBLASLt = our B: stored [N, K] row-major = col-major [K, N] (op T), or [K, N] = col-major [N, K].
+    if (g.b_nk) check_lt(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, g.K, g.N, g.ldb), "layout A");
+    else check_lt(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, g.N, g.K, g.ldb), "layout A");
+    check_lt(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, g.K, M, g.lda), "layout B");
+    check_lt(cublasLtMatrixLayoutCreate(&c, g.c_bf16 ? CUDA_R_16BF : CUDA_R_32F, g.N, M, g.ldc), "layout C");
+    if (g.batch > 1) {
+      const int32_t n = g.batch;
+      const int64_t sa = g.sB, sb = g.sA, sc = g.sC;
+      for (auto [l, s] : {std::pair{a, sa}, std::pair{b, sb}, std::pair{c, sc}}) {
+        check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof(n)), "batch count");
+        check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s, sizeof(s)),
+                 "batch stride");
+      }
+    }
   }
+  /// The dense GEMM y[n, rows] = x[n, cols] · Wᵀ (W [rows, cols] BF16 row-major, x BF16, y f32): the
+  /// product M = n, N = rows, K = cols with B = W stored [N, K] (cuBLASLt's "TN" layout).
+  LtDesc(int rows, int cols, int n) : LtDesc(dense_product(rows, cols), n) {}
   ~LtDesc() {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
@@ -64,9 +91,16 @@ struct LtDesc {
   }
   LtDesc(const LtDesc&) = delete;
   LtDesc& operator=(const LtDesc&) = delete;
+
+ private:
+  static LtProduct dense_product(int rows, int cols) {
+    LtProduct g;
+    g.N = rows, g.K = cols, g.lda = cols, g.ldb = cols, g.ldc = rows;  // b_nk, f32 C, batch 1: the defaults
+    return g;
+  }
 };
 
-/// Heuristic's choice for (rows, cols, n), preferring an algorithm without split-K.
+/// The heuristic's choice for the shape of d, preferring an algorithm without split-K (false: none).
 bool pick_algo(LtState& s, const LtDesc& d, cublasLtMatmulAlgo_t* out) {
   cublasLtMatmulPreference_t pref = nullptr;
   check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
@@ -139,6 +173,13 @@ void lt_destroy(CudaBackend::Impl& m) {
 }
 
 void launch_f32_to_bf16(const float* x, size_t n, uint16_t* y, cudaStream_t stream) {
+  if (n >= 4 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(y) % 8 == 0) {
+    const size_t n4 = n / 4;
+    f32_to_bf16_x4_kernel<<<grid_for(n4, 256), 256, 0, stream>>>(reinterpret_cast<const float4*>(x), n4,
+                                                                 reinterpret_cast<uint2*>(y));
+    if (n4 * 4 == n) return;
+    x += n4 * 4, y += n4 * 4, n -= n4 * 4;
+  }
   f32_to_bf16_kernel<<<grid_for(n, 256), 256, 0, stream>>>(x, n, reinterpret_cast<__nv_bfloat16*>(y));
 }
 
@@ -201,74 +242,13 @@ uint16_t* bf16_scratch(CudaBackend::Impl& m, Scratch& s, size_t n) {
   return static_cast<uint16_t*>(m.scratch(s, n * sizeof(uint16_t)));
 }
 
-namespace {
-
-/// Column-major descriptors of a row-major LtProduct (see LtProduct): cuBLASLt computes
-/// Cᵀ[N, M] = op(B)[N, K] · Aᵀ[K, M], i.e. m = N, n = M, k = K.
-struct ProductDesc {
-  cublasLtMatmulDesc_t op = nullptr;
-  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
-  ProductDesc(const LtProduct& g, int M) {
-    check_lt(cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
-    const cublasOperation_t ta = g.b_nk ? CUBLAS_OP_T : CUBLAS_OP_N, nn = CUBLAS_OP_N;
-    check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)), "set TRANSA");
-    check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &nn, sizeof(nn)), "set TRANSB");
-    // "A" of cuBLASLt = our B: stored [N, K] row-major = col-major [K, N] (op T), or [K, N] = col-major [N, K].
-    if (g.b_nk) check_lt(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, g.K, g.N, g.ldb), "layout A");
-    else check_lt(cublasLtMatrixLayoutCreate(&a, CUDA_R_16BF, g.N, g.K, g.ldb), "layout A");
-    check_lt(cublasLtMatrixLayoutCreate(&b, CUDA_R_16BF, g.K, M, g.lda), "layout B");
-    check_lt(cublasLtMatrixLayoutCreate(&c, g.c_bf16 ? CUDA_R_16BF : CUDA_R_32F, g.N, M, g.ldc), "layout C");
-    if (g.batch > 1) {
-      const int32_t n = g.batch;
-      const int64_t sa = g.sB, sb = g.sA, sc = g.sC;
-      for (auto [l, s] : {std::pair{a, sa}, std::pair{b, sb}, std::pair{c, sc}}) {
-        check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &n, sizeof(n)), "batch count");
-        check_lt(cublasLtMatrixLayoutSetAttribute(l, CUBLASLT_MATRIX_LAYOUT_STRIDED_BATCH_OFFSET, &s, sizeof(s)),
-                 "batch stride");
-      }
-    }
-  }
-  ~ProductDesc() {
-    if (a) cublasLtMatrixLayoutDestroy(a);
-    if (b) cublasLtMatrixLayoutDestroy(b);
-    if (c) cublasLtMatrixLayoutDestroy(c);
-    if (op) cublasLtMatmulDescDestroy(op);
-  }
-  ProductDesc(const ProductDesc&) = delete;
-  ProductDesc& operator=(const ProductDesc&) = delete;
-};
-
-bool pick_product_algo(LtState& s, const ProductDesc& d, cublasLtMatmulAlgo_t* out) {
-  cublasLtMatmulPreference_t pref = nullptr;
-  check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-  const uint64_t ws = kWorkspace;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws));
-  cublasLtMatmulHeuristicResult_t res[8] = {};
-  int found = 0;
-  const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(s.handle, d.op, d.a, d.b, d.c, d.c, pref, 8, res, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (st != CUBLAS_STATUS_SUCCESS || found == 0) return false;
-  for (int i = 0; i < found; ++i) {
-    int splitk = 1;
-    size_t written = 0;
-    cublasLtMatmulAlgoConfigGetAttribute(&res[i].algo, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, &splitk, sizeof(splitk), &written);
-    if (res[i].state == CUBLAS_STATUS_SUCCESS && splitk <= 1) {
-      *out = res[i].algo;
-      return true;
-    }
-  }
-  *out = res[0].algo;
-  return true;
-}
-
-}  // namespace
-
 const char* lt_tag_name(int tag) {
   switch (tag) {
     case 1: return "mla q_abs";
     case 2: return "mla scores";
     case 3: return "mla P.cache";
     case 4: return "mla context out";
+    case 5: return "mla kv expand";
     case 10: return "moe MXFP4 gate+up";
     case 11: return "moe down";
     case 12: return "moe dense gate/up";
@@ -279,15 +259,15 @@ const char* lt_tag_name(int tag) {
 void lt_product(CudaBackend::Impl& m, const LtProduct& g, int tag) {
   if (g.M <= 0 || g.N <= 0 || g.K <= 0) return;
   LtState& s = lt_state(m);
-  ProductDesc d(g, g.M);
+  LtDesc d(g, g.M);
   // Shape class: the dimension that grows with the context (scores' N, the P·V product's K) and the
   // batch are left out, so one algorithm serves every chunk of a prompt.
   const auto key = std::make_tuple(tag, tag == 2 ? 0 : g.N, tag == 3 ? 0 : g.K, 0);
   auto it = s.product_algos.find(key);
   if (it == s.product_algos.end()) {
-    ProductDesc ref(g, kRefN);
+    LtDesc ref(g, kRefN);
     cublasLtMatmulAlgo_t algo{};
-    if (!pick_product_algo(s, ref, &algo))
+    if (!pick_algo(s, ref, &algo))
       throw DeviceError("CUDA backend: cuBLASLt: no algorithm for a batched BF16 product (tag " + std::to_string(tag) + ")");
     it = s.product_algos.emplace(key, algo).first;
   }
@@ -299,7 +279,7 @@ void lt_product(CudaBackend::Impl& m, const LtProduct& g, int tag) {
     cublasLtMatmulHeuristicResult_t chk{};
     if (cublasLtMatmulAlgoCheck(s.handle, d.op, d.a, d.b, d.c, d.c, &algo, &chk) != CUBLAS_STATUS_SUCCESS ||
         chk.workspaceSize > kWorkspace) {
-      if (!pick_product_algo(s, d, &algo))
+      if (!pick_algo(s, d, &algo))
         throw DeviceError("CUDA backend: cuBLASLt: no algorithm for a batched BF16 product (tag " + std::to_string(tag) + ")");
       ++s.fallback_algos;
     } else {
@@ -308,7 +288,7 @@ void lt_product(CudaBackend::Impl& m, const LtProduct& g, int tag) {
   }
   cublasStatus_t st = cublasLtMatmul(s.handle, d.op, &g.alpha, g.B, d.a, g.A, d.b, &beta, g.C, d.c, g.C, d.c, &algo,
                                      s.workspace, kWorkspace, m.stream);
-  if (st != CUBLAS_STATUS_SUCCESS && pick_product_algo(s, d, &algo)) {
+  if (st != CUBLAS_STATUS_SUCCESS && pick_algo(s, d, &algo)) {
     ++s.fallback_algos;
     st = cublasLtMatmul(s.handle, d.op, &g.alpha, g.B, d.a, g.A, d.b, &beta, g.C, d.c, g.C, d.c, &algo, s.workspace,
                         kWorkspace, m.stream);

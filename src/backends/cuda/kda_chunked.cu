@@ -33,7 +33,10 @@
 //   expf (≤ 2 ulp, no fast math); the O(C·d) ones exp in f64, rounded once.
 // - The conv + SiLU, L2 norms, gates and the per-head RMSNorm + output gate are the token kernel's
 //   arithmetic (same operations and order), so q, k, v, α, β are bit-identical to the recurrence's
-//   and the conv windows come out bit-identical; only the delta-rule sums are reordered.
+//   and the conv windows come out bit-identical; only the delta-rule sums are reordered. In fast
+//   precision mode (d <= 128) the prep and output-norm kernels run a warp per (token, head): the same
+//   formulas, the f64 sums of squares in a warp-shuffle order and the SiLU/gate exps in f32 (expf,
+//   ≤ 2 ulp, instead of f64 rounded once); the conv windows are still bit-identical.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -110,6 +113,89 @@ __global__ void kda_prep_kernel(KdaChunkArgs a, float* qn, float* kn, float* vc,
   if (threadIdx.x == 0) bs[size_t(t) * a.H + h] = kda::beta_gate(a.beta[size_t(t) * a.H + h]);
 }
 
+/// Fast precision mode, d <= 128 (kWarpMaxDim): the prep kernel's formulas with one warp per
+/// (token, head) and 8 heads of a token per block, the sums of squares reduced by warp shuffles
+/// (f64, another order than block_sum's) and the gates' exps in f32 (kda::Exp::F32: CUDA expf,
+/// ≤ 2 ulp, where the exact kernels round an f64 exp once); fast mode only: exact mode keeps
+/// kda_prep_kernel so its q, k, v, α, β stay the token kernel's bits. No shared memory and no
+/// barrier: each lane keeps its ≤ 4 channels of q, k, v in registers.
+constexpr int kWarpMaxDim = 128;
+constexpr int kPrepWarps = 8;
+constexpr kda::Exp kFastExp = kda::Exp::F32;  // the fast-mode warp kernels' gate exp
+
+__device__ __forceinline__ double warp_sum_d(double v) {
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
+  return v;
+}
+
+__global__ void __launch_bounds__(kPrepWarps * kWarp) kda_prep_warp_kernel(KdaChunkArgs a, float* qn, float* kn,
+                                                                           float* vc, float* gl, float* bs) {
+  constexpr int kPer = kWarpMaxDim / kWarp;
+  const int lane = threadIdx.x % kWarp, t = blockIdx.x, h = blockIdx.y * kPrepWarps + threadIdx.x / kWarp;
+  if (h >= a.H) return;  // warp-uniform
+  const int d = a.d, P = a.H * d, K = a.K;
+  const float* convw[3] = {a.q_conv, a.k_conv, a.v_conv};
+  const float* ins[3] = {a.q, a.k, a.v};
+  float y[3][kPer];
+  double sq = 0, sk = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int r = lane + kWarp * j, ch = h * d + r;
+    if (r >= d) break;
+#pragma unroll
+    for (int m = 0; m < 3; ++m) {
+      const float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
+      y[m][j] = kda::conv_silu<kFastExp>(convw[m] + size_t(ch) * K, K, ins[m][size_t(t) * P + ch],
+                                         ChunkTaps{ins[m], win, P, ch, t, K});
+    }
+    sq += double(y[0][j]) * y[0][j];
+    sk += double(y[1][j]) * y[1][j];
+  }
+  sq = warp_sum_d(sq);
+  sk = warp_sum_d(sk);
+  const float invq = kda::l2_factor(sq, 1.0f / sqrtf(float(d))), invk = kda::l2_factor(sk, 1.0f);
+  const float A = exp_f(a.a_log[h]);
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int r = lane + kWarp * j;
+    if (r >= d) break;
+    const size_t at = size_t(t) * P + size_t(h) * d + r;
+    qn[at] = y[0][j] * invq;
+    kn[at] = y[1][j] * invk;
+    vc[at] = y[2][j];
+    gl[at] = kda::log_decay<kFastExp>(a.softplus_gate, A, a.z[at] + a.dt_bias[h * d + r], a.lower);
+  }
+  if (lane == 0) bs[size_t(t) * a.H + h] = kda::beta_gate<kFastExp>(a.beta[size_t(t) * a.H + h]);
+}
+
+/// Fast precision mode, d <= 128: kda_out_kernel's arithmetic with one warp per (token, head), the
+/// output gate's σ with the f32 exp (kFastExp) like the prep kernel's gates.
+__global__ void __launch_bounds__(kPrepWarps * kWarp) kda_out_warp_kernel(KdaChunkArgs a) {
+  constexpr int kPer = kWarpMaxDim / kWarp;
+  const int lane = threadIdx.x % kWarp, t = blockIdx.x, h = blockIdx.y * kPrepWarps + threadIdx.x / kWarp;
+  if (h >= a.H) return;
+  const int d = a.d, P = a.H * d;
+  float* o = a.out + size_t(t) * P + size_t(h) * d;
+  float ov[kPer];
+  double so = 0;
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int r = lane + kWarp * j;
+    ov[j] = r < d ? o[r] : 0.f;
+    so += double(ov[j]) * ov[j];
+  }
+  so = warp_sum_d(so);
+  const float inv = float(1.0 / sqrt(so / d + a.eps));
+#pragma unroll
+  for (int j = 0; j < kPer; ++j) {
+    const int r = lane + kWarp * j;
+    if (r >= d) break;
+    float v = ov[j] * inv * a.o_norm[r];
+    v *= kda::sigmoid_b<kFastExp>(a.gate[size_t(t) * P + size_t(h) * d + r]);
+    o[r] = v;
+  }
+}
+
 /// Advances the conv windows over the T tokens: window j = pre-conv input of token T-(K-1)+j.
 /// In place, j ascending: entry j reads old entry T+j > j, not yet overwritten.
 __global__ void kda_window_kernel(KdaChunkArgs a) {
@@ -182,24 +268,7 @@ __global__ void kda_intra_kernel(int T, int H, int d, int C, float* qn, float* k
   for (int r = threadIdx.x; r < d; r += blockDim.x) egc[size_t(c) * P + size_t(h) * d + r] = float(exp(G[(n - 1) * ld + r]));
   __syncthreads();
   for (int i = threadIdx.x; i < n * n; i += blockDim.x) Qg[(i / n) * C + i % n] = Qs[(i / n) * C + i % n];
-  // UT solve, one column per thread: columns 0..d-1 of W (rhs β_t k_t γ_t), then d of U (rhs β_t v_t).
-  for (int j = threadIdx.x; j < 2 * d; j += blockDim.x) {
-    const bool w = j < d;
-    float* X = w ? ks : vs;
-    const int col = w ? j : j - d;
-    for (int t = 0; t < n; ++t) {
-      float x = w ? b[t] * (X[t * ld + col] * float(exp(G[t * ld + col]))) : b[t] * X[t * ld + col];
-      for (int i = 0; i < t; ++i) x -= Am[t * C + i] * X[i * ld + col];
-      X[t * ld + col] = x;
-    }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < n * d; i += blockDim.x) {
-    const int t = i / d, r = i % d;
-    const size_t at = base + size_t(t) * P + r;
-    gl[at] = ks[t * ld + r];
-    vc[at] = vs[t * ld + r];
-  }
+  kda_ut_solve_store<double, false>(n, d, C, ld, G, b, Am, ks, vs, gl, vc, base, P);  // W → gl, U → vc
 }
 
 /// Per (head, 32-column slice of the value index), chunk after chunk: δ = U − W S_0, raw
@@ -348,13 +417,20 @@ void kda_chunked(CudaBackend::Impl& m, const KdaChunkArgs& a, int C) {
   float* egc = Qm + size_t(chunks) * H * C * C;
 
   const int tpb = round_warp(d);
-  kda_prep_kernel<<<dim3(T, H), tpb, 3 * size_t(d) * sizeof(float), m.stream>>>(a, qn, kn, vc, gl, bs);
+  const bool fast = m.opts.precision == GpuPrecision::Fast;
+  const bool warp_rows = fast && d <= kWarpMaxDim;  // fast mode: a warp per (token, head)
+  const dim3 warp_grid(unsigned(T), unsigned((H + kPrepWarps - 1) / kPrepWarps));
+  if (warp_rows) {
+    kda_prep_warp_kernel<<<warp_grid, kPrepWarps * kWarp, 0, m.stream>>>(a, qn, kn, vc, gl, bs);
+  } else {
+    kda_prep_kernel<<<dim3(T, H), tpb, 3 * size_t(d) * sizeof(float), m.stream>>>(a, qn, kn, vc, gl, bs);
+  }
   m.launched("kda_core chunked: prep kernel");
   if (a.K > 1) {
     kda_window_kernel<<<grid_for(size_t(3) * P, 256), 256, 0, m.stream>>>(a);
     m.launched("kda_core chunked: conv window kernel");
   }
-  if (m.opts.precision == GpuPrecision::Fast) {
+  if (fast) {
     kda_chunk_passes_mma(m, T, H, d, C, qn, kn, vc, gl, bs, Qm, egc, a.S, a.out);
   } else {
     const size_t ism = intra_smem(d, C);
@@ -371,7 +447,8 @@ void kda_chunked(CudaBackend::Impl& m, const KdaChunkArgs& a, int C) {
                                                                                           egc, a.S, a.out);
     m.launched("kda_core chunked: state kernel");
   }
-  kda_out_kernel<<<dim3(T, H), tpb, 0, m.stream>>>(a);
+  if (warp_rows) kda_out_warp_kernel<<<warp_grid, kPrepWarps * kWarp, 0, m.stream>>>(a);
+  else kda_out_kernel<<<dim3(T, H), tpb, 0, m.stream>>>(a);
   m.launched("kda_core chunked: output norm kernel");
 }
 

@@ -19,6 +19,42 @@ struct KdaChunkArgs {
   bool softplus_gate;  ///< Kimi Linear: g = -exp(A)·softplus(z); K3: g = lower·σ(exp(A)·z)
 };
 
+/// e^g of a cumulative log decay, as each intra-chunk kernel keeps G: f64 (exp in f64, rounded
+/// once: the f32 kernels) or f32 (expf: the tensor-core kernels).
+__device__ inline float kda_decay_exp(double g) { return float(exp(g)); }
+__device__ inline float kda_decay_exp(float g) { return expf(g); }
+
+/// The tail both intra-chunk kernels share (kda_chunked.cu, kda_chunked_mma.cu): the UT solve, one
+/// column per thread, forward substitution with the unit lower-triangular L = I + A (Am [C][C],
+/// strictly lower, × β_t) in place on the [C][ld] tiles: columns 0..d-1 of W (rhs β_t k_t γ_t from
+/// ks) then d of U (rhs β_t v_t from vs); then, after a barrier, W → gl and U → vc at rows
+/// base + t·P (t < n). kFma: each substitution term as one fmaf (tensor-core kernel) or a multiply
+/// then a subtraction (the f32 kernel, built with -fmad=false). Called by every thread of the block.
+template <class GT, bool kFma>
+__device__ inline void kda_ut_solve_store(int n, int d, int C, int ld, const GT* G, const float* b, const float* Am,
+                                          float* ks, float* vs, float* gl, float* vc, size_t base, int P) {
+  for (int j = threadIdx.x; j < 2 * d; j += blockDim.x) {
+    const bool w = j < d;
+    float* X = w ? ks : vs;
+    const int col = w ? j : j - d;
+    for (int t = 0; t < n; ++t) {
+      float x = w ? b[t] * (X[t * ld + col] * kda_decay_exp(G[t * ld + col])) : b[t] * X[t * ld + col];
+      for (int i = 0; i < t; ++i) {
+        if constexpr (kFma) x = fmaf(-Am[t * C + i], X[i * ld + col], x);
+        else x -= Am[t * C + i] * X[i * ld + col];
+      }
+      X[t * ld + col] = x;
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < n * d; i += blockDim.x) {
+    const int t = i / d, r = i % d;
+    const size_t at = base + size_t(t) * P + r;
+    gl[at] = ks[t * ld + r];
+    vc[at] = vs[t * ld + r];
+  }
+}
+
 /// Chunk length for head_dim d: the largest of 64, 32, 16 that is <= `want` and whose
 /// chunk kernels (the f32 ones, or with `tensor_cores` those of kda_chunked_mma.cu) fit in
 /// `max_smem` bytes of shared memory; 0 when none fits (the caller then runs the token-by-token kernel).

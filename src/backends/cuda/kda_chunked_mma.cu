@@ -179,24 +179,7 @@ __global__ void __launch_bounds__(kThreads) kda_intra_mma_kernel(int T, int H, i
   float* Qg = Qm + (size_t(c) * H + h) * C * C;
   for (int i = threadIdx.x; i < C * C; i += blockDim.x) Qg[i] = Qs[i];
   __syncthreads();
-  // UT solve, one column per thread: columns 0..d-1 of W (rhs β_t k_t γ_t), then d of U (rhs β_t v_t).
-  for (int j = threadIdx.x; j < 2 * d; j += blockDim.x) {
-    const bool w = j < d;
-    float* X = w ? ks : vs;
-    const int col = w ? j : j - d;
-    for (int t = 0; t < n; ++t) {
-      float x = w ? b[t] * (X[t * ld + col] * expf(G[t * ld + col])) : b[t] * X[t * ld + col];
-      for (int i = 0; i < t; ++i) x = fmaf(-Am[t * C + i], X[i * ld + col], x);
-      X[t * ld + col] = x;
-    }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < n * d; i += blockDim.x) {
-    const int t = i / d, r = i % d;
-    const size_t at = base + size_t(t) * P + r;
-    gl[at] = ks[t * ld + r];
-    vc[at] = vs[t * ld + r];
-  }
+  kda_ut_solve_store<float, true>(n, d, C, ld, G, b, Am, ks, vs, gl, vc, base, P);  // W → gl, U → vc
 }
 
 // ---- state pass ----

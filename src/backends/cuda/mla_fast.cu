@@ -1,4 +1,25 @@
-// CUDA backend, fast precision mode: MLA prefill attention (T >= 2) on tensor cores, absorbed form
+// CUDA backend, fast precision mode: MLA prefill attention (T >= 2) on tensor cores.
+//
+// Flash path (the default when nope + extra <= 192 and v_head <= 128): the spec's non-absorbed form
+// (docs/model.md#mla, steps 3-4), which is the same math as the absorbed one but 3.4x fewer
+// products per (query, key) pair at K3 sizes (192 + 128 instead of 576 + 512 multiply-adds):
+//   kv[h, s, :]   = c_s · W_kvb[h·(nope+v) .. +nope+v, :]ᵀ     (one batched BF16 product over the
+//                                                              heads, f32 accumulation, BF16 out)
+//   k[h, s, :]    = [kv[h, s, :nope] | k_x,s]                 (k_x: the cache row's raw extra part)
+//   v[h, s, :]    = kv[h, s, nope:]
+//   ctx[t, h, :]  = Σ_{s ≤ pos0+t} softmax_s(q[t, h, :] · k[h, s, :] / sqrt(nope + extra)) · v[h, s, :]
+// The attention is one kernel in the FlashAttention-2 manner (tiles of 128 queries × 64 keys,
+// online softmax, nothing T × n materialized): per block 8 warps of 16 query rows; K and V tiles
+// double-buffered in shared memory by cp.async; Q·Kᵀ and P·V as mma.sync m16n8k16 with BF16
+// operands (q rounded as it is loaded, P rounded from the f32 exponentials) and f32 accumulators;
+// the running max, sum and output in f32 (exp2 with the scale · log2(e) folded in).
+// Chunk rule: key tiles start at absolute position 0 and are visited in order; a key past a query's
+// own position is masked to −inf (p = 0 exactly, a tile entirely past it changes no bit: the
+// rescale factor is exp2(0) = 1 and P·V adds zeros), and every product row depends only on its own
+// query row. kv comes from a product whose algorithm is fixed per shape class (lt_product, M = n
+// free), so a token's context does not depend on the chunk size or on the other tokens of the call.
+//
+// Materialized path (fallback for larger heads): the absorbed form
 // (docs/model.md#mla-absorbed), as batched BF16 products through cuBLASLt with f32 accumulation:
 //   q_abs[t, h, :]  = q_nope[t, h, :] · kv_b_k[h]            (batched over heads; kv_b BF16)
 //   q_cat[t, h, :]  = [q_abs | q_extra]                        (BF16, W = kv_lora + extra)
@@ -73,14 +94,298 @@ __global__ void causal_softmax_kernel(const float* __restrict__ S, int T, int n_
     out[s] = __float2bfloat16_rn(s < L ? __expf(row[s] - mx) * inv : 0.f);
 }
 
-}  // namespace
 
-bool mla_fast(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, const float* q, const float* cache,
-              int pos0, int T, float* ctx) {
-  if (m.opts.precision != GpuPrecision::Fast || T < 2) return false;
+// ---- flash path ----
+
+constexpr int kFlashWarps = 8;
+constexpr int kFlashThreads = kFlashWarps * kWarp;
+constexpr int kBr = kFlashWarps * 16;  ///< query rows per block (16 per warp)
+constexpr int kBc = 64;                ///< keys per tile
+constexpr size_t kKvBudget = size_t(1) << 30;  ///< bytes of expanded kv per head group
+
+/// Kernel arguments. q [T, H, qh] f32; kv [g, n_pad, kvh] BF16 (this group's heads, rows [k_nope | v]);
+/// c16 [n_pad, W] BF16 cache rows (k_x at column L); ctx [T, H, v] f32.
+struct FlashArgs {
+  const float* q;
+  const __nv_bfloat16* kv;
+  const __nv_bfloat16* c16;
+  float* ctx;
+  int T, H, h0, nope, extra, v, L, W, pos0, n, n_pad;
+  float scale_log2;  ///< log2(e) / sqrt(nope + extra)
+};
+
+__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
+  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
+  return *reinterpret_cast<const unsigned*>(&p);
+}
+
+/// c += a · b, m16n8k16, BF16 operands, f32 accumulators (PTX fragment layouts: a0 (g, 2t4..+1),
+/// a1 (g+8, 2t4..), a2 (g, 2t4+8..), a3 (g+8, 2t4+8..); b0 (k 2t4..+1, n g), b1 (k 2t4+8.., n g);
+/// c0/c1 (g, 2t4 + 0/1), c2/c3 (g+8, …)).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+__device__ __forceinline__ void ldsm_x4_t(unsigned (&r)[4], const void* p) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(s));
+}
+
+/// 16-byte cp.async; `bytes` 0 fills the destination with zeros (rows past the cache length).
+__device__ __forceinline__ void cp_async16z(void* dst, const void* src, int bytes) {
+  const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(s), "l"(src), "r"(bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+
+/// Row strides (BF16 elements) of the K and V tiles: +8 makes a row 16 bytes longer than a multiple
+/// of 128, so the 8 rows of an ldmatrix hit 8 different bank groups.
+template <int DQK, int DV>
+constexpr size_t flash_smem() { return size_t(2) * kBc * (DQK + 8 + DV + 8) * 2; }
+
+/// Copies key tile [s0, s0 + kBc) of head kvh_base into Ks / Vs (rows ≥ n zero); columns ≥ qh / v
+/// are never written (zeroed once at the kernel start).
+template <int DQK, int DV>
+__device__ __forceinline__ void flash_load_tile(const FlashArgs& a, const __nv_bfloat16* head, int s0,
+                                                __nv_bfloat16* Ks, __nv_bfloat16* Vs) {
+  constexpr int ldk = DQK + 8, ldv = DV + 8;
+  const int kvh = a.nope + a.v, sn = a.nope / 8, sk = sn + a.extra / 8, seg = sk + a.v / 8;
+  for (int i = threadIdx.x; i < kBc * seg; i += kFlashThreads) {
+    const int r = i / seg, c = i % seg, s = s0 + r;
+    const bool ok = s < a.n;
+    const int sr = ok ? s : 0;
+    const __nv_bfloat16* src;
+    __nv_bfloat16* dst;
+    if (c < sn) {
+      src = head + size_t(sr) * kvh + c * 8, dst = Ks + r * ldk + c * 8;
+    } else if (c < sk) {
+      src = a.c16 + size_t(sr) * a.W + a.L + (c - sn) * 8, dst = Ks + r * ldk + a.nope + (c - sn) * 8;
+    } else {
+      src = head + size_t(sr) * kvh + a.nope + (c - sk) * 8, dst = Vs + r * ldv + (c - sk) * 8;
+    }
+    cp_async16z(dst, src, ok ? 16 : 0);
+  }
+}
+
+template <int DQK, int DV>
+__global__ void __launch_bounds__(kFlashThreads, 1) mla_flash_kernel(FlashArgs a) {
+  extern __shared__ __align__(16) unsigned char flash_sm[];
+  constexpr int ldk = DQK + 8, ldv = DV + 8;
+  constexpr int KQ = DQK / 16, NS = kBc / 8, NO = DV / 8;
+  constexpr int buf = kBc * (ldk + ldv);  // one K tile then its V tile; two buffers
+  __nv_bfloat16* const sm0 = reinterpret_cast<__nv_bfloat16*>(flash_sm);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, g = lane >> 2, t4 = lane & 3;
+  const int tiles = (a.T + kBr - 1) / kBr, qt = tiles - 1 - int(blockIdx.x);  // long rows first
+  const int hl = blockIdx.y, h = a.h0 + hl, qh = a.nope + a.extra, kvh = a.nope + a.v;
+  const int q0 = qt * kBr, wr0 = q0 + warp * 16;
+  const __nv_bfloat16* head = a.kv + size_t(hl) * a.n_pad * kvh;
+  // Padding columns of both buffers stay zero (cp.async writes columns < qh and < v only).
+  for (int i = threadIdx.x; i < 2 * kBc; i += kFlashThreads) {
+    __nv_bfloat16* kr = sm0 + (i / kBc) * buf + (i % kBc) * ldk;
+    __nv_bfloat16* vr = sm0 + (i / kBc) * buf + kBc * ldk + (i % kBc) * ldv;
+    for (int c = qh; c < ldk; ++c) kr[c] = __float2bfloat16_rn(0.f);
+    for (int c = a.v; c < ldv; ++c) vr[c] = __float2bfloat16_rn(0.f);
+  }
+  const int last_row = min(q0 + kBr, a.T) - 1;
+  const int tiles_k = (a.pos0 + last_row) / kBc + 1;
+  flash_load_tile<DQK, DV>(a, head, 0, sm0, sm0 + kBc * ldk);
+  cp_async_commit();
+  // Q fragments (rows wr0 + g, + 8), rounded to BF16 as loaded; rows ≥ T and columns ≥ qh are 0.
+  unsigned qf[KQ][4];
+  {
+    const int r0 = wr0 + g, r1 = r0 + 8;
+    const float* p0 = a.q + (size_t(r0) * a.H + h) * qh;
+    const float* p1 = a.q + (size_t(r1) * a.H + h) * qh;
+#pragma unroll
+    for (int k = 0; k < KQ; ++k) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int c = k * 16 + half * 8 + 2 * t4;
+        float2 x0 = make_float2(0.f, 0.f), x1 = x0;
+        if (c < qh && r0 < a.T) x0 = *reinterpret_cast<const float2*>(p0 + c);
+        if (c < qh && r1 < a.T) x1 = *reinterpret_cast<const float2*>(p1 + c);
+        qf[k][half * 2] = pack_bf16(x0.x, x0.y);
+        qf[k][half * 2 + 1] = pack_bf16(x1.x, x1.y);
+      }
+    }
+  }
+  float o[NO][4];
+#pragma unroll
+  for (int j = 0; j < NO; ++j) o[j][0] = o[j][1] = o[j][2] = o[j][3] = 0.f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.f, l1 = 0.f;
+  const int lim0 = a.pos0 + wr0 + g, lim1 = lim0 + 8;  // last key each of this thread's rows may see
+  const int warp_lim = a.pos0 + wr0 + 15;
+  // ldmatrix lane addresses: matrix mi = lane / 8, row lane % 8.
+  const int mi = lane >> 3, lr = lane & 7;
+  const int k_row = (mi >> 1) * 8 + lr, k_col = (mi & 1) * 8;  // K: keys × features (b0, b1 of 2 n-tiles)
+  const int v_row = (mi & 1) * 8 + lr, v_col = (mi >> 1) * 8;  // V (trans): keys × v features
+  for (int kb = 0; kb < tiles_k; ++kb) {
+    const int cur = kb & 1;
+    if (kb + 1 < tiles_k) {
+      __nv_bfloat16* nx = sm0 + (cur ^ 1) * buf;
+      flash_load_tile<DQK, DV>(a, head, (kb + 1) * kBc, nx, nx + kBc * ldk);
+      cp_async_commit();
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const int s0 = kb * kBc;
+    if (s0 <= warp_lim && wr0 < a.T) {  // warp-uniform: a tile past every row of the warp changes nothing
+      const __nv_bfloat16* Ks = sm0 + cur * buf;
+      const __nv_bfloat16* Vs = Ks + kBc * ldk;
+      float sc[NS][4];
+#pragma unroll
+      for (int j = 0; j < NS; ++j) sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.f;
+#pragma unroll
+      for (int k = 0; k < KQ; ++k) {
+#pragma unroll
+        for (int np = 0; np < NS / 2; ++np) {
+          unsigned b[4];
+          ldsm_x4(b, Ks + (np * 16 + k_row) * ldk + k * 16 + k_col);
+          mma_bf16(sc[2 * np], qf[k], b[0], b[1]);
+          mma_bf16(sc[2 * np + 1], qf[k], b[2], b[3]);
+        }
+      }
+      // Scale, causal mask, online softmax (rows g: elements 0, 1; rows g + 8: 2, 3).
+      const bool edge = s0 + kBc - 1 > a.pos0 + wr0;
+      float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+      for (int j = 0; j < NS; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = s0 + j * 8 + 2 * t4 + e;
+          float x0 = sc[j][e] * a.scale_log2, x1 = sc[j][2 + e] * a.scale_log2;
+          if (edge) {
+            if (key > lim0) x0 = -INFINITY;
+            if (key > lim1) x1 = -INFINITY;
+          }
+          sc[j][e] = x0, sc[j][2 + e] = x1;
+          mx0 = fmaxf(mx0, x0), mx1 = fmaxf(mx1, x1);
+        }
+      }
+#pragma unroll
+      for (int off = 1; off < 4; off <<= 1) {
+        mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, off));
+        mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, off));
+      }
+      const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);  // finite: key 0 is visible to every row
+      const float f0 = exp2f(m0 - n0), f1 = exp2f(m1 - n1);
+      m0 = n0, m1 = n1;
+      float rs0 = 0.f, rs1 = 0.f;
+#pragma unroll
+      for (int j = 0; j < NS; ++j) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          sc[j][e] = exp2f(sc[j][e] - n0);
+          sc[j][2 + e] = exp2f(sc[j][2 + e] - n1);
+          rs0 += sc[j][e], rs1 += sc[j][2 + e];
+        }
+      }
+      l0 = l0 * f0 + rs0, l1 = l1 * f1 + rs1;
+#pragma unroll
+      for (int j = 0; j < NO; ++j) o[j][0] *= f0, o[j][1] *= f0, o[j][2] *= f1, o[j][3] *= f1;
+      // O += P · V, P as BF16 A fragments straight from the score accumulators.
+#pragma unroll
+      for (int kk = 0; kk < kBc / 16; ++kk) {
+        const unsigned pa[4] = {pack_bf16(sc[2 * kk][0], sc[2 * kk][1]), pack_bf16(sc[2 * kk][2], sc[2 * kk][3]),
+                                pack_bf16(sc[2 * kk + 1][0], sc[2 * kk + 1][1]),
+                                pack_bf16(sc[2 * kk + 1][2], sc[2 * kk + 1][3])};
+#pragma unroll
+        for (int jp = 0; jp < NO / 2; ++jp) {
+          unsigned b[4];
+          ldsm_x4_t(b, Vs + (kk * 16 + v_row) * ldv + jp * 16 + v_col);
+          mma_bf16(o[2 * jp], pa, b[0], b[1]);
+          mma_bf16(o[2 * jp + 1], pa, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // the next iteration's copy overwrites this buffer
+  }
+#pragma unroll
+  for (int off = 1; off < 4; off <<= 1) {
+    l0 += __shfl_xor_sync(kFull, l0, off);
+    l1 += __shfl_xor_sync(kFull, l1, off);
+  }
+  const float i0 = 1.f / l0, i1 = 1.f / l1;
+  const int r0 = wr0 + g, r1 = r0 + 8;
+#pragma unroll
+  for (int j = 0; j < NO; ++j) {
+    const int c = j * 8 + 2 * t4;
+    if (c >= a.v) continue;
+    if (r0 < a.T) *reinterpret_cast<float2*>(a.ctx + (size_t(r0) * a.H + h) * a.v + c) = make_float2(o[j][0] * i0, o[j][1] * i0);
+    if (r1 < a.T) *reinterpret_cast<float2*>(a.ctx + (size_t(r1) * a.H + h) * a.v + c) = make_float2(o[j][2] * i1, o[j][3] * i1);
+  }
+}
+
+template <int DQK, int DV>
+void launch_flash(CudaBackend::Impl& m, const FlashArgs& a, int g) {
+  constexpr size_t smem = flash_smem<DQK, DV>();
+  if (smem > 48 * 1024)
+    check_cuda(cudaFuncSetAttribute(mla_flash_kernel<DQK, DV>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
+               "cudaFuncSetAttribute (mla flash shared memory)");
+  const unsigned tiles = unsigned((a.T + kBr - 1) / kBr);
+  mla_flash_kernel<DQK, DV><<<dim3(tiles, unsigned(g)), kFlashThreads, smem, m.stream>>>(a);
+  m.launched("mla (fast) flash attention kernel");
+}
+
+/// The flash path (file comment); false when the head sizes have no kernel instance or a buffer is
+/// not 8-byte aligned (float2 loads and stores).
+bool mla_flash(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, const float* q, const float* cache,
+               int pos0, int T, float* ctx) {
   const int H = p.heads, nope = p.nope, extra = p.extra, vh = p.v_head, L = p.kv_lora;
-  if (nope % 8 || extra % 8 || vh % 8 || L % 8 || H < 1) return false;
-  if (w.kv_b.format != WFormat::F32 && w.kv_b.format != WFormat::BF16) return false;
+  const int qh = nope + extra, kvh = nope + vh, W = L + extra;
+  const bool small = qh <= 64 && vh <= 64;
+  if (!small && (qh > 192 || vh > 128)) return false;
+  if ((reinterpret_cast<uintptr_t>(q) | reinterpret_cast<uintptr_t>(ctx)) % 8 != 0) return false;
+  const int n = pos0 + T, n_pad = (n + 7) / 8 * 8;
+  const uint16_t* kvb = bf16_weight(m, w.kv_b, "mla_attend (fast, kv_b)");
+  LtState& s = lt_state(m);
+  auto* c16 = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.mla[2], size_t(n_pad) * W));
+  cache_bf16_kernel<<<grid_for(size_t(n_pad) * W, 256), 256, 0, m.stream>>>(cache, n, n_pad, W, c16);
+  m.launched("mla (fast) cache conversion");
+  const size_t per_head = size_t(n_pad) * kvh * sizeof(uint16_t);
+  const int G = int(std::max<size_t>(1, std::min<size_t>(size_t(H), kKvBudget / per_head)));
+  uint16_t* kv = bf16_scratch(m, s.mla[3], size_t(G) * n_pad * kvh);
+  FlashArgs a{};
+  a.q = q, a.kv = reinterpret_cast<const __nv_bfloat16*>(kv), a.c16 = c16, a.ctx = ctx;
+  a.T = T, a.H = H, a.nope = nope, a.extra = extra, a.v = vh, a.L = L, a.W = W, a.pos0 = pos0, a.n = n, a.n_pad = n_pad;
+  a.scale_log2 = float(1.4426950408889634 / std::sqrt(double(qh)));
+  for (int h0 = 0; h0 < H; h0 += G) {
+    const int g = std::min(G, H - h0);
+    // kv[h, s, :] = c_s · kv_b[h]ᵀ for the group's heads (batched over heads: N = nope + v fixed).
+    LtProduct e;
+    e.M = n, e.N = kvh, e.K = L, e.batch = g;
+    e.A = c16, e.lda = W, e.sA = 0;
+    e.B = kvb + size_t(h0) * kvh * L, e.b_nk = true, e.ldb = L, e.sB = int64_t(kvh) * L;
+    e.C = kv, e.ldc = kvh, e.sC = int64_t(n_pad) * kvh, e.c_bf16 = true;
+    lt_product(m, e, 5);
+    a.h0 = h0;
+    if (small) launch_flash<64, 64>(m, a, g);
+    else launch_flash<192, 128>(m, a, g);
+  }
+  return true;
+}
+
+/// The materialized path (file comment).
+void mla_materialized(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, const float* q,
+                      const float* cache, int pos0, int T, float* ctx) {
+  const int H = p.heads, nope = p.nope, extra = p.extra, vh = p.v_head, L = p.kv_lora;
   const int W = L + extra, qh = nope + extra, kvh = nope + vh;
   const int n = pos0 + T, n_pad = (n + 7) / 8 * 8;
   const uint16_t* kvb = bf16_weight(m, w.kv_b, "mla_attend (fast, kv_b)");
@@ -134,6 +439,17 @@ bool mla_fast(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, con
   o.B = kvb + size_t(nope) * L, o.b_nk = true, o.ldb = L, o.sB = int64_t(kvh) * L;
   o.C = ctx, o.ldc = int64_t(H) * vh, o.sC = vh;
   lt_product(m, o, 4);
+}
+
+}  // namespace
+
+bool mla_fast(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, const float* q, const float* cache,
+              int pos0, int T, float* ctx) {
+  if (m.opts.precision != GpuPrecision::Fast || T < 2) return false;
+  if (p.nope % 8 || p.extra % 8 || p.v_head % 8 || p.kv_lora % 8 || p.heads < 1) return false;
+  if (w.kv_b.format != WFormat::F32 && w.kv_b.format != WFormat::BF16) return false;
+  if (mla_flash(m, p, w, q, cache, pos0, T, ctx)) return true;
+  mla_materialized(m, p, w, q, cache, pos0, T, ctx);
   return true;
 }
 
