@@ -569,12 +569,13 @@ struct KdaSetup {
 
 // The fused decode step against the CPU over many decode tokens at position > 0 (after a prefill
 // chunk through the token kernel), from a random non-zero state: head_dim 1..128 (partial warps,
-// 1-4 blocks per cluster, the fixed-stride d = 128 kernel; the bulk-copy kernel for d % 4 == 0 with
+// 1-4 blocks per cluster, the fixed-stride d = 128 kernels; the bulk-copy kernel for d % 4 == 0 with
 // 1-4 chunks of 32 rows, partial last chunks), K3's 96×128 and Kimi Linear's 32×128
-// heads, conv kernels 1-4, both gates; d > 128 must take the token kernel. Outputs and S within
-// rel-L2 1e-5 after every token, conv windows exact; the decode counter proves which kernel ran.
+// heads, conv kernels 1-4, both gates; d > 128 must take the token kernel. Every form
+// (KdaDecodeForm: split, bulk, cluster) in exact mode, and the split and bulk forms in fast mode
+// (f32 exps; the split form's tree sums). Outputs and S within rel-L2 1e-5 after every token, conv windows exact; the decode
+// counters prove which kernel ran.
 TEST_F(CudaOps, KdaDecodeStepMatchesCpu) {
-  ScopedOptions mode(*be_, kRecurrent);
   std::mt19937 g(11);
   struct Case { int H, d, K, prefill, steps; };
   const std::vector<Case> cases = {{1, 1, 4, 0, 3},    {2, 8, 4, 3, 5},   {3, 16, 3, 0, 4},  {2, 31, 4, 2, 4},
@@ -584,9 +585,19 @@ TEST_F(CudaOps, KdaDecodeStepMatchesCpu) {
                                    // bulk-copy kernel (d % 4 == 0): one partial chunk, 2-4 chunks
                                    // with a partial last one, K 1..4
                                    {2, 4, 2, 0, 3},    {3, 36, 4, 2, 3},  {2, 96, 3, 1, 3},  {1, 124, 4, 0, 3},
-                                   {7, 12, 1, 0, 2}};
+                                   {7, 12, 1, 0, 2},   {3, 17, 3, 1, 3},  {2, 48, 2, 0, 2},  {4, 80, 4, 2, 3}};
+  struct Mode { KdaDecodeForm form; GpuPrecision prec; const char* name; };
+  const Mode modes[] = {{KdaDecodeForm::Split, GpuPrecision::Exact, "split"},
+                        {KdaDecodeForm::Bulk, GpuPrecision::Exact, "bulk"},
+                        {KdaDecodeForm::Cluster, GpuPrecision::Exact, "cluster"},
+                        {KdaDecodeForm::Split, GpuPrecision::Fast, "split-fast"},
+                        {KdaDecodeForm::Bulk, GpuPrecision::Fast, "bulk-fast"}};
+  for (const Mode& md : modes) {
+  ScopedOptions mode(*be_, CudaOptions{CudaKda::Recurrent, 32, 0, md.prec});
+  be_->set_kda_decode_form(md.form);
   for (const KdaGate gate_kind : {KdaGate::LowerBound, KdaGate::Softplus})  // K3, Kimi Linear
   for (const Case& c : cases) {
+    if (md.form == KdaDecodeForm::Bulk && c.d % 4 != 0) continue;  // the cluster form: its own pass
     const int H = c.H, d = c.d, K = c.K, P = H * d;
     KdaParams p{H, d, K, -5.f, 1e-5f, gate_kind};
     KdaSetup su(g, *be_, H, d, K);
@@ -601,22 +612,104 @@ TEST_F(CudaOps, KdaDecodeStepMatchesCpu) {
       const auto z = random_vec(g, size_t(T) * P, -3.f, 3.f), beta = random_vec(g, size_t(T) * H, -3.f, 3.f);
       const auto gate = random_vec(g, size_t(T) * P, -3.f, 3.f);
       float* dout = poisoned(size_t(T) * P);
-      const uint64_t before = be_->stats().kda_decode_calls, bulk_before = be_->stats().kda_decode_bulk_calls;
+      const CudaStats before = be_->stats();
       be_->kda_core(p, su.w, ds, dev(q), dev(k), dev(v), dev(z), dev(beta), dev(gate), T, dout);
-      const uint64_t fused = be_->stats().kda_decode_calls - before;
-      const uint64_t bulk = be_->stats().kda_decode_bulk_calls - bulk_before;
-      EXPECT_EQ(fused, (T == 1 && d <= 128) ? 1u : 0u) << "H " << H << " d " << d << " T " << T;
-      EXPECT_EQ(bulk, (T == 1 && d <= 128 && d % 4 == 0) ? 1u : 0u) << "H " << H << " d " << d << " T " << T;
+      const CudaStats after = be_->stats();
+      const bool fused = T == 1 && d <= 128;
+      EXPECT_EQ(after.kda_decode_calls - before.kda_decode_calls, fused ? 1u : 0u) << md.name << " d " << d << " T " << T;
+      EXPECT_EQ(after.kda_decode_split_calls - before.kda_decode_split_calls,
+                fused && md.form == KdaDecodeForm::Split ? 1u : 0u) << md.name << " d " << d << " T " << T;
+      EXPECT_EQ(after.kda_decode_bulk_calls - before.kda_decode_bulk_calls,
+                fused && md.form == KdaDecodeForm::Bulk ? 1u : 0u) << md.name << " d " << d << " T " << T;
       std::vector<float> ref(size_t(T) * P);
       cpu_.kda_core(p, su.w, hs, q.data(), k.data(), v.data(), z.data(), beta.data(), gate.data(), T, ref.data());
       const std::string sh = shape({{"H", H}, {"d", d}, {"K", K}, {"T", T}, {"call", long(call)},
-                                    {"softplus", long(gate_kind == KdaGate::Softplus)}});
-      const std::string op = T == 1 && d <= 128 ? "kda_decode" : "kda_core";
+                                    {"softplus", long(gate_kind == KdaGate::Softplus)}}) + " " + md.name;
+      const std::string op = fused ? "kda_decode" : "kda_core";
       expect_close(op, sh, host(dout, ref.size()), ref, 1e-5);
       expect_close(op + "_state", sh, host(ds.S, su.S.size()), su.S, 1e-5);
       if (K > 1) expect_close(op + "_conv_win", sh, host(ds.conv, su.conv.size()), su.conv, 0.0);
     }
   }
+  }
+  be_->set_kda_decode_form(KdaDecodeForm::Bulk);  // the default: bulk where it applies, else split
+}
+
+// The batched decode step (CudaBackend::kda_decode_batch: B sequences, one state each, one launch
+// per 32) against the CPU stepping each sequence on its own state, and in exact mode bit-identical
+// to B single kda_core calls: head_dim 1..128 (awkward ones too), 1..40 sequences (two launches
+// past 32), conv kernels 1-4, both gates, both precisions, from random states; several steps, so
+// each state is touched by consecutive launches (the launch rule must order those, the counter
+// shows some launches overlapped their predecessor). Outputs and S within rel-L2 1e-5 of the CPU,
+// windows exact.
+TEST_F(CudaOps, KdaDecodeBatchMatchesCpu) {
+  std::mt19937 g(19);
+  struct Case { int H, d, K, B; };
+  const std::vector<Case> cases = {{2, 16, 4, 1},  {3, 33, 2, 3},   {1, 1, 4, 5},   {2, 100, 3, 4},
+                                   {4, 128, 4, 6}, {96, 128, 4, 3}, {2, 64, 1, 33}, {1, 20, 4, 40},
+                                   {1, 160, 4, 2}};
+  const uint64_t pdl0 = be_->stats().kda_decode_pdl;
+  be_->set_kda_decode_form(KdaDecodeForm::Split);  // the single calls on the batch's kernel (fast mode: its sums)
+  for (const GpuPrecision prec : {GpuPrecision::Exact, GpuPrecision::Fast})
+  for (const KdaGate gate_kind : {KdaGate::LowerBound, KdaGate::Softplus})
+  for (const Case& c : cases) {
+    ScopedOptions mode(*be_, CudaOptions{CudaKda::Recurrent, 32, 0, prec});
+    const int H = c.H, d = c.d, K = c.K, B = c.B, P = H * d;
+    KdaParams p{H, d, K, -5.f, 1e-5f, gate_kind};
+    KdaSetup su(g, *be_, H, d, K);
+    std::vector<std::vector<float>> hS(B), hconv(B);
+    std::vector<KdaState> hs(B), bs(B), ss(B);  // CPU, batched, single-call states
+    std::vector<KdaState*> ptr(B);
+    for (int b = 0; b < B; ++b) {
+      hS[b] = random_vec(g, su.S.size(), -0.1f, 0.1f);
+      hconv[b] = random_vec(g, su.conv.size());
+      bs[b] = {dev(hS[b]), dev(hconv[b])};
+      ss[b] = {dev(hS[b]), dev(hconv[b])};
+      hs[b] = {hS[b].data(), hconv[b].data()};
+      ptr[b] = &bs[b];
+    }
+    for (int step = 0; step < 3; ++step) {
+      const auto q = random_vec(g, size_t(B) * P), k = random_vec(g, size_t(B) * P), v = random_vec(g, size_t(B) * P);
+      const auto z = random_vec(g, size_t(B) * P, -3.f, 3.f), beta = random_vec(g, size_t(B) * H, -3.f, 3.f);
+      const auto gate = random_vec(g, size_t(B) * P, -3.f, 3.f);
+      float *dq = dev(q), *dk = dev(k), *dv = dev(v), *dz = dev(z), *db = dev(beta), *dg = dev(gate);
+      float* dout = poisoned(size_t(B) * P);
+      float* sout = poisoned(size_t(B) * P);
+      be_->kda_decode_batch(p, su.w, ptr.data(), B, dq, dk, dv, dz, db, dg, dout);
+      for (int b = 0; b < B; ++b) {
+        const size_t o = size_t(b) * P;
+        be_->kda_core(p, su.w, ss[b], dq + o, dk + o, dv + o, dz + o, db + size_t(b) * H, dg + o, 1, sout + o);
+      }
+      const auto got = host(dout, size_t(B) * P), solo = host(sout, size_t(B) * P);
+      for (int b = 0; b < B; ++b) {
+        const size_t o = size_t(b) * P;
+        std::vector<float> ref(P);
+        cpu_.kda_core(p, su.w, hs[b], q.data() + o, k.data() + o, v.data() + o, z.data() + o,
+                      beta.data() + size_t(b) * H, gate.data() + o, 1, ref.data());
+        const std::string sh = shape({{"H", H}, {"d", d}, {"K", K}, {"B", B}, {"b", b}, {"step", step},
+                                      {"softplus", long(gate_kind == KdaGate::Softplus)},
+                                      {"fast", long(prec == GpuPrecision::Fast)}});
+        const std::vector<float> gb(got.begin() + o, got.begin() + o + P);
+        expect_close("kda_decode_batch", sh, gb, ref, 1e-5);
+        expect_close("kda_decode_batch_S", sh, host(bs[b].S, hS[b].size()), hS[b], 1e-5);
+        if (K > 1) expect_close("kda_decode_batch_win", sh, host(bs[b].conv, hconv[b].size()), hconv[b], 0.0);
+        // The same arithmetic as a single call, in both modes (the same kernel per sequence).
+        const std::vector<float> sb(solo.begin() + o, solo.begin() + o + P);
+        expect_close("kda_decode_batch_vs_single", sh, gb, sb, 0.0);
+        expect_close("kda_decode_batch_vs_single_S", sh, host(bs[b].S, hS[b].size()), host(ss[b].S, hS[b].size()), 0.0);
+      }
+    }
+  }
+  be_->set_kda_decode_form(KdaDecodeForm::Bulk);
+  EXPECT_GT(be_->stats().kda_decode_pdl, pdl0) << "no decode step was launched to overlap its predecessor";
+  KdaSetup su(g, *be_, 1, 8, 4);
+  KdaState one{dev(su.S), dev(su.conv)};
+  std::vector<KdaState*> twice = {&one, &one};
+  float* x = poisoned(size_t(2) * 8 * 6);
+  KdaParams p{1, 8, 4, -5.f, 1e-5f, KdaGate::LowerBound};
+  EXPECT_THROW(be_->kda_decode_batch(p, su.w, twice.data(), 2, x, x, x, x, x, x, x), Error);
+  std::vector<KdaState*> null = {nullptr};
+  EXPECT_THROW(be_->kda_decode_batch(p, su.w, null.data(), 1, x, x, x, x, x, x, x), Error);
 }
 
 // N fused decode steps against the token kernel run once over the same N tokens (T = N): the same
@@ -650,9 +743,11 @@ TEST_F(CudaOps, KdaDecodeAgreesWithTokenKernel) {
 }
 
 // Speed of the decode step at K3 sizes (96 heads × 128, 6.3 MB of state) and Kimi Linear's
-// (32 × 128), against the reference copy kernel moving the same bytes (state read + written), both
+// (32 × 128), against the reference copy kernel moving the same bytes (state read + written), all
 // timed the same way in this run: a CUDA graph of one call per state over >= 150 MB of states (3x
-// the 50 MB L2, so the state comes from DRAM as in a real model). Printed, not asserted.
+// the 50 MB L2, so the state comes from DRAM as in a real model). Every form: split (default;
+// exact, exact without programmatic dependent launch, fast), bulk, cluster; and the batched step
+// (4 sequences per launch). Printed, not asserted.
 TEST_F(CudaOps, KdaDecodeSpeedVsCopy) {
   std::mt19937 g(13);
   const size_t big = size_t(1) << 27;  // floats: 512 MB each way, the copy bandwidth the floor uses
@@ -663,38 +758,109 @@ TEST_F(CudaOps, KdaDecodeSpeedVsCopy) {
   be_->release(bdst);
   std::printf("[ kda decode ] copy kernel 512 MB -> 512 MB: %.0f GB/s (read + written)\n", copy_gbs);
   for (const int H : {96, 32}) {
-    const int d = 128, K = 4, P = H * d;
+    const int d = 128, K = 4, P = H * d, NB = 4;
     const size_t n = size_t(H) * d * d;
-    const int R = int((150e6 + n * 4 - 1) / (n * 4));  // states per sweep: >= 150 MB, 3x the L2
+    const int R = (int((150e6 + n * 4 - 1) / (n * 4)) + NB - 1) / NB * NB;  // states per sweep: >= 150 MB
     KdaParams p{H, d, K, -5.f, 1e-5f, KdaGate::LowerBound};
     KdaSetup su(g, *be_, H, d, K);
     std::vector<KdaState> st;
+    std::vector<KdaState*> ptr;
     std::vector<float*> src, dst;
     for (int i = 0; i < R; ++i) {
       st.push_back({dev(su.S), dev(su.conv)});
       src.push_back(be_->alloc(n));
       dst.push_back(be_->alloc(n));
     }
-    const auto in = random_vec(g, size_t(6) * P);
+    for (int i = 0; i < R; ++i) ptr.push_back(&st[i]);
+    const auto in = random_vec(g, size_t(6) * P * NB);
     float* x = dev(in);
-    float* y = be_->alloc(P);
+    float* y = be_->alloc(size_t(P) * NB);
     auto step = [&](int i) {
       be_->kda_core(p, su.w, st[i % R], x, x + P, x + 2 * P, x + 3 * P, x + 4 * P, x + 5 * P, 1, y);
     };
-    const uint64_t bulk0 = be_->stats().kda_decode_bulk_calls;
-    const double t_kda = be_->time_recorded(step, R, 10);
-    EXPECT_GT(be_->stats().kda_decode_bulk_calls, bulk0);  // the bulk-copy kernel was timed
-    be_->set_kda_decode_bulk(false);
-    const double t_cluster = be_->time_recorded(step, R, 10);
-    be_->set_kda_decode_bulk(true);
-    const double t_copy = be_->time_recorded([&](int i) { be_->copy_kernel(src[i], n, dst[i]); }, R, 10);
     const double bytes = 2.0 * n * 4;
-    std::printf("[ kda decode ] H=%d d=128: fused step (bulk copy) %.2f us (%.0f GB/s of state r+w), cluster form "
-                "%.2f us (%.0f GB/s), copy kernel of the same %.1f MB %.2f us (%.0f GB/s): bulk %.0f%%, cluster "
-                "%.0f%% of the copy; floor (state r+w at the 512 MB copy's rate) %.2f us: bulk at %.0f%% of it\n",
-                H, t_kda * 1e6, bytes / t_kda / 1e9, t_cluster * 1e6, bytes / t_cluster / 1e9, bytes / 1e6,
-                t_copy * 1e6, bytes / t_copy / 1e9, 100 * t_copy / t_kda, 100 * t_copy / t_cluster,
-                bytes / copy_gbs / 1e3, 100 * bytes / copy_gbs / 1e3 / (t_kda * 1e6));
+    auto report = [&](const char* what, double t) {
+      std::printf("[ kda decode ] H=%d d=128 %-28s %6.2f us/state  %5.0f GB/s  %3.0f%% of floor\n", H, what, t * 1e6,
+                  bytes / t / 1e9, 100 * bytes / (copy_gbs * 1e9) / t);
+    };
+    be_->set_kda_decode_form(KdaDecodeForm::Split);
+    const CudaStats s0 = be_->stats();
+    const double t_split = be_->time_recorded(step, R, 10);
+    const CudaStats s1 = be_->stats();
+    EXPECT_GT(s1.kda_decode_split_calls, s0.kda_decode_split_calls);  // the split form was timed
+    std::printf("[ kda decode ] H=%d: %llu of %llu split launches programmatic\n", H,
+                (unsigned long long)(s1.kda_decode_pdl - s0.kda_decode_pdl),
+                (unsigned long long)(s1.kda_decode_split_calls - s0.kda_decode_split_calls));
+    be_->set_kda_decode_pdl(false);
+    const double t_nopdl = be_->time_recorded(step, R, 10);
+    be_->set_kda_decode_pdl(true);
+    double t_fast = 0;
+    {
+      ScopedOptions fast(*be_, CudaOptions{CudaKda::Recurrent, 32, 0, GpuPrecision::Fast});
+      t_fast = be_->time_recorded(step, R, 10);
+    }
+    const double t_batch = be_->time_recorded(
+        [&](int i) {
+          const int b = (i * NB) % R;
+          be_->kda_decode_batch(p, su.w, ptr.data() + b, NB, x, x + NB * P, x + 2 * NB * P, x + 3 * NB * P,
+                                x + 4 * NB * P, x + 5 * NB * P, y);
+        },
+        R / NB, 10) / NB;
+    be_->set_kda_decode_form(KdaDecodeForm::Bulk);
+    const double t_bulk = be_->time_recorded(step, R, 10);
+    be_->set_kda_decode_pdl(false);
+    const double t_bulk_nopdl = be_->time_recorded(step, R, 10);
+    be_->set_kda_decode_pdl(true);
+    double t_bulk_fast = 0;
+    {
+      ScopedOptions fast(*be_, CudaOptions{CudaKda::Recurrent, 32, 0, GpuPrecision::Fast});
+      t_bulk_fast = be_->time_recorded(step, R, 10);
+    }
+    be_->set_kda_decode_form(KdaDecodeForm::Cluster);
+    const double t_cluster = be_->time_recorded(step, R, 10);
+    be_->set_kda_decode_form(KdaDecodeForm::Bulk);
+    const double t_copy = be_->time_recorded([&](int i) { be_->copy_kernel(src[i], n, dst[i]); }, R, 10);
+    std::printf("[ kda decode ] H=%d d=128: %.1f MB of state r+w per step; floor at the 512 MB copy's rate %.2f us\n",
+                H, bytes / 1e6, bytes / copy_gbs / 1e3);
+    report("split (exact)", t_split);
+    report("split, no PDL", t_nopdl);
+    report("split, fast mode", t_fast);
+    report("split, batched x4 (per seq)", t_batch);
+    report("bulk (exact, default)", t_bulk);
+    report("bulk, no PDL", t_bulk_nopdl);
+    report("bulk, fast mode", t_bulk_fast);
+    report("cluster (run 17)", t_cluster);
+    report("copy kernel, same bytes", t_copy);
+    std::printf("[ kda decode ] H=%d: split %.0f%%, bulk %.0f%%, cluster %.0f%% of the same-bytes copy\n", H,
+                100 * t_copy / t_split, 100 * t_copy / t_bulk, 100 * t_copy / t_cluster);
+    if (H == 96) {
+      // In a model the step follows the output-gate GEMV (K3: g [P, 7168], f32 in exact mode,
+      // 352 MB from DRAM), whose output it reads: time GEMV + step pairs against the GEMV alone, so
+      // the step's own cost is the difference (with and without the programmatic launch).
+      const int hidden = 7168;
+      HostWeight wg(random_vec(g, size_t(P) * hidden), P, hidden);
+      be_->upload(wg.w);
+      float* xh = dev(random_vec(g, hidden));
+      float* gate = x + 5 * P;
+      const double t_gemv = be_->time_recorded([&](int) { be_->gemm(wg.w, xh, 1, gate); }, R, 10);
+      auto pair = [&](int i) {
+        be_->gemm(wg.w, xh, 1, gate);
+        step(i);
+      };
+      for (const KdaDecodeForm f : {KdaDecodeForm::Bulk, KdaDecodeForm::Split}) {
+        be_->set_kda_decode_form(f);
+        const double t_pair = be_->time_recorded(pair, R, 10);
+        be_->set_kda_decode_pdl(false);
+        const double t_pair_nopdl = be_->time_recorded(pair, R, 10);
+        be_->set_kda_decode_pdl(true);
+        const double fl = bytes / (copy_gbs * 1e9);
+        std::printf("[ kda decode ] H=96 %s step after the g GEMV [%d, %d] f32 (%.2f us alone): adds %.2f us "
+                    "(%.0f%% of floor), %.2f us without PDL (%.0f%%)\n",
+                    f == KdaDecodeForm::Bulk ? "bulk" : "split", P, hidden, t_gemv * 1e6, (t_pair - t_gemv) * 1e6,
+                    100 * fl / (t_pair - t_gemv), (t_pair_nopdl - t_gemv) * 1e6, 100 * fl / (t_pair_nopdl - t_gemv));
+      }
+      be_->set_kda_decode_form(KdaDecodeForm::Bulk);
+    }
     EXPECT_TRUE(std::isfinite(host(y, P)[0]));
     for (int i = 0; i < R; ++i) be_->release(src[i]), be_->release(dst[i]);
     be_->release(y);

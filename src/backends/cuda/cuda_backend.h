@@ -64,8 +64,18 @@ struct CudaStats {
   uint64_t grouped_moe_calls = 0;  ///< fast mode: routed_moe calls run as one grouped GEMM (moe_grouped.cu)
   uint64_t bf16_weight_bytes = 0;  ///< fast mode: device bytes of BF16 weight copies made from f32
   uint64_t kda_decode_calls = 0;   ///< kda_core calls run by the fused decode kernel (kda_decode.cu)
-  uint64_t kda_decode_bulk_calls = 0;  ///< of those, run by its bulk-copy form (d % 4 == 0: K3, Kimi Linear)
+  uint64_t kda_decode_bulk_calls = 0;  ///< of those, run by its bulk-copy form (KdaDecodeForm::Bulk)
+  uint64_t kda_decode_split_calls = 0; ///< of those, run by its split form (KdaDecodeForm::Split, the default)
+  uint64_t kda_decode_pdl = 0;  ///< decode-step launches made as programmatic dependent launches
 };
+
+/// Which form of the fused KDA decode step (kda_decode.cu, docs/gpu-method.md#kda-decode) runs
+/// where it applies; every form gives the token kernel's bits in exact mode. Bulk (what a new
+/// backend does): one block per head fed by bulk copies (d % 4 == 0, conv kernel <= 4), else the
+/// split form; Split: a cluster of ceil(d/32) blocks per head, 32 value columns each (d <= 128,
+/// conv kernel <= 4; also the batched step), even where Bulk applies; Cluster: the cluster form
+/// of run 17 (any d <= 128). A form that does not apply falls back to Cluster.
+enum class KdaDecodeForm { Split, Bulk, Cluster };
 
 /// Device time of one kind of launch over a profiled span (CudaBackend::profile_begin/_end): the
 /// time from the previous launch's completion to this one's, so host-bound gaps (a stream the host
@@ -156,10 +166,22 @@ class CudaBackend final : public Backend {
   /// stores, one wave of grid-stride blocks), one launch on the compute stream; buffers 16-byte
   /// aligned (alloc()'s are). Ratios in docs/gpu-results.md are taken against it.
   void copy_kernel(const float* src, size_t n, float* dst);
-  /// Benchmark/test hook: false sends every fused KDA decode step to the cluster form of
-  /// kda_decode.cu instead of its bulk-copy form (default true; both give the token kernel's bits),
-  /// so one run can time the two side by side.
-  void set_kda_decode_bulk(bool on);
+  /// Benchmark/test hook: the form of the fused KDA decode step (default: KdaDecodeForm::Bulk's
+  /// rule), so one run can time the forms side by side.
+  void set_kda_decode_form(KdaDecodeForm f);
+  /// Benchmark/test hook: launch the decode step as a programmatic dependent launch (default on):
+  /// it may start while the kernel before it drains and reads its state S and conv windows
+  /// before waiting for that kernel (never when the previous launches touched the same state).
+  void set_kda_decode_pdl(bool on);
+  /// One KDA decode step (T = 1) for each of B sequences, sequence b on its own state
+  /// *states[b] (shapes as kda_core: q, k, v, z, gate, out [B, P], beta [B, H], P = heads ·
+  /// head_dim; device pointers). The same arithmetic, per sequence, as B kda_core calls with T = 1
+  /// (bit-identical in exact mode), in ceil(B / 32) launches of the split form when it applies
+  /// (head_dim <= 128, conv kernel <= 4), else B kda_core calls. Throws wren::Error for B < 0 or a
+  /// null state, DeviceError when a launch fails.
+  void kda_decode_batch(const KdaParams& p, const KdaWeights& w, KdaState* const* states, int B, const float* q,
+                        const float* k, const float* v, const float* z, const float* beta, const float* gate,
+                        float* out);
   /// Fault injection (tests of the CPU fallback): the kernel launch numbered `at_launch` (counting
   /// from 1 over the backend's life, as CudaStats::launches) throws DeviceError; 0 turns it off.
   /// CudaOptions::fault_at (--cuda-fault-at) sets it at construction.

@@ -123,7 +123,13 @@ struct CudaBackend::Impl {
   cudaStream_t stream = nullptr;
   int max_smem_optin = 0;  ///< bytes of dynamic shared memory a block may opt into
   int kda_decode_optin = 0;  ///< dynamic shared memory opted into for the KDA decode kernel so far
-  bool kda_decode_bulk = true;  ///< set_kda_decode_bulk: the bulk-copy decode kernel where it applies
+  KdaDecodeForm kda_decode_form = KdaDecodeForm::Split;  ///< set_kda_decode_form
+  bool kda_decode_pdl = true;   ///< set_kda_decode_pdl: decode steps as programmatic dependent launches
+  /// KDA kernels launched back to back (kda_decode.cu): the launch count right after the last
+  /// one, and the states (S) of the run of decode steps since the last ordinary launch, which may
+  /// still be running when the next step reads its state early (docs/gpu-method.md#kda-decode).
+  uint64_t kda_chain_at = 0;
+  std::vector<const float*> kda_chain;
   std::unordered_map<const void*, cuda::DeviceTensor> weights;  ///< host tensor -> device copy
   std::vector<void*> arenas;                                    ///< weight arenas (owned)
   cuda::Scratch ids, act, scores, router_ids, router_w;         ///< per-op scratch

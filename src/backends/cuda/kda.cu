@@ -22,6 +22,7 @@
 //   (--cuda-kda-chunk) = 16, 32 or 64 (default 32) asks for the chunk length (smaller when d is too
 //   large for its shared memory; the token kernel when even 16 does not fit). Options are fixed at
 //   construction (CudaBackend::set_options / set_precision change them between calls: tests, benchmarks).
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -172,29 +173,68 @@ void CudaBackend::kda_core(const KdaParams& p, const KdaWeights& w, KdaState& s,
   if (p.head_dim < 1 || p.head_dim > 1024)
     throw Error("CUDA backend: kda_core: head_dim " + std::to_string(p.head_dim) + " (supported: 1..1024)");
   if (p.conv_kernel < 1) throw Error("CUDA backend: kda_core: conv kernel must be >= 1");
+  const size_t state_bytes = size_t(p.heads) * p.head_dim * p.head_dim * sizeof(float);
   if (const int C = chunk_for_call(T, p.head_dim, m.max_smem_optin, m.opts); C > 0) {
     cuda::KdaChunkArgs c{};
     fill_kda_args(c, m, p, w, s, q, k, v, z, beta, gate, T, out);
     cuda::kda_chunked(m, c, C);
+    cuda::kda_note_launch(m, s.S, state_bytes);
     return;
   }
   if (T == 1 && p.head_dim <= cuda::kKdaDecodeMaxDim) {
     cuda::KdaDecodeArgs dec{};
     fill_kda_args(dec, m, p, w, s, q, k, v, z, beta, gate, T, out);
+    dec.fast = m.opts.precision == GpuPrecision::Fast;
     if (cuda::kda_decode(m, dec)) return;
   }
   KdaArgs a{};
   fill_kda_args(a, m, p, w, s, q, k, v, z, beta, gate, T, out);
   const size_t vec_bytes = 5 * size_t(p.head_dim) * sizeof(float);
-  const size_t state_bytes = size_t(p.head_dim) * p.head_dim * sizeof(float);
-  a.smem_state = vec_bytes + state_bytes + 1024 <= size_t(m.max_smem_optin);
-  const size_t smem = vec_bytes + (a.smem_state ? state_bytes : 0);
+  const size_t head_bytes = size_t(p.head_dim) * p.head_dim * sizeof(float);
+  a.smem_state = vec_bytes + head_bytes + 1024 <= size_t(m.max_smem_optin);
+  const size_t smem = vec_bytes + (a.smem_state ? head_bytes : 0);
   if (smem > 48 * 1024)
     cuda::check_cuda(cudaFuncSetAttribute(kda_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
                      "cudaFuncSetAttribute (kda_core shared memory)");
   const int threads = (p.head_dim + 31) / 32 * 32;
   kda_kernel<<<p.heads, threads, smem, m.stream>>>(a);
   m.launched("kda_core kernel");
+  cuda::kda_note_launch(m, s.S, state_bytes);
+}
+
+void CudaBackend::kda_decode_batch(const KdaParams& p, const KdaWeights& w, KdaState* const* states, int B,
+                                   const float* q, const float* k, const float* v, const float* z,
+                                   const float* beta, const float* gate, float* out) {
+  Impl& m = *impl_;
+  if (B < 0) throw Error("CUDA backend: kda_decode_batch: B = " + std::to_string(B) + " (must be >= 0)");
+  for (int b = 0; b < B; ++b)
+    if (states[b] == nullptr || states[b]->S == nullptr)
+      throw Error("CUDA backend: kda_decode_batch: the state of sequence " + std::to_string(b) + " is null");
+  const size_t P = size_t(p.heads) * p.head_dim, H = size_t(p.heads);
+  for (int b0 = 0; b0 < B; b0 += cuda::kKdaDecodeMaxBatch) {
+    const int n = std::min(cuda::kKdaDecodeMaxBatch, B - b0);
+    cuda::KdaDecodeStates st{};
+    for (int i = 0; i < n; ++i) {
+      st.S[i] = states[b0 + i]->S, st.conv[i] = states[b0 + i]->conv;
+      for (int t = 0; t < i; ++t)
+        if (st.S[t] == st.S[i])
+          throw Error("CUDA backend: kda_decode_batch: sequences " + std::to_string(b0 + t) + " and " +
+                      std::to_string(b0 + i) + " share one state");
+    }
+    const size_t r = size_t(b0);
+    if (p.head_dim >= 1 && p.head_dim <= cuda::kKdaDecodeMaxDim && p.conv_kernel >= 1) {
+      cuda::KdaDecodeArgs dec{};
+      fill_kda_args(dec, m, p, w, *states[b0], q + r * P, k + r * P, v + r * P, z + r * P, beta + r * H,
+                    gate + r * P, 1, out + r * P);
+      dec.fast = m.opts.precision == GpuPrecision::Fast;
+      if (cuda::kda_decode_batch(m, dec, st, n)) continue;
+    }
+    for (int i = 0; i < n; ++i) {  // the split form does not apply: one step per sequence
+      const size_t o = r + size_t(i);
+      kda_core(p, w, *states[b0 + i], q + o * P, k + o * P, v + o * P, z + o * P, beta + o * H, gate + o * P, 1,
+               out + o * P);
+    }
+  }
 }
 
 }  // namespace wren

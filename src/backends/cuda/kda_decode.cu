@@ -1,9 +1,14 @@
 // CUDA backend: the fused KDA decode step (docs/model.md#kda, steps 2-7; docs/gpu-method.md#kda-decode),
-// one launch per layer and token, in two forms with the same arithmetic:
-// - the bulk-copy form (kda_decode_bulk_kernel below; d % 4 == 0, a 16-byte aligned state: K3 and
+// one launch per layer and token, in three forms with the same arithmetic:
+// - the split form (kda_decode_split_kernel below; every d <= 128 with a conv kernel <= 4 that the
+//   bulk form does not take, and the batched step: one launch, many sequences): a cluster of
+//   ceil(d/32) blocks per head, each owning 32 value columns, the state loaded straight into
+//   registers before anything else (run 24-kdadec: 11.4 µs at K3 sizes, slower than the bulk form's
+//   8.0 µs for one sequence; 4.5 µs per sequence for Kimi Linear in batches of 4);
+// - the bulk-copy form (the default where it applies) (kda_decode_bulk_kernel below; d % 4 == 0, a 16-byte aligned state: K3 and
 //   Kimi Linear): one block per head, S_h brought into shared memory by the copy engine in chunks
 //   of 32 rows while the threads do the conv, gates and norms;
-// - the cluster form (every other d <= 128), described here:
+// - the cluster form (every other d <= 128; run 17), described here:
 // The delta rule makes the value columns of S_h independent once
 // q̂, k̂, α and β are known, so a head is split into ceil(d/32) blocks, each owning 32 value columns,
 // grouped as one thread-block cluster per head (Hopper, sm_90); a block is NW warps, warp w holding
@@ -26,6 +31,8 @@
 // f64 partial sums of the three squared norms are grouped differently (f64, ~1e-16 relative).
 #include <cooperative_groups.h>
 
+#include <utility>
+
 #include "backends/cuda/kda_decode.cuh"
 #include "core/kda_math.h"
 
@@ -41,6 +48,70 @@ __device__ __forceinline__ double warp_sum(double v) {
   for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(kFull, v, o);
   return v;
 }
+
+// ---- Shared pieces of the three forms ----
+
+/// e^x: the token kernel's (f64, rounded once) in exact mode; CUDA's f32 expf in fast mode.
+template <bool FAST>
+__device__ __forceinline__ float ex(float x) {
+  if constexpr (FAST) return expf(x);
+  else return exp_f(x);
+}
+/// σ(x) = 1 / (1 + e^-x) in f32 (exact: kda::sigmoid_b's expression).
+template <bool FAST>
+__device__ __forceinline__ float sig(float x) {
+  return 1.0f / (1.0f + ex<FAST>(-x));
+}
+/// Log decay of one key channel (kda::log_decay's expression; fast mode: f32 exp).
+template <bool FAST>
+__device__ __forceinline__ float log_decay_t(bool softplus, float A, float z, float lower) {
+  if constexpr (!FAST) return kda::log_decay(softplus, A, z, lower);
+  else return softplus ? -A * (z > 20.f ? z : log1pf(expf(z))) : lower * sig<true>(A * z);
+}
+
+/// Loads channel `ch`'s conv taps [K] and window [K-1] (oldest first) of input m (0 q, 1 k, 2 v)
+/// into registers; N >= K is the arrays' extent (the taps past K are left unset).
+template <int N>
+__device__ __forceinline__ void load_conv(const float* cw, const float* conv, int P, int m, int ch, int K,
+                                          float (&wc)[N], float (&wi)[N]) {
+  const float* win = conv + (size_t(m) * P + ch) * (K - 1);
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    wc[j] = j < K ? __ldg(cw + size_t(ch) * K + j) : 0.f;
+    wi[j] = j < K - 1 ? win[j] : 0.f;
+  }
+}
+
+/// Conv + SiLU of one channel at one token (kda::conv_silu's expression), the window in registers
+/// advanced by the token (kda::conv_push).
+template <bool FAST, int N>
+__device__ __forceinline__ float conv_step(const float (&wc)[N], float (&wi)[N], int K, float x) {
+  float y;
+  if constexpr (!FAST) {
+    y = kda::conv_silu(wc, K, x, kda::WindowTaps{wi});
+  } else {
+    float acc = wc[K - 1] * x;
+#pragma unroll
+    for (int j = 0; j < N - 1; ++j)
+      if (j < K - 1) acc += wc[j] * wi[j];
+    y = acc * sig<true>(acc);
+  }
+  kda::conv_push(wi, K, x);
+  return y;
+}
+
+/// Writes channel `ch`'s advanced window of input m back.
+template <int N>
+__device__ __forceinline__ void store_conv(float* conv, int P, int m, int ch, int K, const float (&wi)[N]) {
+  float* win = conv + (size_t(m) * P + ch) * (K - 1);
+#pragma unroll
+  for (int j = 0; j < N - 1; ++j)
+    if (j < K - 1) win[j] = wi[j];
+}
+
+/// Programmatic dependent launch: waits until the kernel before this one has completed and its
+/// writes are visible (a no-op when the launch was an ordinary one).
+__device__ __forceinline__ void wait_prior_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 /// One block = 32 value columns of head blockIdx.y (the cluster, along x, is the head), as NW warps:
 /// warp w keeps rows [w·RW, (w+1)·RW) of those columns of S_h in registers (RW·NW >= d). The sums
@@ -82,12 +153,7 @@ __global__ void __launch_bounds__(kWarp * NW) kda_decode_kernel(KdaDecodeArgs a)
 #pragma unroll
     for (int m = 0; m < 3; ++m) {
       xin[m] = __ldg(in[m] + ch);
-      const float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
-#pragma unroll
-      for (int j = 0; j < kKdaDecodeMaxConv; ++j) {
-        wc[m][j] = j < K ? __ldg(cw[m] + size_t(ch) * K + j) : 0.f;
-        wi[m][j] = j < K - 1 ? win[j] : 0.f;
-      }
+      load_conv(cw[m], a.conv, P, m, ch, K, wc[m], wi[m]);
     }
     zc = __ldg(a.z + ch) + __ldg(a.dt_bias + ch);
     gate_v = __ldg(a.gate + ch);
@@ -101,12 +167,8 @@ __global__ void __launch_bounds__(kWarp * NW) kda_decode_kernel(KdaDecodeArgs a)
       float y[3];
 #pragma unroll
       for (int m = 0; m < 3; ++m) {
-        y[m] = kda::conv_silu(wc[m], K, xin[m], kda::WindowTaps{wi[m]});
-        kda::conv_push(wi[m], K, xin[m]);
-        float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
-#pragma unroll
-        for (int j = 0; j < kKdaDecodeMaxConv - 1; ++j)
-          if (j < K - 1) win[j] = wi[m][j];
+        y[m] = conv_step<false>(wc[m], wi[m], K, xin[m]);
+        store_conv(a.conv, P, m, ch, K, wi[m]);
       }
       yq = y[0], yk = y[1], yv = y[2];
       const float A = exp_f(alog);
@@ -261,12 +323,7 @@ __global__ void __launch_bounds__(kKdaDecodeMaxDim) kda_decode_bulk_kernel(KdaDe
 #pragma unroll
     for (int m = 0; m < 3; ++m) {
       xin[m] = __ldg(in[m] + ch);
-      const float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
-#pragma unroll
-      for (int j = 0; j < K; ++j) {
-        wc[m][j] = __ldg(cw[m] + size_t(ch) * K + j);
-        wi[m][j] = j < K - 1 ? win[j] : 0.f;
-      }
+      load_conv(cw[m], a.conv, P, m, ch, K, wc[m], wi[m]);
     }
     zc = __ldg(a.z + ch) + __ldg(a.dt_bias + ch);
     gate_v = __ldg(a.gate + ch);
@@ -294,11 +351,8 @@ __global__ void __launch_bounds__(kKdaDecodeMaxDim) kda_decode_bulk_kernel(KdaDe
     float y[3];
 #pragma unroll
     for (int m = 0; m < 3; ++m) {
-      y[m] = kda::conv_silu(wc[m], K, xin[m], kda::WindowTaps{wi[m]});
-      kda::conv_push(wi[m], K, xin[m]);
-      float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
-#pragma unroll
-      for (int j = 0; j < K - 1; ++j) win[j] = wi[m][j];
+      y[m] = conv_step<false>(wc[m], wi[m], K, xin[m]);
+      store_conv(a.conv, P, m, ch, K, wi[m]);
     }
     yq = y[0], yk = y[1], yv = y[2];
     const float A = exp_f(alog);
@@ -364,6 +418,247 @@ __global__ void __launch_bounds__(kKdaDecodeMaxDim) kda_decode_bulk_kernel(KdaDe
   }
 }
 
+// ---- The split kernel (every d <= 128, K <= 4; the default; docs/gpu-method.md#kda-decode) ----
+
+/// Value columns per block of the split form (one warp's worth: the token kernel's RMSNorm tree
+/// sums warps of 32 columns, so one block's partial is one of that tree's warp partials).
+constexpr int kSplitCols = 32;
+
+/// One block = value columns [32j, 32j + 32) of head blockIdx.y of sequence blockIdx.z (j =
+/// blockIdx.x, the block's rank in the head's cluster of ceil(d/32) blocks), ceil(d/32) warps:
+/// warp w holds rows [32w, 32w + 32) of the block's columns of S_h in registers, lane = column.
+///   0. every thread issues the loads of its 32 state values, then its channel's conv taps and
+///      windows and the other weights (these do not depend on the kernel before: with a
+///      programmatic dependent launch they go out while that kernel drains), then waits for the
+///      kernel before and loads the step's inputs;
+///   1. thread t: conv + SiLU of channel t of q and k, α_t (every block of the head computes all d
+///      of them: the inputs are a few KB from L2), the L2 factors by block_sum (the token
+///      kernel's tree: its blocks have the same ceil(d/32) warps); warp 0: v of its column;
+///   2. products k̂_r·(S[r][c]·α_r) in parallel, then warp 0 adds them in row order (exact: one
+///      chain, the CPU's order; fast: each warp adds its 32 rows, warp 0 the ceil(d/32) partials);
+///      u = β(v − u);
+///   3. S' = S·α + k̂·u stored straight back, products q̂_r·S'[r][c], o summed as in 2;
+///   4. Σo² of the block's 32 columns (one warp butterfly = one warp partial of the token kernel's
+///      block_sum) pushed into every block of the cluster, one cluster barrier, the partials added
+///      in rank order (the token kernel's warp order); RMSNorm × o_norm × σ(gate). The conv windows
+///      are written back after that barrier, block j writing channels [32j, 32j + 32) of q, k and
+///      its columns of v (every block has read all of q's and k's windows before it arrives).
+/// S is read once and written once; one cluster barrier. FIXED: d == 128 at compile time. FAST:
+/// fast precision mode (f32 exps, tree sums; within docs/validation.md's fast-mode bounds).
+template <int KC, bool FIXED, bool FAST>
+__global__ void __launch_bounds__(kKdaDecodeMaxDim) kda_decode_split_kernel(KdaDecodeArgs a, KdaDecodeStates st) {
+  constexpr int K = KC, DM = kKdaDecodeMaxDim;
+  cg::cluster_group cluster = cg::this_cluster();
+  __shared__ float qs[DM], ks[DM], al[DM];  // the head's q̂, k̂, α
+  __shared__ float prod[DM][kSplitCols];    // the products of a pass, [row][column]
+  __shared__ float ush[kSplitCols];         // β(v − u) per column
+  __shared__ double red[kWarp];
+  __shared__ double opart[DM / kSplitCols];  // Σo² of each block of the cluster, by rank
+  const int d = FIXED ? DM : a.d, P = a.H * d;
+  const int j = blockIdx.x, h = blockIdx.y, seq = blockIdx.z, blocks = gridDim.x;
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp, nw = blockDim.x / kWarp;
+  const int c = j * kSplitCols + lane;  // this thread's value column
+  const bool colok = c < d, live = tid < d;
+  const int ch = h * d + tid, vch = h * d + c;  // q/k channel of this thread; v channel of its column
+  float* Sg = st.S[seq] + size_t(h) * d * d;
+  float* conv = st.conv[seq];
+  const size_t io = size_t(seq) * P;
+  const int r0 = warp * kWarp;
+
+  // 0. The state first, then what does not depend on the kernel before, then the inputs.
+  float sv[kWarp];
+#pragma unroll
+  for (int i = 0; i < kWarp; ++i)
+    sv[i] = (colok && (FIXED || r0 + i < d)) ? __ldcg(Sg + size_t(r0 + i) * d + c) : 0.f;
+  float wq[K], iq[K], wk[K], ik[K], wv[K], iv[K];
+  float dtb = 0, onv = 0;
+  const float alog = __ldg(a.a_log + h);
+  if (live) {
+    load_conv(a.q_conv, conv, P, 0, ch, K, wq, iq);
+    load_conv(a.k_conv, conv, P, 1, ch, K, wk, ik);
+    dtb = __ldg(a.dt_bias + ch);
+  }
+  if (warp == 0 && colok) {
+    load_conv(a.v_conv, conv, P, 2, vch, K, wv, iv);
+    onv = __ldg(a.o_norm + c);
+  }
+  wait_prior_kernel();
+  float xq = 0, xk = 0, zc = 0, xv = 0, gv = 0;
+  const float braw = a.beta[size_t(seq) * a.H + h];
+  if (live) xq = a.q[io + ch], xk = a.k[io + ch], zc = a.z[io + ch] + dtb;
+  if (warp == 0 && colok) xv = a.v[io + vch], gv = a.gate[io + vch];
+
+  // 1. Conv + SiLU, α, L2 factors (the token kernel's block_sum), β.
+  float yq = 0, yk = 0, yv = 0, alpha = 0;
+  if (live) {
+    yq = conv_step<FAST>(wq, iq, K, xq);
+    yk = conv_step<FAST>(wk, ik, K, xk);
+    const float A = ex<FAST>(alog);
+    alpha = ex<FAST>(log_decay_t<FAST>(a.softplus_gate, A, zc, a.lower));
+  }
+  if (warp == 0 && colok) yv = conv_step<FAST>(wv, iv, K, xv);
+  const double sq = block_sum(live ? double(yq) * yq : 0.0, red);
+  const double sk = block_sum(live ? double(yk) * yk : 0.0, red);
+  const float invq = kda::l2_factor(sq, 1.0f / sqrtf(float(d))), invk = kda::l2_factor(sk, 1.0f);
+  if (live) qs[tid] = yq * invq, ks[tid] = yk * invk, al[tid] = alpha;
+  const float b = sig<FAST>(braw);  // kda::beta_gate
+  __syncthreads();
+
+  // 2. u = Σ_r k̂_r·(S[r][c]·α_r): products in parallel, the sum in row order by warp 0.
+  float part = 0;
+#pragma unroll
+  for (int i = 0; i < kWarp; ++i) {
+    const int r = r0 + i;
+    if (FIXED || r < d) {
+      const float s = sv[i] * al[r];
+      sv[i] = s;
+      const float p = ks[r] * s;
+      if constexpr (FAST) part += p;
+      else prod[r][lane] = p;
+    }
+  }
+  if constexpr (FAST) prod[warp][lane] = part;
+  __syncthreads();
+  if (warp == 0) {
+    float u = 0;
+    if constexpr (FAST) {
+      for (int w = 0; w < nw; ++w) u += prod[w][lane];
+    } else {
+#pragma unroll 8
+      for (int r = 0; r < d; ++r) u += prod[r][lane];
+    }
+    ush[lane] = b * (yv - u);
+  }
+  __syncthreads();
+
+  // 3. S' = S·α + k̂·u back to global memory; o = Σ_r q̂_r·S'[r][c] as in 2.
+  const float u = ush[lane];
+  part = 0;
+#pragma unroll
+  for (int i = 0; i < kWarp; ++i) {
+    const int r = r0 + i;
+    if (FIXED || r < d) {
+      const float s = sv[i] + ks[r] * u;
+      if (colok) __stcg(Sg + size_t(r) * d + c, s);
+      const float p = qs[r] * s;
+      if constexpr (FAST) part += p;
+      else prod[r][lane] = p;
+    }
+  }
+  if constexpr (FAST) prod[warp][lane] = part;
+  __syncthreads();
+
+  // 4. Σo² through the cluster (one barrier), RMSNorm × o_norm × σ(gate); the windows back.
+  float o = 0;
+  if (warp == 0) {
+    if constexpr (FAST) {
+      for (int w = 0; w < nw; ++w) o += prod[w][lane];
+    } else {
+#pragma unroll 8
+      for (int r = 0; r < d; ++r) o += prod[r][lane];
+    }
+    const double so = warp_sum(colok ? double(o) * o : 0.0);
+    if (lane < blocks) cluster.map_shared_rank(opart, lane)[j] = so;
+  }
+  cluster.sync();
+  if (warp == 0 && colok) {
+    double to = 0;
+    for (int t = 0; t < blocks; ++t) to += opart[t];
+    const float inv = float(1.0 / sqrt(to / d + a.eps));
+    float y = o * inv * onv;
+    y *= sig<FAST>(gv);
+    a.out[io + vch] = y;
+    store_conv(conv, P, 2, vch, K, iv);
+  }
+  if (live && warp == j) {
+    store_conv(conv, P, 0, ch, K, iq);
+    store_conv(conv, P, 1, ch, K, ik);
+  }
+}
+
+/// Launches `kern` with a cluster of `cluster_x` blocks along x and, when `pdl`, as a
+/// programmatic dependent launch (the kernel calls wait_prior_kernel before reading its inputs).
+template <class... Exp, class... Act>
+void launch_ex(CudaBackend::Impl& m, void (*kern)(Exp...), dim3 grid, dim3 block, size_t smem, unsigned cluster_x,
+               bool pdl, Act&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = m.stream;
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = cluster_x;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 2 : 1;
+  check_cuda(cudaLaunchKernelEx(&cfg, kern, std::forward<Act>(args)...), "cudaLaunchKernelEx (kda_core decode)");
+}
+
+uint64_t launch_count(const CudaBackend::Impl& m) { return m.stats.launches + m.stats.graph_kernels; }
+
+/// The launch rule of a decode step on the states st.S[0..n): a programmatic dependent launch
+/// (it reads its state before the kernel before it has finished) unless a kernel that may still
+/// be running touches one of these states. Only decode steps are launched that way, so what may
+/// still run is the run of decode steps launched back to back since the last ordinary launch, and
+/// that launch itself (a token or chunked KDA kernel says which state it touched through
+/// kda_note_launch). Updates that record; returns whether to launch programmatically.
+bool decode_may_overlap(CudaBackend::Impl& m, const KdaDecodeStates& st, int n, size_t bytes) {
+  if (launch_count(m) != m.kda_chain_at) m.kda_chain.clear();  // an ordinary launch came between
+  bool clash = false;
+  for (int i = 0; i < n && !clash; ++i)
+    for (size_t t = 0; t + 1 < m.kda_chain.size() && !clash; t += 2)
+      clash = reinterpret_cast<const char*>(st.S[i]) < reinterpret_cast<const char*>(m.kda_chain[t + 1]) &&
+              reinterpret_cast<const char*>(m.kda_chain[t]) < reinterpret_cast<const char*>(st.S[i]) + bytes;
+  const bool pdl = m.kda_decode_pdl && !clash;
+  if (!pdl) m.kda_chain.clear();  // an ordinary launch: what came before it has completed when it starts
+  for (int i = 0; i < n; ++i) {
+    m.kda_chain.push_back(st.S[i]);
+    m.kda_chain.push_back(reinterpret_cast<const float*>(reinterpret_cast<const char*>(st.S[i]) + bytes));
+  }
+  return pdl;
+}
+
+/// Impl::kda_decode_form after set_kda_decode_form(KdaDecodeForm::Split): the split form even where
+/// the bulk form applies (the initial value, KdaDecodeForm::Split, means bulk first, as Bulk does).
+constexpr KdaDecodeForm kSplitForced = static_cast<KdaDecodeForm>(3);
+
+bool split_applies(const KdaDecodeArgs& a) { return a.T == 1 && a.d >= 1 && a.d <= kKdaDecodeMaxDim && a.K >= 1 && a.K <= 4; }
+
+template <int KC, bool FIXED>
+void launch_split_k(CudaBackend::Impl& m, const KdaDecodeArgs& a, const KdaDecodeStates& st, int B, dim3 grid,
+                    dim3 block, unsigned blocks, bool pdl) {
+  if (a.fast) launch_ex(m, kda_decode_split_kernel<KC, FIXED, true>, grid, block, 0, blocks, pdl, a, st);
+  else launch_ex(m, kda_decode_split_kernel<KC, FIXED, false>, grid, block, 0, blocks, pdl, a, st);
+}
+
+template <bool FIXED>
+void launch_split_d(CudaBackend::Impl& m, const KdaDecodeArgs& a, const KdaDecodeStates& st, int B, dim3 grid,
+                    dim3 block, unsigned blocks, bool pdl) {
+  switch (a.K) {
+    case 1: launch_split_k<1, FIXED>(m, a, st, B, grid, block, blocks, pdl); break;
+    case 2: launch_split_k<2, FIXED>(m, a, st, B, grid, block, blocks, pdl); break;
+    case 3: launch_split_k<3, FIXED>(m, a, st, B, grid, block, blocks, pdl); break;
+    default: launch_split_k<4, FIXED>(m, a, st, B, grid, block, blocks, pdl); break;
+  }
+}
+
+void launch_split(CudaBackend::Impl& m, const KdaDecodeArgs& a, const KdaDecodeStates& st, int B) {
+  const unsigned blocks = unsigned((a.d + kSplitCols - 1) / kSplitCols);
+  const bool pdl = decode_may_overlap(m, st, B, size_t(a.H) * a.d * a.d * sizeof(float));
+  const dim3 grid(blocks, unsigned(a.H), unsigned(B)), block(kWarp * blocks);
+  if (a.d == kKdaDecodeMaxDim) launch_split_d<true>(m, a, st, B, grid, block, blocks, pdl);
+  else launch_split_d<false>(m, a, st, B, grid, block, blocks, pdl);
+  m.launched("kda_core decode kernel (split)");
+  m.kda_chain_at = launch_count(m);
+  m.stats.kda_decode_calls += uint64_t(B);
+  m.stats.kda_decode_split_calls += uint64_t(B);
+  if (pdl) ++m.stats.kda_decode_pdl;
+}
+
 template <int RW, int NW, bool FIXED>
 void launch(CudaBackend::Impl& m, const KdaDecodeArgs& a) {
   const unsigned blocks = unsigned((a.d + kWarp - 1) / kWarp);
@@ -384,46 +679,69 @@ void launch(CudaBackend::Impl& m, const KdaDecodeArgs& a) {
 
 }  // namespace
 
+void kda_note_launch(CudaBackend::Impl& m, const float* S, size_t bytes) {
+  m.kda_chain.assign({S, reinterpret_cast<const float*>(reinterpret_cast<const char*>(S) + bytes)});
+  m.kda_chain_at = launch_count(m);
+}
+
 bool kda_decode(CudaBackend::Impl& m, const KdaDecodeArgs& a) {
   if (a.T != 1 || a.d < 1 || a.d > kKdaDecodeMaxDim || a.K < 1 || a.K > kKdaDecodeMaxConv) return false;
+  const size_t state_bytes = size_t(a.H) * a.d * a.d * sizeof(float);
+  constexpr size_t kBulkSmemMax = (size_t(kKdaDecodeMaxDim) * kKdaDecodeMaxDim + 3 * kKdaDecodeMaxDim) * sizeof(float);
+  const bool bulk_ok = a.d % 4 == 0 && a.K <= 4 && reinterpret_cast<uintptr_t>(a.S) % 16 == 0 &&
+                       kBulkSmemMax <= size_t(m.max_smem_optin);
+  // The stored form: the backend's initial value or Bulk = bulk where it applies, else split (the
+  // fastest single-sequence forms, run 24-kdadec); kSplitForced = Split asked for explicitly.
+  const KdaDecodeForm form = m.kda_decode_form;
+  const bool forced_split = form == kSplitForced, bulk_first = form == KdaDecodeForm::Split || form == KdaDecodeForm::Bulk;
+  if (split_applies(a) && (forced_split || (bulk_first && !bulk_ok))) {
+    KdaDecodeStates st{};
+    st.S[0] = a.S, st.conv[0] = a.conv;
+    launch_split(m, a, st, 1);
+    return true;
+  }
   // Rows of 16-byte multiples on a 16-byte aligned state, conv kernel 1..4: the bulk-copy kernel
   // (K3, Kimi Linear).
-  constexpr size_t kBulkSmemMax = (size_t(kKdaDecodeMaxDim) * kKdaDecodeMaxDim + 3 * kKdaDecodeMaxDim) * sizeof(float);
-  if (m.kda_decode_bulk && a.d % 4 == 0 && a.K <= 4 && reinterpret_cast<uintptr_t>(a.S) % 16 == 0 &&
-      kBulkSmemMax <= size_t(m.max_smem_optin)) {
+  if (bulk_first && bulk_ok) {
     const size_t smem = (size_t(a.d) * a.d + 3 * size_t(a.d)) * sizeof(float);
-    {
-      if (m.kda_decode_optin == 0) {  // once per backend: every form may take the d = 128 maximum
-        const void* ks[4] = {reinterpret_cast<const void*>(kda_decode_bulk_kernel<1>),
-                             reinterpret_cast<const void*>(kda_decode_bulk_kernel<2>),
-                             reinterpret_cast<const void*>(kda_decode_bulk_kernel<3>),
-                             reinterpret_cast<const void*>(kda_decode_bulk_kernel<4>)};
-        for (const void* k : ks)
-          check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBulkSmemMax)),
-                     "cudaFuncSetAttribute (kda_core decode shared memory)");
-        m.kda_decode_optin = int(kBulkSmemMax);
-      }
-      const int threads = (a.d + kWarp - 1) / kWarp * kWarp;
-      switch (a.K) {
-        case 1: kda_decode_bulk_kernel<1><<<a.H, threads, smem, m.stream>>>(a); break;
-        case 2: kda_decode_bulk_kernel<2><<<a.H, threads, smem, m.stream>>>(a); break;
-        case 3: kda_decode_bulk_kernel<3><<<a.H, threads, smem, m.stream>>>(a); break;
-        default: kda_decode_bulk_kernel<4><<<a.H, threads, smem, m.stream>>>(a); break;
-      }
-      m.launched("kda_core decode kernel (bulk)");
-      ++m.stats.kda_decode_calls;
-      ++m.stats.kda_decode_bulk_calls;
-      return true;
+    if (m.kda_decode_optin == 0) {  // once per backend: every form may take the d = 128 maximum
+      const void* ks[4] = {reinterpret_cast<const void*>(kda_decode_bulk_kernel<1>),
+                           reinterpret_cast<const void*>(kda_decode_bulk_kernel<2>),
+                           reinterpret_cast<const void*>(kda_decode_bulk_kernel<3>),
+                           reinterpret_cast<const void*>(kda_decode_bulk_kernel<4>)};
+      for (const void* k : ks)
+        check_cuda(cudaFuncSetAttribute(k, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kBulkSmemMax)),
+                   "cudaFuncSetAttribute (kda_core decode shared memory)");
+      m.kda_decode_optin = int(kBulkSmemMax);
     }
+    const int threads = (a.d + kWarp - 1) / kWarp * kWarp;
+    switch (a.K) {
+      case 1: kda_decode_bulk_kernel<1><<<a.H, threads, smem, m.stream>>>(a); break;
+      case 2: kda_decode_bulk_kernel<2><<<a.H, threads, smem, m.stream>>>(a); break;
+      case 3: kda_decode_bulk_kernel<3><<<a.H, threads, smem, m.stream>>>(a); break;
+      default: kda_decode_bulk_kernel<4><<<a.H, threads, smem, m.stream>>>(a); break;
+    }
+    m.launched("kda_core decode kernel (bulk)");
+    kda_note_launch(m, a.S, state_bytes);
+    ++m.stats.kda_decode_calls;
+    ++m.stats.kda_decode_bulk_calls;
+    return true;
   }
-  // d = 128 (K3, Kimi Linear): 2 warps of 64 rows, stride fixed. Other d: warps of 32 rows (runtime
-  // strides cost address registers; 64 rows would spill).
+  // The cluster form. d = 128: 2 warps of 64 rows, stride fixed. Other d: warps of 32 rows
+  // (runtime strides cost address registers; 64 rows would spill).
   if (a.d == 128) launch<64, 2, true>(m, a);
   else if (a.d <= 32) launch<32, 1, false>(m, a);
   else if (a.d <= 64) launch<32, 2, false>(m, a);
   else launch<32, 4, false>(m, a);
   m.launched("kda_core decode kernel");
+  kda_note_launch(m, a.S, state_bytes);
   ++m.stats.kda_decode_calls;
+  return true;
+}
+
+bool kda_decode_batch(CudaBackend::Impl& m, const KdaDecodeArgs& a, const KdaDecodeStates& st, int B) {
+  if (B < 1 || B > kKdaDecodeMaxBatch || !split_applies(a)) return false;
+  launch_split(m, a, st, B);
   return true;
 }
 
@@ -431,6 +749,9 @@ bool kda_decode(CudaBackend::Impl& m, const KdaDecodeArgs& a) {
 
 namespace wren {
 
-void CudaBackend::set_kda_decode_bulk(bool on) { impl_->kda_decode_bulk = on; }
+void CudaBackend::set_kda_decode_form(KdaDecodeForm f) {
+  impl_->kda_decode_form = f == KdaDecodeForm::Split ? cuda::kSplitForced : f;
+}
+void CudaBackend::set_kda_decode_pdl(bool on) { impl_->kda_decode_pdl = on; }
 
 }  // namespace wren
