@@ -2,11 +2,14 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "core/hash.h"
 #include "model/load.h"
@@ -308,6 +311,36 @@ TEST(Cli, BadArgumentsExitNonZero) {
 
 namespace wren {
 namespace {
+
+// `bench experts --runs N` repeats each measurement N times (cold each time) and reports min and
+// median, the store / sequential ratio per run; the decode rows too.
+TEST(Cli, BenchExpertsReportsMinAndMedianOfSeveralRuns) {
+  std::string out;
+  ASSERT_EQ(0, test::run_wren("bench experts " + model_arg() + " -n 2 --runs 3", &out)) << out;
+  EXPECT_NE(out.find("min / median of 3 runs"), std::string::npos) << out;
+  const std::string key = "ratio store / sequential (per run): min ";
+  const size_t at = out.find(key);
+  ASSERT_NE(at, std::string::npos) << out;
+  double lo = 0, med = 0;
+  ASSERT_EQ(2, std::sscanf(out.c_str() + at + key.size(), "%lfx, median %lfx (3 runs", &lo, &med)) << out;
+  EXPECT_GT(lo, 0) << out;
+  EXPECT_LE(lo, med) << out;
+  EXPECT_NE(out.find("| decode tok/s min | decode tok/s median |"), std::string::npos) << out;
+  // Three decode rows (10%, 50%, 100%), each with min <= median.
+  int rows = 0;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.rfind("| 10% (", 0) != 0 && line.rfind("| 50% (", 0) != 0 && line.rfind("| 100% (", 0) != 0) continue;
+    std::vector<std::string> cells;
+    std::istringstream cs(line);
+    for (std::string cell; std::getline(cs, cell, '|');) cells.push_back(cell);
+    ASSERT_GE(cells.size(), 9u) << line;
+    EXPECT_LE(std::stod(cells[7]), std::stod(cells[8])) << line;
+    ++rows;
+  }
+  EXPECT_EQ(rows, 3) << out;
+  EXPECT_EQ(2, test::run_wren("bench experts " + model_arg() + " --runs 0", &out)) << out;
+}
 
 TEST(LoadProgress, CallbackCountsEveryDenseByteOnce) {
   std::vector<std::pair<uint64_t, uint64_t>> calls;

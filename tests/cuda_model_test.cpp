@@ -6,10 +6,15 @@
 // invariance on the device, launch counters (the GPU did the work), and `wren run --backend`.
 // Without a device (or without the CUDA build) the GPU tests skip with the reason.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
+#include <functional>
+#include <set>
+#include <mutex>
+#include <map>
 #include <fstream>
 
 #include "backends/cpu/cpu_backend.h"
@@ -471,15 +476,18 @@ TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
   struct Budget {
     const char* name;
     uint64_t bytes;
-    bool store;
+    uint64_t store;  // experts the host store holds; 0 = no store (the shard mappings)
     uint64_t slots;  // expected; 0 = all resident
   };
-  const Budget budgets[] = {{"all", CudaBackend::kAllExperts, false, 0},
-                            {"partial", slot * (total / 3), false, total / 3},
-                            {"4 layers", slot * 4 * uint64_t(c.top_k), false, 4 * uint64_t(c.top_k)},
-                            {"4 layers+store", slot * 4 * uint64_t(c.top_k), true, 4 * uint64_t(c.top_k)},
-                            {"minimal", slot * uint64_t(c.top_k), false, uint64_t(c.top_k)},
-                            {"minimal+store", slot * uint64_t(c.top_k) + 100, true, uint64_t(c.top_k)}};
+  const uint64_t k4 = 4 * uint64_t(c.top_k);
+  const Budget budgets[] = {{"all", CudaBackend::kAllExperts, 0, 0},
+                            {"partial", slot * (total / 3), 0, total / 3},
+                            {"4 layers", slot * k4, 0, k4},
+                            {"4 layers+store", slot * k4, 6, k4},
+                            {"4 layers+big store", slot * k4, total, k4},
+                            {"minimal", slot * uint64_t(c.top_k), 0, uint64_t(c.top_k)},
+                            {"minimal+store", slot * uint64_t(c.top_k) + 100, 6, uint64_t(c.top_k)},
+                            {"minimal+big store", slot * uint64_t(c.top_k), total, uint64_t(c.top_k)}};
   const GoldenCase gc = golden_cases()[1];
   const int T = int(gc.ids.size()), V = c.vocab, steps = 6;
   std::vector<float> ref;
@@ -490,7 +498,7 @@ TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
       be.set_vram_expert_budget(b.bytes);
       if (b.store) {
         ExpertStoreOptions so;
-        so.cache_bytes = uint64_t(c.expert_bytes()) * 6;
+        so.cache_bytes = uint64_t(c.expert_bytes()) * b.store;
         so.direct = DirectIo::Off;
         store = std::make_unique<ExpertStore>(model->weights, c.expert_bytes(), so);
         be.set_expert_source(store.get());
@@ -530,6 +538,20 @@ TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
       }
       if (store) {
         EXPECT_GT(store->stats().misses, 0u) << "the experts came through the store";
+        // The host store reads only the guesses the VRAM tier copies (a big store has room for
+        // every guess, so its own limits hide nothing): none when the tier has no room for
+        // guesses (top-k slots), and never more than the tier copied (or whose read failed).
+        const uint64_t disk_guesses = store->stats().prefetch_issued;
+        if (predict && b.store == total && b.slots == uint64_t(c.top_k)) {
+          EXPECT_EQ(disk_guesses, 0u) << name << ": guesses the tier has no slot for were read from disk";
+        }
+        if (predict && b.store == total) {
+          EXPECT_LE(disk_guesses, s.tier_prefetch_issued + s.tier_prefetch_failed)
+              << name << ": the host store read guesses the VRAM tier never copied";
+        }
+        std::printf("[ cuda tier %s ] host store: %llu guesses read from disk, %llu misses, %.1f KB read\n", name.c_str(),
+                    (unsigned long long)disk_guesses, (unsigned long long)store->stats().misses,
+                    store->stats().bytes_read / 1e3);
       }
       std::printf("[ cuda tier %s ] %llu slots, %llu hits, %llu misses, %.1f MB copied host->device; prefetch: %llu copied, "
                   "%llu used, %llu evicted unused, recall %.1f%%; %llu graph launches, %llu host syncs%s\n",
@@ -547,6 +569,174 @@ TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
   EXPECT_THROW(tiny.upload(weight_list(model->weights)), Error);
 }
 
+/// An ExpertSource over the expert store that records, per (layer, expert), whether the first
+/// request for it was a guess (prefetch) made while `decode` is set: with a cold store that never
+/// evicts, the first read of such an expert is a prefetch read. (In decode the tier copies every
+/// guess it sends to the store; in a prefill it may not, run 24-tier.)
+class FirstRequest final : public ExpertSource {
+ public:
+  explicit FirstRequest(ExpertSource& s) : s_(s) {}
+  void visit(int layer, const std::vector<int>& experts,
+             const std::function<void(int, const ExpertRef&)>& fn) override {
+    for (int e : experts) first.emplace((int64_t(layer) << 32) | e, false);
+    s_.visit(layer, experts, fn);
+  }
+  void prefetch(int layer, const int* experts, int n) override {
+    for (int i = 0; i < n; ++i) first.emplace((int64_t(layer) << 32) | experts[i], decode);
+    s_.prefetch(layer, experts, n);
+  }
+  bool decode = false;
+  std::map<int64_t, bool> first;  ///< key -> first requested by a guess in decode
+
+ private:
+  ExpertSource& s_;
+};
+
+// Read faults (EIO, short read) injected through the expert store's pread hook into the reads of
+// guessed experts while the VRAM tier prefetches them: golden k3-tiny-a with 4 x top-k slots,
+// prediction on, every expert through a cold store that holds all of them. Transient faults (the
+// first read of each expert first asked for by a decode step's guess fails) must leave the logits bit-identical
+// to all-resident experts, the failures counted. Persistent faults on those experts must give
+// either identical logits (never needed) or a wren::Error that names the shard and the expert and
+// says what failed; never other logits.
+TEST(CudaTier, ReadFaultsDuringPrefetchGiveIdenticalLogitsOrAClearError) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  auto model = load_model(test::golden_dir());
+  const Config& c = model->config;
+  const ExpertRef* e0 = nullptr;
+  uint64_t total = 0;
+  for (const LayerWeights& l : model->weights.layers)
+    for (const ExpertRef& e : l.moe.experts) e0 = e0 ? e0 : &e, ++total;
+  ASSERT_NE(e0, nullptr);
+  auto al = [](size_t n) { return uint64_t((n + 255) / 256 * 256); };
+  uint64_t slot = 0;
+  for (const MxMatrix* mx : {&e0->w1, &e0->w3, &e0->w2})
+    slot += al(size_t(mx->rows) * mx->cols / 2) + al(size_t(mx->rows) * mx->cols / 32);
+  // A 2-token prompt (its prefill touches few experts), then greedy steps whose guesses reach
+  // experts not read yet.
+  const GoldenCase gc = golden_cases()[1];
+  const std::vector<int> prompt(gc.ids.begin(), gc.ids.begin() + 2);
+  const int T = int(prompt.size()), V = c.vocab, steps = 10;
+  // One run: logits of the prefill (every position) and `steps` greedy steps into *out; the
+  // Error's message, if one was thrown, into *err.
+  struct Result {
+    std::vector<float> out;
+    std::string err;
+    CudaStats tier;
+    ExpertStoreStats store;
+    std::map<int64_t, bool> first;
+  };
+  auto run = [&](uint64_t budget, std::function<long(int, void*, size_t, uint64_t)> hook) {
+    Result r;
+    CudaBackend be;
+    be.set_vram_expert_budget(budget);
+    ExpertStoreOptions so;
+    so.cache_bytes = uint64_t(c.expert_bytes()) * total;
+    so.direct = DirectIo::Off;
+    so.pread_hook = std::move(hook);
+    ExpertStore store(model->weights, c.expert_bytes(), so);
+    FirstRequest rec(store);
+    if (budget != CudaBackend::kAllExperts) be.set_expert_source(&rec);
+    be.upload(weight_list(model->weights));
+    ForwardOptions fo;
+    fo.max_chunk = 32;
+    fo.predict = true;
+    Forward fwd(*model, be, fo);
+    SequenceState st(be, c, 256);
+    r.out.assign(size_t(T + steps) * V, 0.f);
+    try {
+      fwd.run(st, prompt.data(), nullptr, T, r.out.data(), true);
+      rec.decode = true;
+      for (int i = 0; i < steps; ++i) {
+        const int id = argmax(r.out.data() + size_t(T - 1 + i) * V, V);
+        fwd.run(st, &id, nullptr, 1, r.out.data() + size_t(T + i) * V, false);
+      }
+    } catch (const DeviceError&) {
+      throw;
+    } catch (const Error& e) {
+      r.err = e.what();
+    }
+    r.tier = be.stats(), r.store = store.stats(), r.first = rec.first;
+    return r;
+  };
+  const Result ref = run(CudaBackend::kAllExperts, nullptr);
+  const uint64_t budget = slot * 4 * uint64_t(c.top_k);
+  const Result clean = run(budget, nullptr);
+  ASSERT_EQ(clean.err, "");
+  ASSERT_EQ(0, std::memcmp(clean.out.data(), ref.out.data(), ref.out.size() * 4)) << "no faults: logits differ";
+  // The experts first asked for by a guess, by file offset (with a hook the store reads buffered,
+  // so an expert's first pread starts at its offset).
+  // Keyed by (canonical shard path, offset): the shards are several files.
+  std::map<std::pair<std::string, uint64_t>, std::string> guessed;  // -> expert name
+  for (const auto& [key, by_guess] : clean.first)
+    if (by_guess) {
+      const ExpertRef& e = model->weights.layers[size_t(key >> 32)].moe.experts[size_t(key & 0xffffffff)];
+      guessed[{std::filesystem::canonical(e.file).string(), e.offset}] = e.name;
+    }
+  ASSERT_FALSE(guessed.empty()) << "no guess reached the host store: the test would inject nothing";
+  ASSERT_GT(clean.store.prefetch_issued, 0u);
+  for (bool short_read : {false, true})
+    for (bool persistent : {false, true}) {
+      // Fails reads at the guessed experts' offsets: the first one (transient) or all (persistent),
+      // as EIO or as a short read (1000 bytes, then end of file).
+      struct State {
+        std::mutex mu;
+        std::set<std::pair<std::string, uint64_t>> failed, eof_at;
+        std::map<int, std::string> path;  // fd -> the shard's path
+        int faults = 0;
+      };
+      auto state = std::make_shared<State>();
+      auto hook = [state, guessed, short_read, persistent](int fd, void* buf, size_t n, uint64_t off) -> long {
+        std::lock_guard<std::mutex> lk(state->mu);
+        auto p = state->path.find(fd);
+        if (p == state->path.end())
+          p = state->path.emplace(fd, std::filesystem::read_symlink("/proc/self/fd/" + std::to_string(fd)).string()).first;
+        const std::pair<std::string, uint64_t> at{p->second, off};
+        if (state->eof_at.erase(at)) return 0;
+        if (guessed.count(at) && (persistent || !state->failed.count(at))) {
+          state->failed.insert(at);
+          ++state->faults;
+          if (!short_read) {
+            errno = EIO;
+            return -1;
+          }
+          state->eof_at.insert({p->second, off + 1000});
+          return long(::pread(fd, buf, std::min<size_t>(n, 1000), off_t(off)));
+        }
+        return long(::pread(fd, buf, n, off_t(off)));
+      };
+      const Result got = run(budget, hook);
+      const std::string name = std::string(short_read ? "short read" : "EIO") + (persistent ? ", persistent" : ", transient");
+      EXPECT_GT(state->faults, 0) << name << ": no fault was injected";
+      EXPECT_GT(got.store.prefetch_failed, 0u) << name << ": the faults must hit the store's reads of guesses";
+      if (persistent) {  // the read fails again when the tier copies the guess: its failure path runs
+        EXPECT_GT(got.tier.tier_prefetch_failed, 0u) << name << ": no guess failed while the tier copied it";
+      }
+      if (!persistent || got.err.empty()) {
+        EXPECT_EQ(got.err, "") << name;
+        EXPECT_EQ(0, std::memcmp(got.out.data(), ref.out.data(), ref.out.size() * 4))
+            << name << ": logits differ from resident experts (garbage reached a kernel)";
+      } else {
+        // The error names the shard file, the expert and what failed.
+        bool names_expert = false;
+        for (const auto& [off, ename] : guessed) names_expert |= got.err.find("expert '" + ename + "'") != std::string::npos;
+        EXPECT_TRUE(names_expert) << name << ": " << got.err;
+        EXPECT_NE(got.err.find(".safetensors: expert '"), std::string::npos) << name << ": the error must name the shard: "
+                                                                             << got.err;
+        EXPECT_NE(got.err.find(short_read ? "short read, got 1000 of" : "read failed: Input/output error"),
+                  std::string::npos)
+            << name << ": " << got.err;
+      }
+      std::printf("[ cuda tier faults %s ] %d faults injected; store: %llu prefetch reads, %llu failed; tier: %llu guesses "
+                  "copied, %llu failed; %s\n",
+                  name.c_str(), state->faults, (unsigned long long)got.store.prefetch_issued,
+                  (unsigned long long)got.store.prefetch_failed, (unsigned long long)got.tier.tier_prefetch_issued,
+                  (unsigned long long)got.tier.tier_prefetch_failed,
+                  got.err.empty() ? "logits bit-identical to resident experts" : ("error: " + got.err).c_str());
+    }
+}
+
 TEST_F(CudaModel, CliRunBackendCudaGivesGoldenContinuation) {
   std::string out;
   ASSERT_EQ(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 + " -n 8 --json --backend cuda --gpu-precision exact", &out)) << out;
@@ -558,6 +748,11 @@ TEST_F(CudaModel, CliRunBackendCudaGivesGoldenContinuation) {
   ASSERT_EQ(0, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
                                   " -n 8 --json --backend cuda --gpu-precision exact --vram-experts 50K", &out)) << out;
   EXPECT_NE(out.find("{\"output_ids\":[2012,1133,1466,4188,4038,3107,1460,537]"), std::string::npos) << out;
+  // The tier's counters: in --json (stats.vram_tier) and on the stats lines.
+  EXPECT_NE(out.find("\"vram_tier\":{\"bytes_copied\":"), std::string::npos) << out;
+  EXPECT_NE(out.find("\"slots\":7}"), std::string::npos) << out;
+  EXPECT_NE(out.find("wren: VRAM expert tier: 7 slots, "), std::string::npos) << out;
+  EXPECT_NE(out.find("wren: VRAM prediction: recall "), std::string::npos) << out;
   EXPECT_EQ(1, test::run_wren("run --model " + test::golden_dir() + " --ids " + kPrompt0 +
                                   " -n 1 --backend cuda --vram-experts 1K", &out)) << out;
   EXPECT_NE(out.find("--vram-experts"), std::string::npos) << out;

@@ -48,9 +48,12 @@ struct SpeedArgs {
 void run_model(const SpeedArgs& a);
 
 /// `bench experts`: the expert store against a sequential read; decode at three cache budgets.
+/// Each measurement is repeated `runs` times (cold each time) and reported as min / median, the
+/// store / sequential ratio per run (each run's pair of reads).
 struct ExpertsArgs {
   std::string model;
   int tokens = 16;
+  int runs = 3;
   std::string direct = "auto";
 };
 void run_experts(const ExpertsArgs& a);
@@ -70,6 +73,7 @@ struct StreamArgs {
   /// cache of `host_cache` of all expert bytes between them and the disk; exact precision).
   std::string backend = "cpu";
   double host_cache = 0.25;
+  std::string predict = "both";  ///< "off", "on" or "both": the prediction modes run per budget
 };
 void run_stream(const StreamArgs& a);
 

@@ -11,6 +11,7 @@
 #include <fstream>
 #include <memory>
 #include <set>
+#include <vector>
 
 #include "backends/cpu/cpu_backend.h"
 #include "bench/bench.h"
@@ -86,21 +87,29 @@ void bench_experts(const ExpertsArgs& a) {
   const bool direct = ExpertStore(model->weights, c.expert_bytes(), probe).direct();
   const char* cold = direct ? "cold (O_DIRECT)" : "cold (page cache dropped with posix_fadvise)";
 
-  std::printf("\n## Read throughput, %s\n", cold);
+  std::printf("\n## Read throughput, %s; min / median of %d runs\n", cold, a.runs);
   uint64_t seq_bytes = 0, st_bytes = 0;
-  drop_cache(files);
-  const double seq = sequential_read(files, direct, &seq_bytes);
-  drop_cache(files);
-  const double st = store_read(*model, probe, &st_bytes);
-  std::printf("| reader | bytes | GB/s |\n|---|---|---|\n");
-  std::printf("| plain sequential read of the shards (8 MB reads, 1 thread) | %.2f GB | %.2f |\n", seq_bytes / 1e9, seq);
-  std::printf("| expert store (one read per expert, %d loaders, 16 at a time) | %.2f GB | %.2f |\n",
-              probe.loader_threads, st_bytes / 1e9, st);
-  std::printf("ratio store / sequential: %.2fx (target >= 0.8x)\n", st / seq);
+  std::vector<double> seq, st, ratio;
+  for (int r = 0; r < a.runs; ++r) {  // each run: one plain read, then the store, both cold
+    drop_cache(files);
+    seq.push_back(sequential_read(files, direct, &seq_bytes));
+    drop_cache(files);
+    st.push_back(store_read(*model, probe, &st_bytes));
+    ratio.push_back(st.back() / seq.back());
+  }
+  const Spread q = spread(seq), s = spread(st), rs = spread(ratio);
+  std::printf("| reader | bytes | GB/s min | GB/s median |\n|---|---|---|---|\n");
+  std::printf("| plain sequential read of the shards (8 MB reads, 1 thread) | %.2f GB | %.2f | %.2f |\n", seq_bytes / 1e9,
+              q.min, q.median);
+  std::printf("| expert store (one read per expert, %d loaders, 16 at a time) | %.2f GB | %.2f | %.2f |\n",
+              probe.loader_threads, st_bytes / 1e9, s.min, s.median);
+  std::printf("ratio store / sequential (per run): min %.2fx, median %.2fx (%d runs; target >= 0.8x)\n", rs.min,
+              rs.median, a.runs);
 
-  std::printf("\n## Decode at three budgets (%d prompt tokens, %d generated; cache starts %s)\n", 8, a.tokens, cold);
-  std::printf("| budget | experts held | hit rate | read GB | I/O wait s | expert compute s | decode tok/s | RSS MB | RSS / (base + budget) |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  std::printf("\n## Decode at three budgets (%d prompt tokens, %d generated; cache starts %s; min / median of %d runs)\n",
+              8, a.tokens, cold, a.runs);
+  std::printf("| budget | experts held | hit rate | read GB | I/O wait s | expert compute s | decode tok/s min | decode tok/s median | RSS MB | RSS / (base + budget) |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|\n");
   const uint64_t base_rss = rss_now();
   CpuBackend be;
   std::vector<int> prompt;
@@ -108,21 +117,28 @@ void bench_experts(const ExpertsArgs& a) {
   for (double frac : {0.1, 0.5, 1.0}) {
     ExpertStoreOptions o = probe;
     o.cache_bytes = std::max<uint64_t>(c.expert_bytes(), uint64_t(frac * all_bytes));
-    drop_cache(files);
-    auto store = std::make_unique<ExpertStore>(model->weights, c.expert_bytes(), o);
-    be.set_expert_source(store.get());
-    Forward fwd(*model, be, {32, -1});
-    SequenceState state(be, c, 64 + a.tokens);
-    GenerateOptions g;
-    g.max_new_tokens = a.tokens;
-    GenerateStats gs;
-    generate_greedy(fwd, state, prompt, g, &gs);
-    const ExpertStoreStats& x = store->stats();
+    std::vector<double> tps;
+    ExpertStoreStats x;
+    int slots = 0;
+    for (int r = 0; r < a.runs; ++r) {
+      drop_cache(files);
+      auto store = std::make_unique<ExpertStore>(model->weights, c.expert_bytes(), o);
+      be.set_expert_source(store.get());
+      Forward fwd(*model, be, {32, -1});
+      SequenceState state(be, c, 64 + a.tokens);
+      GenerateOptions g;
+      g.max_new_tokens = a.tokens;
+      GenerateStats gs;
+      generate_greedy(fwd, state, prompt, g, &gs);
+      tps.push_back((gs.generated_tokens - 1) / std::max(gs.decode_s, 1e-9));
+      x = store->stats(), slots = store->slots();
+      be.set_expert_source(nullptr);
+    }
+    const Spread t = spread(tps);
     const uint64_t rss = rss_now();
-    std::printf("| %.0f%% (%.2f GB) | %d | %.1f%% | %.2f | %.2f | %.2f | %.2f | %.0f | %.2f |\n", frac * 100,
-                o.cache_bytes / 1e9, store->slots(), 100 * x.hit_rate(), x.bytes_read / 1e9, x.wait_s,
-                x.compute_s, (gs.generated_tokens - 1) / std::max(gs.decode_s, 1e-9), rss / 1e6,
-                double(rss) / double(base_rss + uint64_t(store->slots()) * c.expert_bytes()));
+    std::printf("| %.0f%% (%.2f GB) | %d | %.1f%% | %.2f | %.2f | %.2f | %.2f | %.2f | %.0f | %.2f |\n", frac * 100,
+                o.cache_bytes / 1e9, slots, 100 * x.hit_rate(), x.bytes_read / 1e9, x.wait_s, x.compute_s, t.min,
+                t.median, rss / 1e6, double(rss) / double(base_rss + uint64_t(slots) * c.expert_bytes()));
   }
   std::printf("\nbase RSS after loading the dense weights: %.0f MB; peak RSS %.0f MB\n", base_rss / 1e6,
               peak_rss_bytes() / 1e6);

@@ -3,15 +3,29 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 
 namespace wren::bench {
+
+/// Minimum and median of repeated measurements (0, 0 when there are none): the benchmarks report
+/// both, so a ratio from a noisy disk says how far it spreads.
+struct Spread {
+  double min = 0, median = 0;
+};
+inline Spread spread(std::vector<double> v) {
+  if (v.empty()) return {};
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return {v[0], n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2])};
+}
 
 /// Plain sequential read of every file in `files`, 8 MB at a time, one thread (O_DIRECT when
 /// `direct`): the speed the expert store is compared with. Returns GB/s over wall time; the bytes

@@ -42,12 +42,15 @@ double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t n = v.size();
-  return n == 0 ? 0 : n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+double median(const std::vector<double>& v) { return spread(v).median; }
+double minimum(const std::vector<double>& v) { return spread(v).min; }
+
+/// The prediction modes of --predict (off, on, both).
+std::vector<bool> predict_modes(const std::string& p) {
+  if (p == "off") return {false};
+  if (p == "on") return {true};
+  return {false, true};
 }
-double minimum(const std::vector<double>& v) { return v.empty() ? 0 : *std::min_element(v.begin(), v.end()); }
 
 /// The bench checkpoint's config: K3's routed-expert shape (latent 3584, width 3072: 17.55 MB per
 /// MXFP4 expert, top-16) with small dense parts (hidden 512), `moe_layers` MoE layers after one
@@ -149,6 +152,7 @@ struct RunResult {
   uint64_t hash = 0;
   // CUDA (VRAM tier): decode host -> device bytes (demand + prefetch), prefetch counters.
   uint64_t decode_h2d = 0, prefetch_issued = 0, prefetch_used = 0, slots = 0;
+  uint64_t disk_guesses = 0;  ///< decode: guessed experts the host store read from disk (its prefetch reads)
 };
 
 /// --budgets: comma-separated fractions of all expert bytes, each in (0, 1] (1 = every expert
@@ -260,6 +264,7 @@ RunResult one_cuda_run(const Model& m, const ExpertStoreOptions& so, const std::
   if (store) {
     r.decode_read = store->stats().bytes_read;
     r.decode_wait_s = store->stats().wait_s;
+    r.disk_guesses = store->stats().prefetch_issued;
   }
   return r;
 }
@@ -280,14 +285,14 @@ void cuda_budgets(const Model& m, ExpertStoreOptions so, const std::set<std::str
               "host -> device copy from pinned memory, measured now: %.2f GB/s\n",
               so.cache_bytes / 1e9, a.host_cache * 100, h2d);
   std::printf("| VRAM budget | slots | predict | prefill tok/s | prefill disk GB / touched | decode s/token | "
-              "VRAM hit rate | recall | prefetch used / copied | disk GB/token | H2D GB/token | disk GB/s (x raw) | "
-              "H2D GB/s (x measured) | floor s/token | time / floor |\n");
-  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "VRAM hit rate | recall | prefetch used / copied | guesses read from disk | disk GB/token | H2D GB/token | "
+              "disk GB/s (x raw) | H2D GB/s (x measured) | floor s/token | time / floor |\n");
+  std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::set<uint64_t> hashes;
   for (const double frac : parse_budgets(a.budgets)) {
     const uint64_t vram = frac >= 1 ? CudaBackend::kAllExperts : uint64_t(frac * double(all_bytes));
-    for (bool predict : {false, true}) {
-      std::vector<double> pf, sd, disk, h2dt, dach, hach;
+    for (bool predict : predict_modes(a.predict)) {
+      std::vector<double> pf, sd, disk, h2dt, dach, hach, ratio;
       RunResult last;
       for (int r = 0; r < a.runs; ++r) {
         last = one_cuda_run(m, so, files, a, predict, vram);
@@ -298,22 +303,25 @@ void cuda_budgets(const Model& m, ExpertStoreOptions so, const std::set<std::str
         h2dt.push_back(last.decode_h2d / 1e9 / a.tokens);
         dach.push_back(last.decode_read / 1e9 / last.decode_s);
         hach.push_back(last.decode_h2d / 1e9 / last.decode_s);
+        // This run's floor: every disk byte at the raw read speed and every copied byte at the
+        // measured host-to-device speed, whichever is longer (they can overlap).
+        const double fl = std::max(disk.back() / raw_med, h2dt.back() / h2d);
+        if (fl > 0) ratio.push_back(sd.back() / fl);
       }
-      // The floor: every disk byte at the raw read speed and every copied byte at the measured
-      // host-to-device speed, whichever is longer (they can overlap).
       const double floor = std::max(median(disk) / raw_med, median(h2dt) / h2d);
-      char recall[32] = "-", ratio[32] = "-";
+      char recall[32] = "-", rt[48] = "-";
       if (predict && last.slots) std::snprintf(recall, sizeof recall, "%.1f%%", 100 * last.recall);
-      if (floor > 0) std::snprintf(ratio, sizeof ratio, "%.2fx", median(sd) / floor);
-      std::printf("| %.0f%% (%.2f GB) | %llu | %s | %.2f / %.2f | %.2f / %.2f | %.4f / %.4f | %.1f%% | %s | %llu / %llu | "
+      if (!ratio.empty()) std::snprintf(rt, sizeof rt, "%.2fx / %.2fx", minimum(ratio), median(ratio));
+      std::printf("| %.0f%% (%.2f GB) | %llu | %s | %.2f / %.2f | %.2f / %.2f | %.4f / %.4f | %.1f%% | %s | %llu / %llu | %llu | "
                   "%.3f | %.3f | %.3f (%.2fx) | %.2f (%.2fx) | %.4f | %s |\n",
                   frac * 100, frac >= 1 ? all_bytes / 1e9 : vram / 1e9, (unsigned long long)last.slots,
                   predict ? "on" : "off", minimum(pf), median(pf), last.prefill_read / 1e9, last.prefill_touched / 1e9,
                   minimum(sd), median(sd), 100 * last.decode_hit,
                   recall,
-                  (unsigned long long)last.prefetch_used, (unsigned long long)last.prefetch_issued, median(disk),
+                  (unsigned long long)last.prefetch_used, (unsigned long long)last.prefetch_issued,
+                  (unsigned long long)last.disk_guesses, median(disk),
                   median(h2dt), median(dach), median(dach) / raw_med, median(hach), median(hach) / h2d, floor,
-                  ratio);
+                  rt);
       std::fflush(stdout);
     }
   }
@@ -375,8 +383,10 @@ void run_stream(const StreamArgs& a) {
   std::printf("model: %s (%s)\nexperts: %d MoE layers x %d = %llu experts of %.2f MB = %.2f GB in %zu shards; top-%d\n",
               dir.c_str(), reuse ? "reused" : "written", c.n_layers - c.first_dense, c.n_experts,
               (unsigned long long)n_exp, c.expert_bytes() / 1e6, all_bytes / 1e9, files.size(), c.top_k);
-  std::printf("backend %s; cpu: %s, %d threads; prefill %d tokens (chunk %d), decode %d tokens; %d runs each\n",
-              a.backend.c_str(), cpu::isa_name(a.cpu.isa), a.cpu.threads, a.prompt, a.chunk, a.tokens, a.runs);
+  std::printf("backend %s; cpu: %s, %d threads; prefill %d tokens (chunk %d), decode %d tokens; %d runs each; "
+              "prediction %s\n",
+              a.backend.c_str(), cpu::isa_name(a.cpu.isa), a.cpu.threads, a.prompt, a.chunk, a.tokens, a.runs,
+              a.predict == "both" ? "off and on" : a.predict.c_str());
 #ifndef WREN_HAVE_CUDA
   check(a.backend != "cuda", "bench stream --backend cuda: this build has no CUDA backend (configure with -DWREN_CUDA=ON)");
 #endif
@@ -396,17 +406,19 @@ void run_stream(const StreamArgs& a) {
   std::printf("\n## Raw sequential read of the shards (%s, 8 MB reads, 1 thread)\nGB/s: min %.3f, median %.3f (%d runs)\n",
               direct ? "cold: O_DIRECT" : "cold: page cache dropped", minimum(raw), raw_med, a.runs);
 
-  std::vector<double> st, st_ahead;
+  std::vector<double> st, st_ahead, st_x, ahead_x;
   for (int r = 0; r < a.runs; ++r) {
     drop_cache(files);
     st.push_back(store_read(*model, so, false));
     drop_cache(files);
     st_ahead.push_back(store_read(*model, so, true));
+    st_x.push_back(st.back() / raw[r]), ahead_x.push_back(st_ahead.back() / raw[r]);  // against this run's raw read
   }
-  std::printf("expert store, every expert, 16 per visit, no compute (%d loaders): GB/s min %.3f, median %.3f (%.2fx raw); "
-              "next 16 prefetched before each visit: min %.3f, median %.3f (%.2fx raw)\n",
-              a.loaders, minimum(st), median(st), median(st) / raw_med, minimum(st_ahead), median(st_ahead),
-              median(st_ahead) / raw_med);
+  std::printf("expert store, every expert, 16 per visit, no compute (%d loaders): GB/s min %.3f, median %.3f; "
+              "x raw per run min %.2fx, median %.2fx\n"
+              "next 16 prefetched before each visit: GB/s min %.3f, median %.3f; x raw per run min %.2fx, median %.2fx\n",
+              a.loaders, minimum(st), median(st), minimum(st_x), median(st_x), minimum(st_ahead), median(st_ahead),
+              minimum(ahead_x), median(ahead_x));
 
 #ifdef WREN_HAVE_CUDA
   if (a.backend == "cuda") {
@@ -416,13 +428,13 @@ void run_stream(const StreamArgs& a) {
   }
 #endif
   std::printf("\n## Prefill and decode by budget (cold cache at the start of each run; min / median of %d runs)\n", a.runs);
-  std::printf("| budget | predict | prefill tok/s | prefill GB read / touched | decode s/token | decode GB/token | hit rate | recall | achieved GB/s (x raw) | I/O floor s/token | time / floor |\n");
+  std::printf("| budget | predict | prefill tok/s | prefill GB read / touched | decode s/token | decode GB/token | hit rate | recall | achieved GB/s (x raw) | I/O floor s/token | time / floor min / median |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::set<uint64_t> hashes;
   for (const double frac : parse_budgets(a.budgets)) {
     so.cache_bytes = std::max<uint64_t>(c.expert_bytes(), uint64_t(frac * double(all_bytes)));
-    for (bool predict : {false, true}) {
-      std::vector<double> pf, sd, gbt, ach;
+    for (bool predict : predict_modes(a.predict)) {
+      std::vector<double> pf, sd, gbt, ach, ratio;
       RunResult last;
       for (int r = 0; r < a.runs; ++r) {
         last = one_run(*model, a.cpu, so, files, a, predict);
@@ -431,13 +443,15 @@ void run_stream(const StreamArgs& a) {
         sd.push_back(last.decode_s / a.tokens);
         gbt.push_back(last.decode_read / 1e9 / a.tokens);
         ach.push_back(last.decode_read / 1e9 / last.decode_s);
+        if (gbt.back() > 0) ratio.push_back(sd.back() / (gbt.back() / raw_med));  // this run against its own floor
       }
       const double floor = median(gbt) / raw_med;  // s/token if every byte read came at the raw speed
-      std::printf("| %.0f%% (%.2f GB) | %s | %.2f / %.2f | %.2f / %.2f | %.3f / %.3f | %.3f | %.1f%% | %.1f%% | %.3f (%.2fx) | %.3f | %.2fx |\n",
+      char rt[48] = "-";
+      if (!ratio.empty()) std::snprintf(rt, sizeof rt, "%.2fx / %.2fx", minimum(ratio), median(ratio));
+      std::printf("| %.0f%% (%.2f GB) | %s | %.2f / %.2f | %.2f / %.2f | %.3f / %.3f | %.3f | %.1f%% | %.1f%% | %.3f (%.2fx) | %.3f | %s |\n",
                   frac * 100, so.cache_bytes / 1e9, predict ? "on" : "off", minimum(pf), median(pf),
                   last.prefill_read / 1e9, last.prefill_touched / 1e9, minimum(sd), median(sd), median(gbt),
-                  100 * last.decode_hit, 100 * last.recall, median(ach), median(ach) / raw_med, floor,
-                  floor > 0 ? median(sd) / floor : 0.0);
+                  100 * last.decode_hit, 100 * last.recall, median(ach), median(ach) / raw_med, floor, rt);
       std::fflush(stdout);
     }
   }

@@ -65,6 +65,7 @@ void add_bench_experts(CLI::App* bench) {
   CLI::App* sub = bench->add_subcommand("experts", "Expert store vs a sequential read; decode at three cache budgets");
   sub->add_option("--model", a->model, "K3 snapshot folder with MXFP4 experts (e.g. from wren synth)")->required();
   sub->add_option("-n,--tokens", a->tokens, "Tokens to decode per budget")->check(positive());
+  sub->add_option("--runs", a->runs, "Runs of each measurement (min / median)")->check(positive())->capture_default_str();
   sub->add_option("--direct", a->direct, "O_DIRECT reads: auto, on or off");
   sub->callback([a] { bench::run_experts(*a); });
 }
@@ -88,6 +89,8 @@ void add_bench_stream(CLI::App* bench) {
       ->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   sub->add_option("--host-cache", a->host_cache, "CUDA: host expert cache, fraction of all expert bytes")
       ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+  sub->add_option("--predict", a->predict, "Prediction modes run at each budget: off, on or both")
+      ->check(CLI::IsMember({"off", "on", "both"}))->capture_default_str();
   auto cpu = std::make_shared<CpuFlags>();
   cpu->add_to(sub);
   sub->callback([a, cpu] {

@@ -20,6 +20,7 @@
 #include "core/hash.h"
 #include "core/sizes.h"
 #include "runtime/backend_factory.h"
+#include "runtime/vram_tier.h"
 #include "runtime/chat_format.h"
 #include "runtime/f32_file.h"
 #include "tokenizer/stream_decoder.h"
@@ -207,6 +208,12 @@ void run(RunArgs& a) {
                                      {"failed", x.prefetch_failed}, {"recall", x.recall()},
                                      {"guessed_needed", x.guessed_needed}}}};
     }
+    if (VramTierStats v; vram_tier_stats(e.backend(), &v))
+      js["vram_tier"] = {{"slots", v.slots}, {"hits", v.hits}, {"misses", v.misses}, {"hit_rate", v.hit_rate()},
+                         {"bytes_copied", v.demand_bytes + v.prefetch_bytes}, {"prefetch_bytes", v.prefetch_bytes},
+                         {"prefetch", {{"copied", v.prefetch_copied}, {"used", v.prefetch_used},
+                                       {"wasted", v.prefetch_wasted}, {"failed", v.prefetch_failed},
+                                       {"recall", v.recall()}, {"guessed_needed", v.guess_needed}}}};
     nlohmann::json j = {{"prompt_ids", prompt}, {"output_ids", out}, {"stats", js}};
     if (text_mode) {
       j["text"] = pr.answer;

@@ -3,6 +3,8 @@
 #include "cli/commands.h"
 #include "cli/launch.h"
 #include "core/sizes.h"
+#include "runtime/backend_factory.h"
+#include "runtime/vram_tier.h"
 
 #include <cstdio>
 #include <unistd.h>
@@ -100,6 +102,16 @@ void print_stats(const GenerateStats& s, Engine& e) {
                    (unsigned long long)x.prefetch_wasted, (unsigned long long)x.prefetch_failed);
     if (!x.last_prefetch_error.empty())
       std::fprintf(stderr, "wren: a prefetch read failed (read again on demand): %s\n", x.last_prefetch_error.c_str());
+  }
+  if (VramTierStats v; vram_tier_stats(e.backend(), &v)) {
+    std::fprintf(stderr, "wren: VRAM expert tier: %llu slots, %llu hits, %llu misses (hit rate %.1f%%), %.3f GB copied host -> device (%.3f GB by prefetch)\n",
+                 (unsigned long long)v.slots, (unsigned long long)v.hits, (unsigned long long)v.misses,
+                 100 * v.hit_rate(), (v.demand_bytes + v.prefetch_bytes) / 1e9, v.prefetch_bytes / 1e9);
+    if (v.guess_needed || v.prefetch_copied)
+      std::fprintf(stderr, "wren: VRAM prediction: recall %.1f%% of %llu needed experts; %llu guesses copied, %llu used, %llu evicted unused, %llu failed reads\n",
+                   100 * v.recall(), (unsigned long long)v.guess_needed, (unsigned long long)v.prefetch_copied,
+                   (unsigned long long)v.prefetch_used, (unsigned long long)v.prefetch_wasted,
+                   (unsigned long long)v.prefetch_failed);
   }
   if (const uint64_t n = e.backend().fallbacks(); n != 0)
     std::fprintf(stderr, "wren: %llu slow fallbacks of the %s backend (see the first one above)\n", (unsigned long long)n,

@@ -1,5 +1,6 @@
 // Backend selection (see backend_factory.h).
 #include "runtime/backend_factory.h"
+#include "runtime/vram_tier.h"
 
 #include "backends/cpu/cpu_backend.h"
 #include "core/error.h"
@@ -114,6 +115,22 @@ std::vector<GpuOpTime> gpu_profile_end(Backend& be, double* total_ms) {
 #endif
   (void)be;
   return out;
+}
+
+bool vram_tier_stats(Backend& be, VramTierStats* out) {
+#ifdef WREN_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be); cuda && cuda->streams_experts()) {
+    const CudaStats s = cuda->stats();
+    out->slots = s.expert_slots, out->hits = s.tier_hits, out->misses = s.tier_misses;
+    out->demand_bytes = s.tier_bytes, out->prefetch_bytes = s.tier_prefetch_bytes;
+    out->prefetch_copied = s.tier_prefetch_issued, out->prefetch_used = s.tier_prefetch_used;
+    out->prefetch_wasted = s.tier_prefetch_wasted, out->prefetch_failed = s.tier_prefetch_failed;
+    out->guess_needed = s.tier_guess_needed, out->guess_hit = s.tier_guess_hit;
+    return true;
+  }
+#endif
+  (void)be, (void)out;
+  return false;
 }
 
 uint64_t device_free_bytes(Backend& be) {

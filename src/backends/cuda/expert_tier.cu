@@ -16,7 +16,9 @@
 // queued its kernels, tier_prefetch copies the guessed experts into slots on the prefetch copy
 // stream while those kernels run. A prefetch never evicts a slot of the running call (the LRU is
 // ordered by use stamp, so its head tells in O(1)), leaves twice the latest call's distinct count
-// of slots to demand and holds at most half of the slots with unused guesses.
+// of slots to demand and holds at most half of the slots with unused guesses; the host store is
+// asked to read only the guesses the tier has room to copy (most frequent first), so a budget
+// with no room for guesses reads none from disk.
 // The bytes that reach the kernels are the stored bytes, so results are bit-identical at every
 // budget, with prediction on or off.
 #include <algorithm>
@@ -324,15 +326,23 @@ void CudaBackend::Impl::tier_mark_read() {
   for (int s : t.group_slots) t.slots[s].read_seq = seq;
 }
 
+namespace {
+
+/// How many more guesses the tier may copy now: unused guesses hold at most half of the slots and
+/// leave twice the latest call's distinct count to demand (a budget too small for both: none).
+int prefetch_room(const cuda::ExpertTier& t) {
+  if (t.ignore_prefetch_limits) return t.n_slots;
+  return std::max(0, std::min(t.n_slots / 2 - t.prefetched_unused, t.n_slots - 2 * t.last_distinct));
+}
+
+}  // namespace
+
 void CudaBackend::Impl::tier_prefetch() {
   cuda::ExpertTier& t = tier;
   const int layer = t.pending_layer;
   t.pending_layer = -1;
   if (layer < 0 || t.pending_ids.empty()) return;
-  // Room: unused guesses hold at most half of the slots and leave twice the latest call's
-  // distinct count to demand (a budget too small for both prefetches nothing).
-  int room = std::min(t.n_slots / 2 - t.prefetched_unused, t.n_slots - 2 * t.last_distinct);
-  if (t.ignore_prefetch_limits) room = t.n_slots;
+  const int room = prefetch_room(t);
   std::vector<int> want, slot_of;
   for (int e : t.pending_ids) {
     const auto it = t.where.find(tier_key(layer, e));
@@ -391,16 +401,34 @@ bool CudaBackend::uses_prediction() const { return impl_->tier.active; }
 void CudaBackend::prefetch_experts(int layer, const int* experts, int n) {
   cuda::ExpertTier& t = impl_->tier;
   if (!t.active) return Backend::prefetch_experts(layer, experts, n);
-  std::vector<int> ids(experts, experts + n);
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  // The distinct guesses, most frequent first (prefill: over the chunk's tokens), then in the
+  // order given (decode: the router's top-k order).
+  std::unordered_map<int, int> count;
+  std::vector<int> ids;
+  for (int i = 0; i < n; ++i)
+    if (count[experts[i]]++ == 0) ids.push_back(experts[i]);
+  std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return count[a] > count[b]; });
   t.guess_layer = layer, t.guess_ids = ids;
-  // The host reads only what VRAM does not hold already.
-  std::vector<int> host;
-  for (int e : ids)
-    if (!t.where.count(tier_key(layer, e))) host.push_back(e);
+  std::sort(t.guess_ids.begin(), t.guess_ids.end());
+  // The host reads only the guesses the tier will copy: not held in VRAM already, and no more than
+  // the tier's prefetch room, with the demand of the call about to run taken as the larger of the
+  // latest call's distinct count and the guess's (the first call of a prompt has no latest call:
+  // without this, a budget with no room for guesses read a few from disk, run 24-tier). A guess the
+  // tier has no slot for is never read from disk.
+  std::vector<int> host, pending;
+  int room = prefetch_room(t);
+  if (!t.ignore_prefetch_limits)
+    room = std::min(room, t.n_slots - 2 * std::max(t.last_distinct, std::min(int(ids.size()), t.n_slots)));
+  for (int e : ids) {
+    if (t.where.count(tier_key(layer, e))) {
+      pending.push_back(e);  // resident: tier_prefetch keeps it from being evicted first
+    } else if (int(host.size()) < room) {
+      host.push_back(e);
+      pending.push_back(e);
+    }
+  }
   if (!host.empty()) Backend::prefetch_experts(layer, host.data(), int(host.size()));
-  t.pending_layer = layer, t.pending_ids = std::move(ids);
+  t.pending_layer = layer, t.pending_ids = std::move(pending);
 }
 
 void CudaBackend::tier_test_hooks(int stall_prefetch_us, bool ignore_prefetch_limits) {
