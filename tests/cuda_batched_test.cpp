@@ -16,6 +16,7 @@
 #include <memory>
 
 #include "core/error.h"
+#include "model/forward.h"
 #include "model/load.h"
 #include "runtime/backend_factory.h"
 #include "runtime/generate.h"
@@ -233,6 +234,131 @@ TEST_F(CudaBatched, FastModeContinuousBatchingReport) {
   std::printf("[ cuda scheduler fast ] %d/%d sequences with ids equal to solo, %d/%d with identical logprobs\n",
               r.ids_equal, r.seqs, r.lps_identical, r.seqs);
   EXPECT_EQ(r.seqs, 8);
+}
+
+/// Continuous decode with sequences joining and leaving: sequence i is prefilled alone at step
+/// join[i], then decodes `len` tokens, one per step, in a run_mixed step of one-token entries with
+/// every other running sequence (so the batch size rises and falls, each size for several steps).
+/// Returns each sequence's logits rows [len + 1, V], its prefill row first.
+std::vector<std::vector<float>> ragged_decode(TokenStep& fwd, Backend& be, const Config& c,
+                                              const std::vector<std::vector<int>>& prompts,
+                                              const std::vector<int>& join, int len) {
+  const size_t N = prompts.size(), V = c.vocab;
+  std::vector<std::unique_ptr<SequenceState>> st(N);
+  std::vector<std::vector<float>> rows(N);
+  std::vector<int> next(N), done(N, 0);
+  for (int s = 0; s < 1000; ++s) {
+    for (size_t i = 0; i < N; ++i)
+      if (join[i] == s) {
+        st[i] = std::make_unique<SequenceState>(be, c, 256);
+        rows[i].resize(V);
+        fwd.run(*st[i], prompts[i].data(), nullptr, int(prompts[i].size()), rows[i].data(), false);
+        next[i] = argmax_of(rows[i].data(), int(V));
+      }
+    std::vector<size_t> who;
+    for (size_t i = 0; i < N; ++i)
+      if (st[i] && done[i] < len) who.push_back(i);
+    if (who.empty()) {
+      if (std::all_of(done.begin(), done.end(), [&](int d) { return d == len; })) break;
+      continue;
+    }
+    std::vector<float> logits(who.size() * V);
+    std::vector<BatchEntry> es;
+    for (size_t k = 0; k < who.size(); ++k) es.push_back({st[who[k]].get(), &next[who[k]], 1, logits.data() + k * V});
+    fwd.run_mixed(es.data(), int(es.size()));
+    for (size_t k = 0; k < who.size(); ++k) {
+      const size_t i = who[k];
+      rows[i].insert(rows[i].end(), logits.begin() + long(k * V), logits.begin() + long((k + 1) * V));
+      next[i] = argmax_of(&logits[k * V], int(V));
+      ++done[i];
+    }
+  }
+  return rows;
+}
+
+/// Rows of `a` equal to `b` byte for byte, over every sequence.
+int identical_rows(const std::vector<std::vector<float>>& a, const std::vector<std::vector<float>>& b, size_t V,
+                   int* total) {
+  int same = 0;
+  *total = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    for (size_t r = 0; r * V < a[i].size(); ++r) {
+      ++*total;
+      same += r * V < b[i].size() && std::memcmp(&a[i][r * V], &b[i][r * V], V * 4) == 0;
+    }
+  return same;
+}
+
+TEST_F(CudaBatched, ExactModeRecordedBatchedStepsEqualSoloRunsAsSequencesJoinAndLeave) {
+  // Batched decode steps are recorded as one graph per batch size (graph.cu) from the second step
+  // of that size on; every sequence's rows must still be its solo run's, byte for byte.
+  test::ScopedOptions mode(*be_, CudaOptions{CudaKda::Recurrent, 32});
+  be_->set_precision(GpuPrecision::Exact);
+  const Config& c = model_->config;
+  Runner fwd(*model_, *be_, {16, -1});
+  const int N = 9, len = 10;
+  std::vector<std::vector<int>> prompts;
+  std::vector<int> join;
+  std::vector<std::vector<float>> want;
+  for (int i = 0; i < N; ++i) {
+    prompts.push_back(some_ids(2 + 5 * i, c.vocab, 500 + i));
+    join.push_back(2 * i);
+    want.push_back(solo_rows(fwd, *be_, c, prompts.back(), len + 1));
+  }
+  const CudaStats s0 = be_->stats();
+  const auto got = ragged_decode(fwd, *be_, c, prompts, join, len);
+  const CudaStats s1 = be_->stats();
+  int total = 0;
+  const int same = identical_rows(got, want, c.vocab, &total);
+  std::printf("[ cuda batched graphs exact ] %d/%d rows bit-identical to solo; %llu graph launches, %llu kernels "
+              "outside graphs, largest recorded step %llu rows\n",
+              same, total, (unsigned long long)(s1.graph_launches - s0.graph_launches),
+              (unsigned long long)(s1.launches - s0.launches), (unsigned long long)s1.graph_rows_max);
+  EXPECT_EQ(same, total);
+  EXPECT_EQ(total, N * (len + 1));
+  // The schedule has 26 decode steps of 1..5 sequences; each batch size's first step runs op by op.
+  EXPECT_GE(s1.graph_rows_max, 5u);
+  EXPECT_GE(s1.graph_launches - s0.graph_launches, 20u);
+}
+
+TEST(CudaBatchedKimiLinear, FastModeRecordedBatchedStepsWithDenseExpertsEqualOpByOp) {
+  // Dense experts (Kimi Linear) in fast mode route on the device (grouped MMA, no host sync), so a
+  // decode step, single or batched, is recorded; the recorded steps run the kernels the op-by-op
+  // steps run: the same bytes.
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  auto m = load_model(test::kimi_linear_dir());
+  CudaBackend be;
+  be.upload(weight_list(m->weights));
+  be.set_precision(GpuPrecision::Fast);
+  const Config& c = m->config;
+  const int N = 7, len = 8;
+  std::vector<std::vector<int>> prompts;
+  std::vector<int> join;
+  for (int i = 0; i < N; ++i) {
+    prompts.push_back(some_ids(3 + 4 * i, c.vocab, 700 + i));
+    join.push_back(i);
+  }
+  ForwardOptions off;
+  off.max_chunk = 16, off.graph = false;
+  Forward eager(*m, be, off);
+  const auto want = ragged_decode(eager, be, c, prompts, join, len);
+  const CudaStats s0 = be.stats();
+  ForwardOptions on;
+  on.max_chunk = 16;
+  Forward recorded(*m, be, on);
+  const auto got = ragged_decode(recorded, be, c, prompts, join, len);
+  const CudaStats s1 = be.stats();
+  int total = 0;
+  const int same = identical_rows(got, want, c.vocab, &total);
+  std::printf("[ cuda batched graphs fast, dense experts ] %d/%d rows bit-identical to op by op; %llu graph launches, "
+              "largest recorded step %llu rows; %llu expert visits\n",
+              same, total, (unsigned long long)(s1.graph_launches - s0.graph_launches),
+              (unsigned long long)s1.graph_rows_max, (unsigned long long)(s1.device_expert_visits - s0.device_expert_visits));
+  EXPECT_EQ(same, total);
+  EXPECT_GE(s1.graph_rows_max, 4u);
+  EXPECT_GE(s1.graph_launches - s0.graph_launches, 8u);
+  EXPECT_GT(s1.device_expert_visits, s0.device_expert_visits);
 }
 
 #endif  // WREN_HAVE_CUDA

@@ -156,6 +156,8 @@ void add_bench_tokenizer(CLI::App* bench) {
   c->callback([a] { bench::run_tokenizer(*a); });
 }
 
+void add_bench_batch(CLI::App* bench);  // cmd_bench_prefill.cpp
+
 void add_bench(CLI::App& app) {
   CLI::App* bench = app.add_subcommand("bench", "Benchmarks with a reference measured in the same run");
   bench->require_subcommand(1);
@@ -163,6 +165,7 @@ void add_bench(CLI::App& app) {
   add_bench_stream(bench);
   add_bench_layers(bench);
   add_bench_prefill(bench);
+  add_bench_batch(bench);
   add_bench_serve(bench);
   add_bench_cpu(bench);
   add_bench_routing(bench);

@@ -35,4 +35,31 @@ void add_bench_prefill(CLI::App* bench) {
   });
 }
 
+void add_bench_batch(CLI::App* bench) {
+  auto a = std::make_shared<bench::BatchArgs>();
+  auto cpu = std::make_shared<CpuFlags>();
+  auto cuda = std::make_shared<CudaFlags>();
+  CLI::App* sub = bench->add_subcommand("batch", "Batched decode step (run_mixed of B one-token sequences) at several batch sizes");
+  sub->add_option("--model", a->engine.model_dir, "Snapshot folder (default: the built-in model wren-tiny)");
+  sub->add_option("--backend", a->engine.backend, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
+  sub->add_option("--batches", a->batches, "Comma-separated batch sizes (default 1,4,16)");
+  sub->add_option("--prompt", a->prompt, "Prompt tokens prefilled per sequence (default 64)")->check(positive());
+  sub->add_option("--steps", a->steps, "Timed decode steps per batch size (default 32)")->check(positive());
+  sub->add_option("--chunk", a->engine.chunk, "Rows per forward group (default: the backend's)")->check(positive());
+  sub->add_option("--vram-experts", a->engine.vram_experts, "CUDA: device memory for routed experts (default: all that fit)");
+  sub->add_option("--seed", a->seed, "Seed of the random prompt ids");
+  sub->add_flag("--profile", a->profile, "GPU: one more step per batch size with per-launch device timing");
+  sub->add_flag("--eager", a->eager, "Also time each batch size with no step recorded (rows 'Be')");
+  cpu->add_to(sub);
+  cuda->add_to(sub);
+  sub->add_flag("--json", a->json, "Also print the numbers as one JSON object");
+  sub->callback([a, cpu, cuda] {
+    a->engine.cpu = cpu->backend();
+    a->engine.cuda = cuda->backend();
+    a->engine.plan = cpu->plan(gpu_fast(a->engine.backend, a->engine.cuda.precision));
+    a->cpu_line = describe(a->engine.cpu, a->engine.plan);
+    bench::run_batch(*a);
+  });
+}
+
 }  // namespace wren::cli

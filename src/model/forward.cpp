@@ -226,17 +226,23 @@ void Forward::run_mixed(const BatchEntry* entries, int n) {
       }
     }
     const bool want = !head_rows_.empty();
-    if (want) mixed_logits_.resize(head_rows_.size() * V);
+    // The head rows' logits go straight to the caller's rows when those are consecutive (the
+    // scheduler's decode rows), else through mixed_logits_.
+    bool direct = want;
+    for (size_t r = 1; r < outs.size() && direct; ++r) direct = outs[r] == outs[0] + r * V;
+    if (want && !direct) mixed_logits_.resize(head_rows_.size() * V);
     const bool recorded = be_.step_begin(step_info(rows, nullptr, nullptr));
     try {
-      chunk_ops(mixed_ids_.data(), nullptr, rows, 0, want ? mixed_logits_.data() : nullptr, false, nullptr, recorded);
+      chunk_ops(mixed_ids_.data(), nullptr, rows, 0, !want ? nullptr : direct ? outs[0] : mixed_logits_.data(), false,
+                nullptr, recorded);
     } catch (...) {
       if (recorded) be_.step_abort();
       head_rows_.clear();
       throw;
     }
-    for (size_t r = 0; r < outs.size(); ++r)
-      std::copy(mixed_logits_.begin() + long(r * V), mixed_logits_.begin() + long((r + 1) * V), outs[r]);
+    if (!direct)
+      for (size_t r = 0; r < outs.size(); ++r)
+        std::copy(mixed_logits_.begin() + long(r * V), mixed_logits_.begin() + long((r + 1) * V), outs[r]);
     head_rows_.clear();
   }
 }
@@ -323,9 +329,13 @@ void Forward::check_sub(const float* dev, int T, int pos0, int layer, const char
 StepInfo Forward::step_info(int T, const float* x0, const ForwardHooks* hooks) const {
   StepInfo s;
   s.tokens = T;
-  s.may_record = opts_.graph;
-  s.host_midway = opts_.check_finite || x0 || (hooks && (hooks->trace || hooks->dump || hooks->before_layer)) ||
-                  cfg_.expert_format != ExpertFormat::MXFP4;  // dense experts route on the host
+  // Recordable: a decode step, one token per sequence (a single-token step, or a batched step of
+  // one-token segments); a prefill chunk runs op by op. Whether the routed MoE (dense or MXFP4
+  // experts) can run without the host is the backend's call (Backend::routed_moe_on_device).
+  bool decode = true;
+  for (const Segment& sg : segs_) decode = decode && sg.n == 1;
+  s.may_record = opts_.graph && (T == 1 || decode);
+  s.host_midway = opts_.check_finite || x0 || (hooks && (hooks->trace || hooks->dump || hooks->before_layer));
   s.moe = step_moe_.data();
   s.n_moe = int(step_moe_.size());
   return s;

@@ -95,6 +95,19 @@ void set_backend_gpu_precision(Backend& be, GpuPrecision p) {
   (void)be, (void)p;
 }
 
+GpuCounters gpu_counters(Backend& be) {
+  GpuCounters c;
+#ifdef WREN_HAVE_CUDA
+  if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) {
+    const CudaStats s = cuda->stats();
+    c.launches = s.launches, c.host_syncs = s.host_syncs, c.graph_launches = s.graph_launches;
+    c.graph_kernels = s.graph_kernels, c.expert_visits = s.device_expert_visits, c.expert_bytes = s.device_expert_bytes;
+  }
+#endif
+  (void)be;
+  return c;
+}
+
 bool gpu_profile_begin(Backend& be) {
 #ifdef WREN_HAVE_CUDA
   if (auto* cuda = dynamic_cast<CudaBackend*>(&be)) {

@@ -64,6 +64,17 @@ bool gpu_profile_begin(Backend& be);
 /// the launch that waited); *total_ms = the whole span. Empty for the CPU backend.
 std::vector<GpuOpTime> gpu_profile_end(Backend& be, double* total_ms);
 
+/// Counters of a GPU backend so far (CUDA: CudaStats); all zero for the CPU backend.
+struct GpuCounters {
+  uint64_t launches = 0;        ///< kernel launches outside graphs
+  uint64_t host_syncs = 0;      ///< stream synchronizations the host waited for
+  uint64_t graph_launches = 0;  ///< recorded steps launched
+  uint64_t graph_kernels = 0;   ///< kernels recorded into them
+  uint64_t expert_visits = 0;   ///< device-routed experts run (each distinct expert of a call once)
+  uint64_t expert_bytes = 0;    ///< their weight bytes
+};
+GpuCounters gpu_counters(Backend& be);
+
 /// Free device memory of `be` in bytes (cudaMemGetInfo); 0 for the CPU backend.
 uint64_t device_free_bytes(Backend& be);
 

@@ -166,14 +166,18 @@ void Scheduler::step() {
   int decodes = 0;
   for (auto& s : running_)
     if (!s->prefilling) ++decodes;
-  std::vector<float> logits(size_t(running_.size()) * size_t(V));
+  // The logits rows of the step, consecutive in entry order (so the forward pass copies them from
+  // the device in one piece); kept across steps (no allocation once warm).
+  if (step_logits_.size() < running_.size() * size_t(V)) step_logits_.resize(running_.size() * size_t(V));
+  size_t rows = 0;
   int left = max_batch_tokens_ > 0 ? max_batch_tokens_ - decodes : std::numeric_limits<int>::max();
   for (auto& sp : running_) {
     Seq& s = *sp;
-    float* row = logits.data() + es.size() * size_t(V);
+    float* row = step_logits_.data() + rows * size_t(V);
     if (!s.prefilling) {
       es.push_back({s.state.get(), &s.pending, 1, row});
       who.push_back(&s);
+      ++rows;
       continue;
     }
     if (left <= 0) continue;
@@ -186,6 +190,7 @@ void Scheduler::step() {
     left -= n;
     es.push_back({s.state.get(), s.req.prompt.data() + s.fed, n, s.fed + n == T ? row : nullptr});
     who.push_back(&s);
+    rows += s.fed + n == T;
   }
   for (size_t k = 0; k < es.size(); ++k)
     (who[k]->prefilling ? last_prefill_rows_ : last_decode_rows_) += es[k].n;

@@ -78,6 +78,7 @@ class Scheduler {
   int last_decode_rows_ = 0, last_prefill_rows_ = 0;
   std::deque<SeqRequest> waiting_;
   std::vector<std::unique_ptr<Seq>> running_;
+  std::vector<float> step_logits_;  ///< [rows, V]: the logits rows of the last step
 };
 
 }  // namespace wren

@@ -170,14 +170,29 @@ CudaBackend::~CudaBackend() {
   for (auto& [w, t] : m.tables)
     if (t.dev) cudaFree(t.dev);
   for (void* p : m.deferred_free) cudaFree(p);
+  for (const auto& [rows, exec] : m.graph_execs)
+    if (exec && exec != m.graph_exec) cudaGraphExecDestroy(exec);
   if (m.graph_exec) cudaGraphExecDestroy(m.graph_exec);
+  if (m.expert_traffic) cudaFree(m.expert_traffic);
+  for (const auto& [w, p] : m.kvb_f32) cudaFree(p);
   for (cudaEvent_t e : m.prof_events) cudaEventDestroy(e);
   if (m.pinned_ids) cudaFreeHost(m.pinned_ids);
   if (m.pinned_w) cudaFreeHost(m.pinned_w);
   if (m.stream) cudaStreamDestroy(m.stream);
 }
 
-CudaStats CudaBackend::stats() const { return impl_->stats; }
+CudaStats CudaBackend::stats() const {
+  Impl& m = *impl_;
+  CudaStats s = m.stats;
+  if (m.expert_traffic && !m.capturing) {  // the device counters of the grouped routed MoE
+    unsigned long long c[2] = {0, 0};
+    check_cuda(cudaMemcpyAsync(c, m.expert_traffic, sizeof(c), cudaMemcpyDeviceToHost, m.stream),
+               "cudaMemcpyAsync (expert traffic counters)");
+    check_cuda(cudaStreamSynchronize(m.stream), "expert traffic counters");
+    s.device_expert_visits = c[0], s.device_expert_bytes = c[1];
+  }
+  return s;
+}
 
 void CudaBackend::set_precision(GpuPrecision p) {
   impl_->opts.precision = p;
@@ -245,6 +260,9 @@ void upload_pieces(CudaBackend::Impl& m, const std::vector<Piece>& pieces) {
   constexpr size_t kAlign = 256;
   check(!m.capturing, "CUDA backend: upload while a decode graph is being recorded");
   ++m.generation;  // routed_moe's expert tables are rebuilt from the (possibly changed) map
+  for (const auto& [w, p] : m.kvb_f32) check_cuda(cudaFree(p), "cudaFree (MLA kv_b decode)");  // decoded again
+  m.kvb_f32.clear();
+  m.eager_rows.clear();  // derived copies are made again: a batch size runs op by op first again
   std::vector<Piece> fresh;
   std::unordered_map<const void*, size_t> seen;  // host -> index in `fresh` or SIZE_MAX (refreshed)
   for (const Piece& p : pieces) {

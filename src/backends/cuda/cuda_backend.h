@@ -67,6 +67,12 @@ struct CudaStats {
   uint64_t kda_decode_bulk_calls = 0;  ///< of those, run by its bulk-copy form (KdaDecodeForm::Bulk)
   uint64_t kda_decode_split_calls = 0; ///< of those, run by its split form (KdaDecodeForm::Split, the default)
   uint64_t kda_decode_pdl = 0;  ///< decode-step launches made as programmatic dependent launches
+  /// Routed experts run by the device-routed grouped path (fast mode; each distinct expert of a
+  /// call once, whatever number of rows chose it) and their weight bytes as read (BF16 copies of
+  /// dense experts, MXFP4 packed + scale bytes). Counted on the device, read back by stats().
+  uint64_t device_expert_visits = 0;
+  uint64_t device_expert_bytes = 0;
+  uint64_t graph_rows_max = 0;  ///< most rows of one recorded step (1 = only single-token steps)
 };
 
 /// Which form of the fused KDA decode step (kda_decode.cu, docs/gpu-method.md#kda-decode) runs
@@ -233,9 +239,12 @@ class CudaBackend final : public Backend {
   void routed_moe(const RoutedMoeParams& p, const MoeWeights& m, const float* logits, const float* z, int T,
                   const RoutedMoeWork& ws, float* out) override;
   bool routed_moe_on_device(const RoutedMoeParams& p, const MoeWeights& m) override;
-  /// Records a single-token step as one decode graph when nothing in it needs the host: T = 1, no
-  /// host work midway, recording allowed, and every MoE layer routed on the device
-  /// (routed_moe_on_device); otherwise false and the ops run one by one.
+  /// Records a step as one decode graph when nothing in it needs the host: no host work midway,
+  /// recording allowed (the forward pass allows it for single-token steps and for batched decode
+  /// steps whose sequences each consume one token), every MoE layer routed on the device
+  /// (routed_moe_on_device), not profiling, and, for T > 1 rows, a step of T rows has run op by
+  /// op once before (lazily built tables and algorithms exist). One executable graph is kept per
+  /// row count, updated in place. Otherwise false and the ops run one by one.
   bool step_begin(const StepInfo& s) override;
   void step_end() override { graph_launch(); }
   void step_abort() noexcept override { graph_abort(); }

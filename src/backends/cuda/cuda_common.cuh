@@ -5,7 +5,9 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_map>
 #include <vector>
@@ -147,7 +149,12 @@ struct CudaBackend::Impl {
   cuda::Placer* placer = nullptr;  ///< load-time placement state (owned; cuda::placer_destroy)
   // Decode graphs (graph.cu).
   bool capturing = false;        ///< the stream is being recorded
-  cudaGraphExec_t graph_exec = nullptr;  ///< last instantiated decode graph (updated in place)
+  cudaGraphExec_t graph_exec = nullptr;  ///< decode graph of the step being recorded (graph_execs[graph_rows])
+  std::map<int, cudaGraphExec_t> graph_execs;  ///< row count -> its executable graph (owned; updated in place)
+  std::set<int> eager_rows;      ///< 2·rows + fast of steps run op by op since the last upload (graph.cu)
+  int graph_rows = 0;            ///< rows of the step being recorded
+  unsigned long long* expert_traffic = nullptr;  ///< device [2]: expert visits, bytes (grouped routed MoE)
+  std::unordered_map<const void*, float*> kvb_f32;  ///< MLA: packed kv_b weight -> its f32 decode (owned)
   std::vector<void*> deferred_free;      ///< scratch replaced while recording (freed after launch)
   // Per-launch profiling (profile_begin/_end in backend.cu).
   bool profiling = false;

@@ -8,6 +8,7 @@
 // ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)) (f32 addition commutes). Built with -fmad=false, the result
 // is bit-identical to the CPU backend. A block has 256 threads = 32 rows; blockIdx.y walks token
 // tiles of TT, so each weight element is read once per tile.
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <string>
@@ -127,7 +128,7 @@ void CudaBackend::embed(const DenseWeight& table, const int* ids, int T, float* 
                   std::to_string(table.rows) + ")");
   if (table.format != WFormat::F32) {  // packed table: decode the rows (dequant_row's values)
     const cuda::QuantView qv = cuda::quant_view(m, table, "embed");
-    if (T <= kArgIds) {  // ids by value: no host -> device copy (graph-capturable decode step)
+    if (T <= kArgIds || m.capturing) {  // ids by value: no host -> device copy (graph-capturable decode step)
       for (int t = 0; t < T; ++t) {
         cuda::launch_decode_row(qv, ids[t], x + size_t(t) * table.cols, m.stream);
         if (t + 1 < T) m.launched("embed decode kernel");
@@ -142,6 +143,16 @@ void CudaBackend::embed(const DenseWeight& table, const int* ids, int T, float* 
     return;
   }
   const float* dt = m.dense(table, "embed");
+  if (T > kArgIds && m.capturing) {  // a recorded batched step: groups of kArgIds ids by value
+    for (int t0 = 0; t0 < T; t0 += kArgIds) {
+      const int n = std::min(kArgIds, T - t0);
+      ArgIds g{};
+      for (int t = 0; t < n; ++t) g.id[t] = ids[t0 + t];
+      embed_kernel<<<n, 256, 0, m.stream>>>(dt, nullptr, g, int(table.cols), x + size_t(t0) * table.cols);
+      m.launched("embed kernel");
+    }
+    return;
+  }
   ArgIds small{};
   int* dids = nullptr;
   if (T <= kArgIds) {

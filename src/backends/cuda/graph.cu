@@ -1,10 +1,13 @@
 // CUDA backend: decode graphs. The forward pass brackets each step with step_begin() and step_end();
-// a single-token step that needs nothing from the host becomes graph_begin() ... graph_launch(), and
+// a decode step that needs nothing from the host (one token, or a batched step of B sequences
+// with one token each) becomes graph_begin() ... graph_launch(), and
 // every op in between is recorded by stream capture (relaxed mode, so a
 // scratch buffer may still grow with cudaMalloc) instead of running. The step is re-recorded every
 // time, because kernels bake per-step values into their arguments (the MLA cache length, the token
 // id, scratch addresses); the executable graph is then updated in place with cudaGraphExecUpdate
 // (cheap: same topology, new arguments) and instantiated again only when the update is refused.
+// One executable graph per row count (graph_execs), so a server alternating batch sizes updates
+// each in place instead of re-instantiating.
 // Launch bookkeeping: kernels recorded count as CudaStats::graph_kernels, not launches.
 #include "backends/cuda/cuda_common.cuh"
 
@@ -13,9 +16,21 @@ namespace wren {
 using cuda::check_cuda;
 
 bool CudaBackend::step_begin(const StepInfo& s) {
-  if (!s.may_record || s.tokens != 1 || s.host_midway) return false;
+  Impl& m = *impl_;
+  if (!s.may_record || s.tokens < 1 || s.host_midway || m.profiling || m.capturing) return false;
   for (int i = 0; i < s.n_moe; ++i)
     if (!routed_moe_on_device(s.moe[i].params, *s.moe[i].weights)) return false;
+  // A batched step (T > 1 rows) runs op by op the first time its row count comes in this precision
+  // mode since the last upload, so everything built lazily for its shapes (BF16 copies, cuBLASLt
+  // algorithms, tables, scratch) exists before a recording, which may not wait for the host. (Run
+  // 24-serve: keyed by the row count alone, a fast-mode step of a size first seen in exact mode was
+  // recorded before its BF16 weight copies existed and threw.)
+  const int seen = s.tokens * 2 + (m.opts.precision == GpuPrecision::Fast ? 1 : 0);
+  if (s.tokens > 1 && m.eager_rows.insert(seen).second) return false;
+  const auto it = m.graph_execs.find(s.tokens);
+  m.graph_exec = it == m.graph_execs.end() ? nullptr : it->second;
+  m.graph_rows = s.tokens;
+  if (uint64_t(s.tokens) > m.stats.graph_rows_max) m.stats.graph_rows_max = uint64_t(s.tokens);
   return graph_begin();
 }
 
@@ -42,6 +57,7 @@ void CudaBackend::graph_launch() {
       cudaGetLastError();  // the refused update is not a sticky error
       cudaGraphExecDestroy(m.graph_exec);
       m.graph_exec = nullptr;
+      if (m.graph_rows > 0) m.graph_execs.erase(m.graph_rows);
     }
   }
   if (!m.graph_exec) {
@@ -49,11 +65,13 @@ void CudaBackend::graph_launch() {
     if (err != cudaSuccess) {
       cudaGraphDestroy(g);
       m.graph_exec = nullptr;
+      if (m.graph_rows > 0) m.graph_execs.erase(m.graph_rows);
       check_cuda(err, "cudaGraphInstantiate");
     }
     ++m.stats.graph_instantiations;
   }
   cudaGraphDestroy(g);
+  if (m.graph_rows > 0) m.graph_execs[m.graph_rows] = m.graph_exec;  // kept per row count
   check_cuda(cudaGraphLaunch(m.graph_exec, m.stream), "cudaGraphLaunch");
   ++m.stats.graph_launches;
   // Buffers replaced while recording: the new graph names their successors and earlier work on
@@ -61,12 +79,16 @@ void CudaBackend::graph_launch() {
   // waits for the device anyway.
   for (void* p : m.deferred_free) check_cuda(cudaFree(p), "cudaFree (deferred scratch)");
   m.deferred_free.clear();
+  if (m.graph_rows > 0) m.graph_exec = nullptr;  // owned by graph_execs
+  m.graph_rows = 0;
 }
 
 void CudaBackend::graph_abort() noexcept {
   Impl& m = *impl_;
   if (!m.capturing) return;
   m.capturing = false;
+  if (m.graph_rows > 0) m.graph_exec = nullptr;  // owned by graph_execs
+  m.graph_rows = 0;
   cudaGraph_t g = nullptr;
   if (cudaStreamEndCapture(m.stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
   cudaGetLastError();  // an invalidated capture leaves an error behind; the caller reports its own

@@ -109,18 +109,38 @@ void CudaBackend::mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& 
   }
   MlaArgs a{};
   a.q = q;
-  // A packed kv_b (BF16 / Q8_ROW / Q4_G64 under --quant) is decoded to f32 into a stream-ordered
-  // temporary for this call (dequant_row's values, as the CPU's absorb reads them; the CPU's value
-  // GEMV multiplies by the scale after summing, so the two agree to rounding, not bit for bit).
-  // Correctness first: a kernel reading kv_b packed would save the decode pass (~rows·kv_lora·4 B).
+  // A packed kv_b (BF16 / Q8_ROW / Q4_G64 under --quant) is decoded to f32 (dequant_row's values,
+  // as the CPU's absorb reads them; the CPU's value GEMV multiplies by the scale after summing, so
+  // the two agree to rounding, not bit for bit) once, into a device copy kept until the next upload
+  // (Impl::kvb_f32), so a batched decode step does not decode it once per sequence. Where that copy
+  // cannot be made (no device memory left, or a graph being recorded) a stream-ordered temporary
+  // of this call holds the same values.
   float* kvb_tmp = nullptr;
   if (w.kv_b.format != WFormat::F32) {
     const cuda::QuantView qv = cuda::quant_view(m, w.kv_b, "mla_attend (kv_b)");
-    cuda::check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&kvb_tmp), size_t(qv.rows) * qv.cols * sizeof(float), m.stream),
-                     "cudaMallocAsync (mla kv_b decode)");
-    cuda::launch_decode_rows(qv, nullptr, qv.rows, kvb_tmp, m.stream);
-    m.launched("mla kv_b decode kernel");
-    a.kvb = kvb_tmp;
+    const size_t bytes = size_t(qv.rows) * qv.cols * sizeof(float);
+    const auto it = m.kvb_f32.find(&w.kv_b);
+    if (it != m.kvb_f32.end()) {
+      a.kvb = it->second;
+    } else {
+      float* kept = nullptr;
+      if (!m.capturing) {
+        if (cudaMalloc(reinterpret_cast<void**>(&kept), bytes) != cudaSuccess) {
+          cudaGetLastError();  // out of memory is not sticky: the temporary below is tried
+          kept = nullptr;
+        }
+      }
+      if (kept) {
+        m.kvb_f32[&w.kv_b] = kept;
+      } else {
+        cuda::check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&kvb_tmp), bytes, m.stream),
+                         "cudaMallocAsync (mla kv_b decode)");
+      }
+      float* dst = kept ? kept : kvb_tmp;
+      cuda::launch_decode_rows(qv, nullptr, qv.rows, dst, m.stream);
+      m.launched("mla kv_b decode kernel");
+      a.kvb = dst;
+    }
   } else {
     a.kvb = m.dense(w.kv_b, "mla_attend (kv_b)");
   }

@@ -374,7 +374,9 @@ cuda::LayerTable& CudaBackend::Impl::table(const MoeWeights& mw, int layer) {
 
 bool CudaBackend::routed_moe_on_device(const RoutedMoeParams& p, const MoeWeights& m) {
   if (impl_->tier.active) return false;  // experts stream: the ids must come to the host
-  if (!m.experts.empty() && !m.experts[0].w1.packed) return false;  // dense experts (fast mode: no graph yet)
+  // Dense experts: on the device only through the grouped fast path (no host sync); this builds
+  // their BF16 table now, before any recording.
+  if (!m.experts.empty() && !m.experts[0].w1.packed) return cuda::grouped_moe_ok(*impl_, p, m, 1, false);
   const cuda::LayerTable& t = impl_->table(m, p.layer);
   return t.resident && t.io == p.io && t.E == p.n_experts;
 }

@@ -57,9 +57,11 @@ constexpr int BM = 64, BN = 64, BK = 32, kThreads = 128;
 constexpr int kLdA = BK + 8;   // bf16 elements per shared row (80 bytes: 16-byte and WMMA aligned)
 constexpr int kLdC = BN + 4;   // f32 elements per epilogue row
 
+/// traffic (may be null): device counters [2] += the call's distinct experts and ebytes each.
 __global__ void sort_pairs_kernel(const int* __restrict__ ids, int pairs, int E, int rows, int* __restrict__ order,
                                   int* __restrict__ ebase, int* __restrict__ tile_e, int* __restrict__ tile_m0,
-                                  int* __restrict__ n_tiles) {
+                                  int* __restrict__ n_tiles, unsigned long long* __restrict__ traffic,
+                                  unsigned long long ebytes) {
   extern __shared__ int sh[];
   int* cnt = sh;
   int* pos = sh + E;
@@ -68,14 +70,16 @@ __global__ void sort_pairs_kernel(const int* __restrict__ ids, int pairs, int E,
   for (int j = threadIdx.x; j < pairs; j += blockDim.x) atomicAdd(&cnt[ids[j]], 1);
   __syncthreads();
   if (threadIdx.x == 0) {
-    int base = 0, tiles = 0;
+    int base = 0, tiles = 0, touched = 0;
     for (int e = 0; e < E; ++e) {
       ebase[e] = base, pos[e] = base;
       for (int r = 0; r < cnt[e]; r += rows) tile_e[tiles] = e, tile_m0[tiles] = base + r, ++tiles;
       base += cnt[e];
+      touched += cnt[e] > 0;
     }
     ebase[E] = base;
     *n_tiles = tiles;
+    if (traffic) traffic[0] += (unsigned long long)touched, traffic[1] += (unsigned long long)touched * ebytes;
   }
   __syncthreads();
   // The position inside an expert's rows is arbitrary (atomics): each row's result is its own.
@@ -562,7 +566,13 @@ bool grouped_moe_ok(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWei
   if (size_t(p.n_experts) * 2 * sizeof(int) + 1024 > size_t(m.max_smem_optin)) return false;
   if (mx) return T >= 2 && mw.experts.size() == size_t(p.n_experts) && p.io % mxfp4::kGroup == 0 &&
                  mw.experts[0].w1.rows % mxfp4::kGroup == 0;
-  if (m.capturing) return false;  // the dense table may need building (host work)
+  if (m.capturing) {  // recording: only a table built before (building it is host work)
+    const LtState& s = lt_state(m);
+    const auto it = s.dense_tables.find(&mw);
+    if (it == s.dense_tables.end() || !it->second.dev || it->second.E != int(mw.experts.size()) ||
+        it->second.first != (mw.experts.empty() ? nullptr : mw.experts[0].d1.data))
+      return false;
+  }
   return dense_table(m, mw, p.io) != nullptr;
 }
 
@@ -586,7 +596,15 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
   if (sort_smem > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(sort_pairs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sort_smem)),
                "cudaFuncSetAttribute (grouped MoE sort)");
-  sort_pairs_kernel<<<1, 1024, sort_smem, m.stream>>>(dids, pairs, E, rows, order, ebase, tile_e, tile_m0, n_tiles);
+  if (!m.expert_traffic && !m.capturing) {  // the device counters of CudaStats::device_expert_*
+    check_cuda(cudaMalloc(&m.expert_traffic, 2 * sizeof(unsigned long long)), "cudaMalloc (expert traffic counters)");
+    check_cuda(cudaMemsetAsync(m.expert_traffic, 0, 2 * sizeof(unsigned long long), m.stream),
+               "cudaMemsetAsync (expert traffic counters)");
+  }
+  const unsigned long long ebytes =
+      table ? 3ull * (size_t(inter) * io / 2 + size_t(inter) * io / mxfp4::kGroup) : 3ull * size_t(inter) * io * 2;
+  sort_pairs_kernel<<<1, 1024, sort_smem, m.stream>>>(dids, pairs, E, rows, order, ebase, tile_e, tile_m0, n_tiles,
+                                                      m.expert_traffic, ebytes);
   m.launched("routed_moe (fast) sort kernel");
   if (wg) {
     auto* zs = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.xb, size_t(pairs) * io));

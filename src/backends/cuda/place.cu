@@ -208,6 +208,9 @@ void CudaBackend::place_finish() {
   const std::string name = bad != INT_MAX && size_t(bad) < m.placer->names.size() ? m.placer->names[size_t(bad)] : "";
   cuda::placer_destroy(m);
   ++m.generation;
+  for (const auto& [w, p] : m.kvb_f32) cuda::check_cuda(cudaFree(p), "cudaFree (MLA kv_b decode)");  // decoded again
+  m.kvb_f32.clear();
+  m.eager_rows.clear();  // derived copies are made again: a batch size runs op by op first again
   if (!name.empty())
     throw Error(name + ": holds a NaN or an infinity; every weight must be a finite number");
 }

@@ -1,0 +1,153 @@
+// `bench batch`: the batched decode step on its own (see bench.h), at several batch sizes side by
+// side in one process, so the server's scaling (docs/serve.md) can be split into the forward call,
+// the host draw and, with --profile, the device timeline per kernel label.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "bench/bench.h"
+#include "core/error.h"
+#include "model/forward.h"
+#include "ops/state.h"
+#include "runtime/backend_factory.h"
+#include "runtime/engine.h"
+#include "runtime/sampler.h"
+
+namespace wren::bench {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+
+std::vector<int> parse_batches(const std::string& s) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    check(!item.empty() && end && *end == '\0' && v >= 1 && v <= 4096,
+          "--batches: '" + item + "' is not a batch size in 1..4096");
+    out.push_back(int(v));
+  }
+  check(!out.empty(), "--batches: give at least one batch size");
+  return out;
+}
+
+}  // namespace
+
+void run_batch(BatchArgs a) {
+  const std::vector<int> batches = parse_batches(a.batches);
+  check(a.prompt >= 1 && a.steps >= 1, "bench batch: --prompt and --steps must be at least 1");
+  a.engine.ctx = std::max(a.engine.ctx, a.prompt + a.steps + 8);
+  a.engine.cpu_fallback = false;
+  a.engine.announce = false;
+  const auto t0 = Clock::now();
+  Engine e(a.engine);
+  const double load_s = secs(Clock::now() - t0);
+  const bool gpu = std::string(e.backend().name()) != "cpu";
+  const std::string options = gpu ? describe(a.engine.cuda) : a.cpu_line;
+  std::fprintf(stderr, "wren bench batch: %s loaded in %.1f s; backend %s, chunk %d; %s\n",
+               e.dir().c_str(), load_s, e.backend().name(), e.chunk(), options.c_str());
+  const int V = e.config().vocab;
+  nlohmann::json out = {{"model", e.dir()},   {"backend", e.backend().name()},
+                        {"load_s", load_s},   {"options", options},
+                        {"chunk", e.chunk()}, {"prompt", a.prompt},
+                        {"steps", a.steps}};
+  std::printf("%-6s %10s %10s %10s %10s %8s %10s %9s %8s %8s %12s\n", "batch", "ms/step", "forward",
+              "draw", "tok/s", "vs 1st", "launches", "graphs", "syncs", "kernels", "expert MB/tok");
+  // --eager: each size also through a forward pass that never records a step (op by op).
+  std::unique_ptr<Forward> eager;
+  if (a.eager) {
+    ForwardOptions fo;
+    fo.max_chunk = e.chunk(), fo.graph = false;
+    eager = std::make_unique<Forward>(e.model(), e.backend(), fo);
+  }
+  double first = 0;
+  for (const int B : batches) {
+    for (int mode = 0; mode < (eager ? 2 : 1); ++mode) {
+      TokenStep& fwd = mode == 0 ? static_cast<TokenStep&>(e.forward()) : *eager;
+      std::mt19937 g(uint32_t(a.seed) + uint32_t(B));
+      std::vector<std::unique_ptr<SequenceState>> st;
+      std::vector<float> logits(size_t(B) * V);
+      std::vector<int> pending(static_cast<size_t>(B));
+      for (int b = 0; b < B; ++b) {  // each sequence prefilled alone
+        std::vector<int> ids(size_t(a.prompt));
+        for (int& id : ids) id = int(g() % unsigned(V));
+        st.push_back(e.new_sequence());
+        fwd.run(*st.back(), ids.data(), nullptr, a.prompt, logits.data() + size_t(b) * V, false);
+        pending[size_t(b)] = argmax(logits.data() + size_t(b) * V, V);
+      }
+      std::vector<BatchEntry> es(static_cast<size_t>(B));
+      for (int b = 0; b < B; ++b)
+        es[size_t(b)] = {st[size_t(b)].get(), &pending[size_t(b)], 1,
+                         logits.data() + size_t(b) * V};
+      double fwd_s = 0, draw_s = 0;
+      auto step = [&](bool timed) {
+        const auto s0 = Clock::now();
+        fwd.run_mixed(es.data(), B);
+        const auto s1 = Clock::now();
+        for (int b = 0; b < B; ++b) pending[size_t(b)] = argmax(logits.data() + size_t(b) * V, V);
+        if (timed) fwd_s += secs(s1 - s0), draw_s += secs(Clock::now() - s1);
+      };
+      step(false),
+          step(false);  // warm-up: first use of this batch size (tables, algorithms, graphs)
+      const GpuCounters c0 = gpu_counters(e.backend());
+      for (int s = 0; s < a.steps; ++s) step(true);
+      const GpuCounters c1 = gpu_counters(e.backend());
+      const double per = (fwd_s + draw_s) / a.steps, tok_s = B / per;
+      if (first == 0) first = tok_s;  // the first size through the engine's forward pass
+      const double n = a.steps;
+      const double mb_tok = double(c1.expert_bytes - c0.expert_bytes) / 1e6 / (n * B);
+      std::printf("%-6s %10.3f %10.3f %10.3f %10.1f %7.2fx %10.1f %9.1f %8.1f %8.1f %12.2f\n",
+                  (std::to_string(B) + (mode ? "e" : "")).c_str(), per * 1e3, fwd_s / n * 1e3,
+                  draw_s / n * 1e3, tok_s, tok_s / first, (c1.launches - c0.launches) / n,
+                  (c1.graph_launches - c0.graph_launches) / n, (c1.host_syncs - c0.host_syncs) / n,
+                  (c1.graph_kernels - c0.graph_kernels) / n, mb_tok);
+      nlohmann::json row = {
+          {"batch", B},
+          {"recorded", mode == 0},
+          {"ms_per_step", per * 1e3},
+          {"forward_ms", fwd_s / n * 1e3},
+          {"draw_ms", draw_s / n * 1e3},
+          {"tok_s", tok_s},
+          {"vs_first", tok_s / first},
+          {"launches_per_step", (c1.launches - c0.launches) / n},
+          {"graph_launches_per_step", (c1.graph_launches - c0.graph_launches) / n},
+          {"graph_kernels_per_step", (c1.graph_kernels - c0.graph_kernels) / n},
+          {"host_syncs_per_step", (c1.host_syncs - c0.host_syncs) / n},
+          {"expert_visits_per_step", double(c1.expert_visits - c0.expert_visits) / n},
+          {"expert_mb_per_token", mb_tok}};
+      if (a.profile && gpu &&
+          mode == 0) {  // one more step, every launch followed by an event (same numerics)
+        gpu_profile_begin(e.backend());
+        fwd.run_mixed(es.data(), B);
+        double total = 0;
+        const std::vector<GpuOpTime> prof = gpu_profile_end(e.backend(), &total);
+        std::printf(
+            "  profile, batch %d: %.3f ms of device timeline (launch-to-launch; host-bound gaps "
+            "charged to the "
+            "launch that waited)\n",
+            B, total);
+        nlohmann::json pj = nlohmann::json::array();
+        int shown = 0;
+        for (const GpuOpTime& op : prof) {
+          if (shown++ < 16)
+            std::printf("    %-64s %9.3f %6.1f%% %6llu\n", op.name.c_str(), op.ms,
+                        100 * op.ms / std::max(total, 1e-9), (unsigned long long)op.launches);
+          pj.push_back({{"name", op.name}, {"ms", op.ms}, {"launches", op.launches}});
+        }
+        row["profile"] = pj;
+        row["profile_total_ms"] = total;
+      }
+      out["runs"].push_back(row);
+    }
+  }
+  if (a.json) std::printf("%s\n", out.dump().c_str());
+}
+
+}  // namespace wren::bench
