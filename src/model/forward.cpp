@@ -60,6 +60,8 @@ Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts)
             (opts_.link.transport != nullptr || (opts_.link.prev < 0 && opts_.link.next < 0)),
         "pipeline stage: a stage after the first needs a transport and the rank it receives from");
   blocks0_ = snapshots_before(c, opts_.first_layer);
+  if (opts_.experts.transport)
+    ep_ = std::make_unique<ExpertParallelMoe>(c, be_, *opts_.experts.transport, opts_.experts.shard);
   buf_ = std::make_unique<Buffers>(&be_);
   buf_->plan(c, opts_.max_chunk);
   for (int i = opts_.first_layer; i < n_layers_; ++i)
@@ -325,7 +327,8 @@ StepInfo Forward::step_info(int T, const float* x0, const ForwardHooks* hooks) c
   s.tokens = T;
   s.may_record = opts_.graph;
   s.host_midway = opts_.check_finite || x0 || (hooks && (hooks->trace || hooks->dump || hooks->before_layer)) ||
-                  cfg_.expert_format != ExpertFormat::MXFP4;  // dense experts route on the host
+                  cfg_.expert_format != ExpertFormat::MXFP4 ||  // dense experts route on the host
+                  ep_ != nullptr;                               // expert parallelism: the transport waits on the host
   s.moe = step_moe_.data();
   s.n_moe = int(step_moe_.size());
   return s;
@@ -449,7 +452,8 @@ void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int
   Buffers& b = *buf_;
   be_.gemm(m.router, b.nrm, T, b.rlog);
   if (predict_now_) predict_next(layer, T);
-  be_.routed_moe(routed_params(layer), m, b.rlog, z, T, RoutedMoeWork{b.ys, b.g, b.u, b.act}, out);
+  if (ep_) ep_->run(routed_params(layer), m, b.rlog, z, T, RoutedMoeWork{b.ys, b.g, b.u, b.act}, out);
+  else be_.routed_moe(routed_params(layer), m, b.rlog, z, T, RoutedMoeWork{b.ys, b.g, b.u, b.act}, out);
 }
 
 void Forward::predict_next(int layer, int T) {

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <exception>
 
 #include "core/error.h"
 
@@ -139,6 +140,33 @@ void rank_worker_loop(const Model& model, Backend& be, Transport& t, const Stage
     throw;
   }
   if (dev) be.release(dev);
+}
+
+ExpertRanks::ExpertRanks(const Model& model, Backend& lead, std::vector<std::unique_ptr<Backend>> workers,
+                         ExpertShard shard)
+    : model_(model), lead_(lead), shard_(std::move(shard)), world_(shard_.ranks(), 0), lead_t_(world_, 0),
+      workers_(std::move(workers)) {
+  check(int(workers_.size()) + 1 == shard_.ranks(), "expert parallelism: " + std::to_string(workers_.size()) +
+                                                        " worker backends for " + std::to_string(shard_.ranks()) + " ranks");
+  for (int r = 1; r < shard_.ranks(); ++r) ts_.push_back(std::make_unique<ThreadTransport>(world_, r));
+  for (int r = 1; r < shard_.ranks(); ++r)
+    threads_.emplace_back([this, r] {
+      try {
+        expert_worker_loop(model_, *workers_[size_t(r) - 1], *ts_[size_t(r) - 1], shard_);
+      } catch (const std::exception& e) {
+        world_.abort("expert rank " + std::to_string(r) + ": " + e.what());
+      }
+    });
+}
+
+ExpertRanks::~ExpertRanks() {
+  ExpertParallelMoe(model_.config, lead_, lead_t_, shard_).stop();
+  for (std::thread& t : threads_) t.join();
+}
+
+std::string ExpertRanks::describe() const {
+  return "expert parallel " + shard_.describe() + " (threads transport, " +
+         (workers_.empty() ? lead_.name() : workers_[0]->name()) + " ranks)";
 }
 
 }  // namespace wren
