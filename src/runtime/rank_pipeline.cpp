@@ -2,8 +2,11 @@
 #include "runtime/rank_pipeline.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <exception>
+#include <mutex>
 
 #include "core/error.h"
 
@@ -160,7 +163,23 @@ ExpertRanks::ExpertRanks(const Model& model, Backend& lead, std::vector<std::uni
 }
 
 ExpertRanks::~ExpertRanks() {
+  // A graceful stop; when rank 0 failed midway through a layer round the workers wait for a message
+  // of that round instead, so after 10 s the world is aborted (every wait then ends with an error).
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> l(m);
+    if (!cv.wait_for(l, std::chrono::seconds(10), [&] { return done; }))
+      world_.abort("rank 0 stopped, and the expert ranks did not answer within 10 s");
+  });
   ExpertParallelMoe(model_.config, lead_, lead_t_, shard_).stop();
+  {
+    std::lock_guard<std::mutex> l(m);
+    done = true;
+  }
+  cv.notify_all();
+  watchdog.join();
   for (std::thread& t : threads_) t.join();
 }
 
