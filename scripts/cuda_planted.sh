@@ -35,7 +35,7 @@ for cu in "${sources[@]}"; do
   cmd=$(sed -E "s# -o [^ ]+# -o $tmp/obj/$name.o#" <<<"$cmd")
   (cd "$build" && eval "$cmd")
 done
-(cd "$tmp/obj" && ar r "$tmp/libwren_lib.a" ./*.cu.o)
+(cd "$tmp/obj" && ar r "$tmp/libwren_lib.a" ./*.o)  # x.cu.o, or x.cpp.o for a patched .cpp
 link=$(cd "$build" && ninja -t commands wren_tests | tail -1)
 link=${link#: && }
 link=${link%% && :*}

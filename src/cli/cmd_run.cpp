@@ -247,6 +247,9 @@ void add_run(CLI::App& app) {
   sub->callback([a, sub] {
     a->has_prompt = sub->count("prompt") > 0;
     if (!a->common.gpus.empty() && !under_launcher()) {  // the parent: start the ranks, wait for them
+      const std::string& ep = a->common.engine.expert_parallel;
+      usage_check(ep.empty() || ep == "1", "--expert-parallel with --gpus (NCCL ranks): not wired yet; the expert "
+                                           "ranks run as CPU threads of one process (docs/parallel.md)");
       for (int g : a->common.gpus) usage_check(g >= 0, "--gpus: " + std::to_string(g) + " is not a CUDA device index");
       std::string why;
       const bool cuda = a->common.engine.backend != "cpu" && cuda_usable(&why);

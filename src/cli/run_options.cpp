@@ -66,6 +66,9 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
       ->delimiter(',');
   sub->add_option("--nccl-id-file", engine.nccl_id_file,
                   "Where the pipeline ranks meet (rank 0 writes NCCL's id there; --gpus makes a fresh one)");
+  sub->add_option("--expert-parallel", engine.expert_parallel,
+                  "Shard each MoE layer's routed experts over N ranks (CPU threads of this process), or experts "
+                  "per rank, e.g. 1+3+12 (docs/parallel.md)");
   sub->add_flag("--quiet", quiet, "No load-progress line on stderr (it is shown only when stderr is a terminal)");
 }
 

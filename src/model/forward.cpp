@@ -60,6 +60,8 @@ Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts)
             (opts_.link.transport != nullptr || (opts_.link.prev < 0 && opts_.link.next < 0)),
         "pipeline stage: a stage after the first needs a transport and the rank it receives from");
   blocks0_ = snapshots_before(c, opts_.first_layer);
+  if (opts_.experts.transport)
+    ep_ = std::make_unique<ExpertParallelMoe>(c, be_, *opts_.experts.transport, opts_.experts.shard);
   buf_ = std::make_unique<Buffers>(&be_);
   buf_->plan(c, opts_.max_chunk);
   for (int i = opts_.first_layer; i < n_layers_; ++i)
@@ -335,7 +337,8 @@ StepInfo Forward::step_info(int T, const float* x0, const ForwardHooks* hooks) c
   bool decode = true;
   for (const Segment& sg : segs_) decode = decode && sg.n == 1;
   s.may_record = opts_.graph && (T == 1 || decode);
-  s.host_midway = opts_.check_finite || x0 || (hooks && (hooks->trace || hooks->dump || hooks->before_layer));
+  s.host_midway = opts_.check_finite || x0 || (hooks && (hooks->trace || hooks->dump || hooks->before_layer)) ||
+                  ep_ != nullptr;  // expert parallelism: the transport waits on the host
   s.moe = step_moe_.data();
   s.n_moe = int(step_moe_.size());
   return s;
@@ -459,7 +462,8 @@ void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int
   Buffers& b = *buf_;
   be_.gemm(m.router, b.nrm, T, b.rlog);
   if (predict_now_) predict_next(layer, T);
-  be_.routed_moe(routed_params(layer), m, b.rlog, z, T, RoutedMoeWork{b.ys, b.g, b.u, b.act}, out);
+  if (ep_) ep_->run(routed_params(layer), m, b.rlog, z, T, RoutedMoeWork{b.ys, b.g, b.u, b.act}, out);
+  else be_.routed_moe(routed_params(layer), m, b.rlog, z, T, RoutedMoeWork{b.ys, b.g, b.u, b.act}, out);
 }
 
 void Forward::predict_next(int layer, int T) {

@@ -6,6 +6,7 @@
 #include <memory>
 #include <vector>
 
+#include "model/expert_parallel.h"
 #include "model/load.h"
 #include "ops/backend.h"
 #include "ops/state.h"
@@ -59,6 +60,11 @@ struct ForwardOptions {
   /// next rank advances the sequence position. Defaults: the whole model, no transport.
   int first_layer = 0;
   StageLink link = {};
+  /// Expert parallelism (docs/parallel.md): with experts.transport set, each MoE layer's routed
+  /// experts run through ExpertParallelMoe (this rank's tokens dispatched to the experts' owners
+  /// and combined in slot order) instead of Backend::routed_moe. Every rank of the transport
+  /// must make the same layer calls (other ranks: their own Forward, or expert_worker_loop).
+  ExpertLink experts = {};
 };
 
 /// Where chunk [t0, t0 + n) of a T-token run writes its logits: `logits` + t0 rows of V when every
@@ -209,6 +215,7 @@ class Forward final : public TokenStep {
   bool predict_now_ = false;            ///< predict in the chunk being run
   std::vector<int> guess_ids_;          ///< host [T, k] guessed ids (predict_next)
   std::vector<float> guess_w_;          ///< host [T, k] their weights (unused)
+  std::unique_ptr<ExpertParallelMoe> ep_;  ///< ForwardOptions::experts, or null
 };
 
 }  // namespace wren

@@ -88,6 +88,13 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   check(!ranked || backend == "cuda", "a multi-process pipeline (--gpus, RANK/WORLD_SIZE) needs the CUDA backend "
                                       "(NCCL moves the activations between GPUs)");
   const bool piped = ranked || (!o.pipeline.empty() && o.pipeline != "1");
+  const bool expert_ranked = !o.expert_parallel.empty() && o.expert_parallel != "1";
+  usage_check(!expert_ranked || !ranked, "--expert-parallel with --gpus or a launcher (NCCL ranks): not wired yet; the "
+                                        "expert ranks run as CPU threads of one process (docs/parallel.md)");
+  usage_check(!expert_ranked || !piped, "--expert-parallel with --pipeline: one split at a time (docs/parallel.md)");
+  usage_check(!expert_ranked || backend == "cpu",
+              "--expert-parallel: its ranks are CPU threads (--backend cpu); GPU ranks through NCCL are not wired "
+              "yet (docs/parallel.md)");
   be_ = create_backend(backend, o.cpu, o.vram_experts, o.cuda,
                        ranked ? o.device : o.gpus.empty() ? 0 : o.gpus[0]);
   LoadOptions lo;
@@ -125,8 +132,15 @@ Engine::Engine(const EngineOptions& o) : ctx_(o.ctx) {
   if (o.chunk <= 0 && backend == "cpu" && store_ &&
       uint64_t(store_->slots()) < uint64_t(mc.n_experts) * uint64_t(mc.n_layers - mc.first_dense))
     chunk_ = std::max(chunk_, streaming_chunk(mc, available_memory()));  // one read per expert per prompt
-  const ForwardOptions fo{.max_chunk = chunk_, .layers = o.layers, .check_finite = o.check_finite,
-                          .predict = o.predict != "off"};
+  ForwardOptions fo{.max_chunk = chunk_, .layers = o.layers, .check_finite = o.check_finite,
+                    .predict = o.predict != "off"};
+  if (expert_ranked) {  // ranks 1.. as threads, each its own CPU backend over the mapped experts
+    const ExpertShard shard = parse_expert_shard(o.expert_parallel, mc.n_experts);
+    std::vector<std::unique_ptr<Backend>> workers;
+    for (int r = 1; r < shard.ranks(); ++r) workers.push_back(create_backend(backend, o.cpu));
+    expert_ranks_ = std::make_unique<ExpertRanks>(*model_, *be_, std::move(workers), shard);
+    fo.experts = expert_ranks_->link();
+  }
   fo_ = fo;
   fwd_ = std::make_unique<Runner>(*model_, *be_, fo);
   if (ranked && rank_ == 0) {
@@ -207,6 +221,7 @@ void Engine::run_worker() {
 }
 
 std::string Engine::stages_line() const {
+  if (expert_ranks_) return expert_ranks_->describe();
   if (!plan_) return "";
   const std::vector<uint64_t> bytes = layer_bytes(model_->config);
   if (transport_)

@@ -16,6 +16,7 @@
 #include "ops/backend.h"
 #include "ops/transport.h"
 #include "runtime/expert_store.h"
+#include "runtime/rank_pipeline.h"
 #include "runtime/runner.h"
 #include "tokenizer/tokenizer.h"
 
@@ -57,6 +58,10 @@ struct EngineOptions {
   int world = 1;
   int device = 0;
   std::string nccl_id_file;  ///< --nccl-id-file: where the ranks meet (NcclWorldOptions::id_file)
+  /// --expert-parallel: "" or "1" = every expert on this backend; "N" or "A+B+..." = the routed
+  /// experts of each MoE layer sharded over N ranks (parse_expert_shard), ranks 1.. CPU threads of
+  /// this process linked by the threads transport (ExpertRanks; docs/parallel.md). CPU only.
+  std::string expert_parallel;
 };
 
 /// Throws wren::Error when the options cannot work with config `c`: --ctx beyond the model's
@@ -125,6 +130,7 @@ class Engine {
   int rank_ = 0, world_ = 1;
   ForwardOptions fo_;
   std::unique_ptr<Transport> transport_;  ///< multi-process ranks (before fwd_: outlives it)
+  std::unique_ptr<ExpertRanks> expert_ranks_;  ///< --expert-parallel (before fwd_: outlives it)
   std::unique_ptr<ExpertStore> store_;
   std::unique_ptr<Runner> fwd_;
   std::optional<Tokenizer> tok_;

@@ -2,7 +2,11 @@
 #include "runtime/rank_pipeline.h"
 
 #include <algorithm>
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <exception>
+#include <mutex>
 
 #include "core/error.h"
 
@@ -139,6 +143,49 @@ void rank_worker_loop(const Model& model, Backend& be, Transport& t, const Stage
     throw;
   }
   if (dev) be.release(dev);
+}
+
+ExpertRanks::ExpertRanks(const Model& model, Backend& lead, std::vector<std::unique_ptr<Backend>> workers,
+                         ExpertShard shard)
+    : model_(model), lead_(lead), shard_(std::move(shard)), world_(shard_.ranks(), 0), lead_t_(world_, 0),
+      workers_(std::move(workers)) {
+  check(int(workers_.size()) + 1 == shard_.ranks(), "expert parallelism: " + std::to_string(workers_.size()) +
+                                                        " worker backends for " + std::to_string(shard_.ranks()) + " ranks");
+  for (int r = 1; r < shard_.ranks(); ++r) ts_.push_back(std::make_unique<ThreadTransport>(world_, r));
+  for (int r = 1; r < shard_.ranks(); ++r)
+    threads_.emplace_back([this, r] {
+      try {
+        expert_worker_loop(model_, *workers_[size_t(r) - 1], *ts_[size_t(r) - 1], shard_);
+      } catch (const std::exception& e) {
+        world_.abort("expert rank " + std::to_string(r) + ": " + e.what());
+      }
+    });
+}
+
+ExpertRanks::~ExpertRanks() {
+  // A graceful stop; when rank 0 failed midway through a layer round the workers wait for a message
+  // of that round instead, so after 10 s the world is aborted (every wait then ends with an error).
+  std::mutex m;
+  std::condition_variable cv;
+  bool done = false;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> l(m);
+    if (!cv.wait_for(l, std::chrono::seconds(10), [&] { return done; }))
+      world_.abort("rank 0 stopped, and the expert ranks did not answer within 10 s");
+  });
+  ExpertParallelMoe(model_.config, lead_, lead_t_, shard_).stop();
+  {
+    std::lock_guard<std::mutex> l(m);
+    done = true;
+  }
+  cv.notify_all();
+  watchdog.join();
+  for (std::thread& t : threads_) t.join();
+}
+
+std::string ExpertRanks::describe() const {
+  return "expert parallel " + shard_.describe() + " (threads transport, " +
+         (workers_.empty() ? lead_.name() : workers_[0]->name()) + " ranks)";
 }
 
 }  // namespace wren

@@ -8,11 +8,15 @@
 // Forward::send_boundary), and the last rank sends the logits rows to rank 0.
 #pragma once
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
 #include "model/forward.h"
 #include "model/load.h"
+#include "model/expert_parallel.h"
 #include "model/pipeline.h"
+#include "ops/thread_transport.h"
 #include "ops/transport.h"
 
 namespace wren {
@@ -59,6 +63,36 @@ class RankPipeline final : public TokenStep {
 /// wren::Error on a transport failure or a bad header.
 void rank_worker_loop(const Model& model, Backend& be, Transport& t, const StagePlan& plan, int capacity,
                       ForwardOptions opts = {});
+
+/// `--expert-parallel` in one process (docs/parallel.md): ranks 1.. of the expert shard are
+/// threads, each with its own backend, serving their experts (expert_worker_loop) over a
+/// ThreadTransport; rank 0 is the caller's forward, built with ForwardOptions::experts = link().
+class ExpertRanks {
+ public:
+  /// Starts ranks 1..: `workers` [shard.ranks() - 1] are their backends (owned; each must hold
+  /// its rank's experts: on the CPU, the model's mapped experts). `lead` is rank 0's backend.
+  /// A worker that fails aborts the world, so rank 0's next layer throws with its message.
+  ExpertRanks(const Model& model, Backend& lead, std::vector<std::unique_ptr<Backend>> workers, ExpertShard shard);
+  /// Tells the workers to stop and joins them. Every forward using link() must be gone by then.
+  ~ExpertRanks();
+  ExpertRanks(const ExpertRanks&) = delete;
+  ExpertRanks& operator=(const ExpertRanks&) = delete;
+  /// Rank 0's link (its ThreadTransport and the shard).
+  ExpertLink link() { return ExpertLink{&lead_t_, shard_}; }
+  const ExpertShard& shard() const { return shard_; }
+  /// "expert parallel 3 ranks: experts 0-5 | 6-10 | 11-15 (threads transport, cpu ranks)".
+  std::string describe() const;
+
+ private:
+  const Model& model_;
+  Backend& lead_;
+  ExpertShard shard_;
+  ThreadWorld world_;
+  ThreadTransport lead_t_;
+  std::vector<std::unique_ptr<Backend>> workers_;
+  std::vector<std::unique_ptr<ThreadTransport>> ts_;
+  std::vector<std::thread> threads_;
+};
 
 /// [n_layers]: `be` for the layers of stage s, null elsewhere (a rank's slice of a sequence state).
 std::vector<Backend*> stage_layer_backends(const Config& c, const StagePlan& plan, int s, Backend& be);

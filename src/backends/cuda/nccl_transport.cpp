@@ -2,6 +2,7 @@
 // libnccl.so.2 at the first NcclTransport, so the binary does not need the library to start.
 #include "backends/cuda/nccl_transport.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -220,6 +221,77 @@ void NcclTransport::recv_host(int* v, size_t n, int from) {
   impl_->sync();
 }
 
+namespace {
+
+template <class Part>
+void check_peers(int rank, int world, const std::vector<Part>& parts) {
+  for (const Part& p : parts)
+    check(p.peer >= 0 && p.peer < world && p.peer != rank,
+          "NCCL transport: an exchange of rank " + std::to_string(rank) + " names rank " + std::to_string(p.peer) +
+              " (a peer must be another rank below " + std::to_string(world) + ")");
+}
+
+}  // namespace
+
+void NcclTransport::exchange(Backend& be, const std::vector<TransportPart>& sends,
+                             const std::vector<TransportPart>& recvs) {
+  check_peers(rank_, world_, sends);
+  check_peers(rank_, world_, recvs);
+  // The backend's to_host waits for its whole stream: once, on any part, before NCCL reads the
+  // send buffers or writes the recv buffers.
+  for (const auto* parts : {&sends, &recvs}) {
+    auto it = std::find_if(parts->begin(), parts->end(), [](const TransportPart& p) { return p.n > 0; });
+    if (it != parts->end()) {
+      drain(be, it->buf, it->n);
+      break;
+    }
+  }
+  const NcclApi& api = nccl_api();
+  cuda_check(cudaSetDevice(impl_->device), "cudaSetDevice");
+  nccl_check(api.group_start(), "ncclGroupStart");
+  for (const TransportPart& p : sends)
+    if (p.n) nccl_check(api.send(p.buf, p.n, ncclFloat32, p.peer, impl_->comm, impl_->stream), "ncclSend");
+  for (const TransportPart& p : recvs)
+    if (p.n) nccl_check(api.recv(p.buf, p.n, ncclFloat32, p.peer, impl_->comm, impl_->stream), "ncclRecv");
+  nccl_check(api.group_end(), "ncclGroupEnd");
+  impl_->sync();
+}
+
+void NcclTransport::exchange_host(const std::vector<HostPart>& sends, const std::vector<HostPart>& recvs) {
+  check_peers(rank_, world_, sends);
+  check_peers(rank_, world_, recvs);
+  size_t total = 0;
+  for (const HostPart& p : sends) total += p.n;
+  for (const HostPart& p : recvs) total += p.n;
+  if (total == 0) return;
+  const NcclApi& api = nccl_api();
+  cuda_check(cudaSetDevice(impl_->device), "cudaSetDevice");
+  int* d = impl_->host_stage(total);
+  size_t at = 0;
+  for (const HostPart& p : sends) {
+    if (p.n) cuda_check(cudaMemcpyAsync(d + at, p.buf, p.n * sizeof(int), cudaMemcpyHostToDevice, impl_->stream), "cudaMemcpy");
+    at += p.n;
+  }
+  nccl_check(api.group_start(), "ncclGroupStart");
+  at = 0;
+  for (const HostPart& p : sends) {
+    if (p.n) nccl_check(api.send(d + at, p.n, ncclInt32, p.peer, impl_->comm, impl_->stream), "ncclSend");
+    at += p.n;
+  }
+  const size_t recv0 = at;
+  for (const HostPart& p : recvs) {
+    if (p.n) nccl_check(api.recv(d + at, p.n, ncclInt32, p.peer, impl_->comm, impl_->stream), "ncclRecv");
+    at += p.n;
+  }
+  nccl_check(api.group_end(), "ncclGroupEnd");
+  at = recv0;
+  for (const HostPart& p : recvs) {
+    if (p.n) cuda_check(cudaMemcpyAsync(p.buf, d + at, p.n * sizeof(int), cudaMemcpyDeviceToHost, impl_->stream), "cudaMemcpy");
+    at += p.n;
+  }
+  impl_->sync();
+}
+
 void NcclTransport::self_exchange(const float* send_dev, float* recv_dev, size_t n) {
   const NcclApi& api = nccl_api();
   cuda_check(cudaSetDevice(impl_->device), "cudaSetDevice");
@@ -250,6 +322,8 @@ void NcclTransport::recv(Backend&, float*, size_t, int) { no_nccl(); }
 void NcclTransport::send_host(const int*, size_t, int) { no_nccl(); }
 void NcclTransport::recv_host(int*, size_t, int) { no_nccl(); }
 void NcclTransport::self_exchange(const float*, float*, size_t) { no_nccl(); }
+void NcclTransport::exchange(Backend&, const std::vector<TransportPart>&, const std::vector<TransportPart>&) { no_nccl(); }
+void NcclTransport::exchange_host(const std::vector<HostPart>&, const std::vector<HostPart>&) { no_nccl(); }
 
 #endif
 

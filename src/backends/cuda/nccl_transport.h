@@ -45,6 +45,11 @@ class NcclTransport final : public Transport {
   void recv(Backend& be, float* buf, size_t n, int from) override;
   void send_host(const int* v, size_t n, int to) override;
   void recv_host(int* v, size_t n, int from) override;
+  /// One NCCL group of every ncclSend / ncclRecv (after waiting for the backend's queued work),
+  /// then a wait for the group: expert parallelism's dispatch and combine.
+  void exchange(Backend& be, const std::vector<TransportPart>& sends, const std::vector<TransportPart>& recvs) override;
+  /// The same through the device staging buffer (int32 control words and expert ids).
+  void exchange_host(const std::vector<HostPart>& sends, const std::vector<HostPart>& recvs) override;
   int rank() const override { return rank_; }
   int world() const override { return world_; }
   const char* name() const override { return "nccl"; }
