@@ -288,6 +288,15 @@ TEST(Cli, BadArgumentsExitNonZero) {
   EXPECT_EQ(2, test::run_wren("run " + model_arg() + " --ids 1 --pipeline 1+x", &out)) << out;
   EXPECT_EQ(2, test::run_wren("run " + model_arg() + " --ids 1 --backend cpu --gpus 0", &out)) << out;
   EXPECT_NE(out.find("--gpus: the pipeline ranks need the CUDA backend"), std::string::npos) << out;
+  // Closed sets checked by the parser and budgets checked before the load: exit 2 as well.
+  EXPECT_EQ(2, test::run_wren("run " + model_arg() + " --ids 1 --mx-act int4", &out)) << out;
+  EXPECT_EQ(2, test::run_wren("run " + model_arg() + " --ids 1 --isa sse2", &out)) << out;
+  EXPECT_EQ(2, test::run_wren("run " + model_arg() + " --ids 1 --direct maybe", &out)) << out;
+  EXPECT_NE(out.find("wren: error: --direct"), std::string::npos) << out;
+  EXPECT_EQ(2, test::run_wren("run " + model_arg() + " --ids 1 --expert-cache 0", &out)) << out;
+  EXPECT_NE(out.find("wren: error: --expert-cache 0 is below one expert"), std::string::npos) << out;
+  EXPECT_EQ(2, test::run_wren("run " + model_arg() + " --ids 1 --pipeline 2 --trace " + test::temp_dir("trace-pipe") + "/t.f32", &out)) << out;
+  EXPECT_NE(out.find("--trace and --dump-layer need a single stage"), std::string::npos) << out;
   // A budget the server refuses is refused before the model loads, also by bench serve (was: terminate).
   EXPECT_EQ(2, test::run_wren("bench serve " + model_arg() + " --requests 1 --max-tokens 1 --max-batch-tokens 1", &out)) << out;
   EXPECT_NE(out.find("wren: error: --max-batch-tokens 1 is below --max-seqs 16"), std::string::npos) << out;

@@ -83,7 +83,7 @@ void bench_experts(const ExpertsArgs& a) {
 
   ExpertStoreOptions probe;
   probe.cache_bytes = uint64_t(c.expert_bytes()) * 2 * c.top_k;
-  probe.direct = a.direct == "off" ? DirectIo::Off : a.direct == "on" ? DirectIo::On : DirectIo::Auto;
+  probe.direct = parse_direct_io(a.direct);
   const bool direct = ExpertStore(model->weights, c.expert_bytes(), probe).direct();
   const char* cold = direct ? "cold (O_DIRECT)" : "cold (page cache dropped with posix_fadvise)";
 

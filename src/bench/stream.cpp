@@ -392,7 +392,7 @@ void run_stream(const StreamArgs& a) {
 #endif
 
   ExpertStoreOptions so;
-  so.direct = a.direct == "off" ? DirectIo::Off : a.direct == "on" ? DirectIo::On : DirectIo::Auto;
+  so.direct = parse_direct_io(a.direct);
   so.loader_threads = a.loaders;
   so.cache_bytes = uint64_t(c.expert_bytes()) * 2 * c.top_k;
   const bool direct = ExpertStore(model->weights, c.expert_bytes(), so).direct();

@@ -32,7 +32,7 @@ void add_bench_cpu(CLI::App* bench) {
   qual->add_option("--positions", qa->positions, "Teacher-forced positions (with --text: the first N tokens, 0 = all)")
       ->check(non_negative());
   qual->add_option("--seed", qa->seed, "Seed of the random prompt ids");
-  qual->add_option("--chunk", qa->chunk, "Prefill chunk")->check(positive());
+  qual->add_option("--chunk", qa->chunk, "Prefill chunk")->check(positive())->default_str("auto");
   qual->add_option("--text", qa->text, "Teacher-force this text file's tokens instead of random ids (adds perplexity)");
   qual->add_option("--window", qa->window, "With --text: tokens per window, [BOS] included (as wren perplexity)")
       ->check(CLI::Range(2, 1 << 20));
@@ -49,7 +49,7 @@ void add_bench_cpu(CLI::App* bench) {
   mod->add_option("--model", sa->model, "Kimi K3 snapshot folder")->required();
   mod->add_option("--prompt", sa->prompt, "Prompt tokens")->check(positive());
   mod->add_option("--gen", sa->gen, "Generated tokens")->check(CLI::Range(2, 1 << 20));
-  mod->add_option("--chunk", sa->chunk, "Prefill chunk")->check(positive());
+  mod->add_option("--chunk", sa->chunk, "Prefill chunk")->check(positive())->default_str("auto");
   mod->add_flag("--cpu-time", sa->cpu_time, "Time by the thread's CPU clock (with --threads 1): per-core rates on a loaded machine");
   mod->add_option("--modes", sa->modes, "Presets to run, first is the reference; NAME+int8 = int8 expert activations");
   auto sa_cpu = std::make_shared<CpuFlags>();
@@ -66,7 +66,8 @@ void add_bench_experts(CLI::App* bench) {
   sub->add_option("--model", a->model, "K3 snapshot folder with MXFP4 experts (e.g. from wren synth)")->required();
   sub->add_option("-n,--tokens", a->tokens, "Tokens to decode per budget")->check(positive());
   sub->add_option("--runs", a->runs, "Runs of each measurement (min / median)")->check(positive())->capture_default_str();
-  sub->add_option("--direct", a->direct, "O_DIRECT reads: auto, on or off");
+  sub->add_option("--direct", a->direct, "O_DIRECT reads: auto, on or off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   sub->callback([a] { bench::run_experts(*a); });
 }
 
@@ -112,7 +113,7 @@ void add_bench_layers(CLI::App* bench) {
   sub->add_option("--vocab", a->vocab, "Vocabulary size (default 16384)")->check(positive());
   sub->add_option("--prompt", a->prompt, "Prefill prompt length (default 1024)")->check(positive());
   sub->add_option("--decode", a->decode, "Decode tokens timed per configuration (default 16)")->check(positive());
-  sub->add_option("--chunk", a->chunk, "Prefill chunk (default: the backend's, see runtime/engine.h)")->check(positive());
+  sub->add_option("--chunk", a->chunk, "Prefill chunk (default: the backend's, see runtime/engine.h)")->check(positive())->default_str("auto");
   sub->add_option("--seed", a->seed, "Weight seed (default 1)");
   sub->add_flag("--json", a->json, "Also print the numbers as one JSON object");
   auto cuda = std::make_shared<CudaFlags>();

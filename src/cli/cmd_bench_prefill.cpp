@@ -16,7 +16,7 @@ void add_bench_prefill(CLI::App* bench) {
   sub->add_option("--backend", a->engine.backend, "cpu, cuda or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub->add_option("--prompts", a->prompts, "Comma-separated prompt lengths (default 512,4096,16384)");
   sub->add_option("--repeat", a->repeat, "Timed prefills per length after one warm-up (default 3)")->check(non_negative());
-  sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (default: the backend's)")->check(positive());
+  sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (default: the backend's)")->check(positive())->default_str("auto");
   sub->add_option("--vram-experts", a->engine.vram_experts, "CUDA: device memory for routed experts (default: all that fit)");
   sub->add_option("--seed", a->seed, "Seed of the random prompt ids");
   sub->add_option("--also-exact", a->also_exact, "GPU: then one exact-mode prefill of N tokens on the same weights")

@@ -238,7 +238,7 @@ void add_bench_serve(CLI::App* bench) {
       ->check(non_negative());
   sub->add_option("--prefix-cache", a->prefix_cache, "The server's --prefix-cache (default 0: every prompt prefilled)");
   sub->add_option("--ctx", a->engine.ctx, "Context per sequence (default 4096)")->check(positive());
-  sub->add_option("--chunk", a->engine.chunk, "Tokens per layer-major pass (default: the backend's)")->check(positive());
+  sub->add_option("--chunk", a->engine.chunk, "Tokens per layer-major pass (default: the backend's)")->check(positive())->default_str("auto");
   sub->add_option("--vram-experts", a->engine.vram_experts, "CUDA: device memory for routed experts (default: all that fit)");
   cpu->add_to(sub);
   cuda->add_to(sub);

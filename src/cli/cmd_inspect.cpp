@@ -150,7 +150,7 @@ void add_inspect(CLI::App& app) {
   sub->add_option("--model", a->dir, "Kimi K3 snapshot folder (default: the built-in model wren-tiny)");
   sub->add_option("--expert-cache", a->expert_cache, "Expert cache budget to plan for, e.g. 8G");
   sub->add_option("--ctx", a->ctx, "Context capacity to plan for")->check(positive());
-  sub->add_option("--chunk", a->chunk, "Prefill chunk to plan for")->check(positive());
+  sub->add_option("--chunk", a->chunk, "Prefill chunk to plan for")->check(positive())->default_str("auto");
   sub->add_option("--pipeline", a->pipeline, "Pipeline stages to plan for: N or layers per stage, e.g. 3+2+1");
   sub->add_option("--pipeline-split", a->pipeline_split, "How --pipeline N splits: even or bytes")
       ->check(CLI::IsMember({"even", "bytes"}))

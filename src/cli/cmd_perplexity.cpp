@@ -98,7 +98,7 @@ void add_perplexity(CLI::App& app) {
       ->check(CLI::Range(2, 1 << 20));
   sub->add_flag("--json", a->json, "Print one JSON object: perplexity, tokens, mean_nll, top1_accuracy, ...");
   sub->add_option("--backend", a->engine.backend, "Op backend: cpu, cuda, or auto")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(positive());
+  sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(positive())->default_str("auto");
   sub->add_option("--expert-cache", a->engine.expert_cache, "Expert cache budget, e.g. 8G, 512M");
   a->cpu.add_to(sub);
   a->engine.announce = false;

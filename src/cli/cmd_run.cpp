@@ -121,6 +121,10 @@ void run(RunArgs& a) {
   // One rule with the server: an empty text is a valid prompt (raw: just [BOS]; --chat: an empty
   // user message); giving neither a prompt nor --ids, or both, is an error, found before loading.
   check(a.has_prompt != !a.ids.empty(), "give either a text prompt or --ids, not both and not neither");
+  const std::string& pipe = a.common.engine.pipeline;
+  const bool one_stage = (pipe.empty() || pipe == "1") && a.common.gpus.empty();
+  usage_check(one_stage || (a.trace.empty() && a.dump_layer < 0),
+              "--trace and --dump-layer need a single stage (drop --pipeline " + pipe + " / --gpus)");
   Engine e(a.common.engine_options());
   if (const std::string g = describe_gpu(e, a.common.engine); !g.empty()) std::fprintf(stderr, "wren: %s\n", g.c_str());
   if (e.is_worker()) return e.run_worker();  // ranks 1..: serve rank 0's steps (docs/parallel.md)

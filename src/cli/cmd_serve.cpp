@@ -132,10 +132,11 @@ void add_serve(CLI::App& app) {
   sub->add_option("--host", a->server.host, "Address to listen on (default 127.0.0.1)");
   sub->add_option("--port", a->server.port, "Port to listen on (0 = any free port; default 8000)")->check(CLI::Range(0, 65535));
   sub->add_option("--expert-cache", a->engine.expert_cache, "Expert cache budget, e.g. 8G, 512M (default: from available RAM)");
-  sub->add_option("--direct", a->engine.direct, "O_DIRECT expert reads: auto, on or off");
+  sub->add_option("--direct", a->engine.direct, "O_DIRECT expert reads: auto, on or off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   sub->add_option("--vram-experts", a->engine.vram_experts,
                   "CUDA: device memory for routed experts, e.g. 2G, 500M, all (default: all that fit)");
-  sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(positive());
+  sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(positive())->default_str("auto");
   sub->add_option("--ctx", a->engine.ctx, "Context limit per request in tokens (prompt + max_tokens)")->check(positive());
   sub->add_option("--backend", a->engine.backend, "Op backend: cpu, cuda, or auto (cuda when built in and a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));

@@ -205,7 +205,7 @@ void add_validate(CLI::App& app) {
   sub->add_option("--prompt", a->prompts, "Prompt text(s) (default: the model's golden cases, else built-in texts)");
   sub->add_option("--greedy", a->greedy, "Greedy continuation length to compare")->check(CLI::Range(0, 4096));
   sub->add_option("--tolerance", a->tolerance, "Largest rel-L2 that passes (per layer, logits)")->check(positive());
-  sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(positive());
+  sub->add_option("--chunk", a->engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(positive())->default_str("auto");
   sub->add_option("--ctx", a->engine.ctx, "Context capacity in tokens")->check(positive());
   sub->add_flag("--json", a->json, "Print JSON");
   a->cpu.add_to(sub);

@@ -14,7 +14,8 @@ namespace wren::cli {
 
 void CpuFlags::add_to(CLI::App* sub) {
   sub->add_option("--threads", threads, "Threads (default: every core; at most 1024)")->check(CLI::Range(0, 1024));
-  sub->add_option("--isa", isa, "Kernel level: auto, scalar (the reference kernels), avx2, avx512");
+  sub->add_option("--isa", isa, "Kernel level: auto, scalar (the reference kernels), avx2, avx512")
+      ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}));
   sub->add_option("--quant", quant,
                   "Dense-weight formats: exact (all f32; the default on the CPU and with --gpu-precision exact), "
                   "stored (the checkpoint's dtype: bf16 matrices stay bf16, others f32; the default on CUDA in "
@@ -23,7 +24,8 @@ void CpuFlags::add_to(CLI::App* sub) {
     const std::string name = wclass_name(WClass(c));
     sub->add_option("--quant-" + name, per_class[c], "Format of the " + name + " weights: f32, bf16, q8, q4");
   }
-  sub->add_option("--mx-act", mx_act, "MXFP4 expert activations: f32 (default, exact) or int8 (per-32-group)");
+  sub->add_option("--mx-act", mx_act, "MXFP4 expert activations: f32 (default, exact) or int8 (per-32-group)")
+      ->check(CLI::IsMember({"f32", "int8"}));
 }
 
 bool gpu_fast(const std::string& backend, GpuPrecision precision) {
@@ -58,7 +60,8 @@ void CudaFlags::add_to(CLI::App* sub) {
                   "CUDA numerics: fast (default: prefill on tensor cores, BF16 operands, f32 accumulation) or "
                   "exact (the f32 path, bit-stable across chunk sizes)")
       ->transform(CLI::CheckedTransformer(std::map<std::string, GpuPrecision>{{"exact", GpuPrecision::Exact},
-                                                                              {"fast", GpuPrecision::Fast}}));
+                                                                              {"fast", GpuPrecision::Fast}}))
+      ->default_str("fast");
   sub->add_option("--cuda-kda", kda,
                   "CUDA: KDA path for prefill: recurrent (the CPU's order; default in exact mode) or chunked "
                   "(default in fast mode)");

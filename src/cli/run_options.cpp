@@ -34,14 +34,15 @@ void CommonArgs::add_to(CLI::App* sub, float default_temperature) {
       ->check(CLI::IsMember({"low", "high", "max"}))
       ->capture_default_str();
   sub->add_option("--expert-cache", engine.expert_cache, "Expert cache budget, e.g. 8G, 512M (default: from available RAM)");
-  sub->add_option("--direct", engine.direct, "O_DIRECT expert reads: auto, on or off");
+  sub->add_option("--direct", engine.direct, "O_DIRECT expert reads: auto, on or off")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
   sub->add_option("--predict", engine.predict,
                   "Expert prediction: read the next MoE layer's guessed experts while this layer computes (timing only)")
       ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
   sub->add_option("--vram-experts", engine.vram_experts,
                   "CUDA: device memory for routed experts, e.g. 2G, 500M, all (default: all that fit)");
-  sub->add_option("--chunk", engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(positive());
+  sub->add_option("--chunk", engine.chunk, "Prefill chunk (tokens per layer-major pass)")->check(positive())->default_str("auto");
   sub->add_option("--backend", engine.backend, "Op backend: cpu, cuda, or auto (cuda when built in and a GPU is present)")
       ->check(CLI::IsMember({"cpu", "cuda", "auto"}));
   sub->add_flag("--cpu-fallback,!--no-cpu-fallback", engine.cpu_fallback,

@@ -14,6 +14,11 @@
 
 namespace wren {
 
+DirectIo parse_direct_io(const std::string& s) {
+  usage_check(s == "auto" || s == "on" || s == "off", "--direct: '" + s + "' is not a read mode (expected auto, on or off)");
+  return s == "on" ? DirectIo::On : s == "off" ? DirectIo::Off : DirectIo::Auto;
+}
+
 namespace {
 constexpr uint64_t kAlign = 4096;  // O_DIRECT alignment used for offsets, lengths and buffers
 double now_s() {

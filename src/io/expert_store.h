@@ -22,6 +22,10 @@ namespace wren {
 /// filesystem accepts it (else buffered, with a one-line notice).
 enum class DirectIo { Auto, On, Off };
 
+/// Parses the `--direct` flag's value: "auto", "on" or "off". Throws UsageError naming the
+/// flag and the accepted values for anything else.
+DirectIo parse_direct_io(const std::string& s);
+
 /// Store options. `cache_bytes` bounds the expert payload held in memory (at least one expert).
 struct ExpertStoreOptions {
   uint64_t cache_bytes = 0;

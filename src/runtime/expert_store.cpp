@@ -66,8 +66,7 @@ std::unique_ptr<ExpertStore> open_expert_store(const ModelWeights& w, const Conf
                                                const std::string& size, const std::string& direct,
                                                bool announce) {
   ExpertStoreOptions o;
-  check(direct == "auto" || direct == "on" || direct == "off", "--direct: '" + direct + "' (expected auto, on or off)");
-  o.direct = direct == "on" ? DirectIo::On : direct == "off" ? DirectIo::Off : DirectIo::Auto;
+  o.direct = parse_direct_io(direct);
   const uint64_t n_experts = uint64_t(c.n_experts) * uint64_t(c.n_layers - c.first_dense);
   const uint64_t all = n_experts * uint64_t(c.expert_bytes());
   if (size.empty()) {
@@ -75,6 +74,8 @@ std::unique_ptr<ExpertStore> open_expert_store(const ModelWeights& w, const Conf
     o.cache_bytes = std::max<uint64_t>(c.expert_bytes(), half ? std::min(all, half) : all);
   } else {
     o.cache_bytes = parse_size(size, "--expert-cache");
+    usage_check(o.cache_bytes >= uint64_t(c.expert_bytes()), "--expert-cache " + size + " is below one expert (" +
+                                                      std::to_string(c.expert_bytes()) + " bytes)");
   }
   for (const LayerWeights& l : w.layers)
     for (const ExpertRef& e : l.moe.experts)
