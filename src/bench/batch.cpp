@@ -10,6 +10,7 @@
 
 #include "bench/bench.h"
 #include "core/error.h"
+#include "core/sizes.h"
 #include "model/forward.h"
 #include "ops/state.h"
 #include "runtime/backend_factory.h"
@@ -23,25 +24,10 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double secs(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
-std::vector<int> parse_batches(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    check(!item.empty() && end && *end == '\0' && v >= 1 && v <= 4096,
-          "--batches: '" + item + "' is not a batch size in 1..4096");
-    out.push_back(int(v));
-  }
-  check(!out.empty(), "--batches: give at least one batch size");
-  return out;
-}
-
 }  // namespace
 
 void run_batch(BatchArgs a) {
-  const std::vector<int> batches = parse_batches(a.batches);
+  const std::vector<int> batches = parse_count_list(a.batches, "--batches", 1, 4096, "batch size");
   check(a.prompt >= 1 && a.steps >= 1, "bench batch: --prompt and --steps must be at least 1");
   a.engine.ctx = std::max(a.engine.ctx, a.prompt + a.steps + 8);
   a.engine.cpu_fallback = false;

@@ -12,6 +12,7 @@
 
 #include "bench/bench.h"
 #include "core/error.h"
+#include "core/sizes.h"
 #include "model/forward.h"
 #include "ops/state.h"
 #include "runtime/backend_factory.h"
@@ -21,25 +22,10 @@ namespace wren::bench {
 
 namespace {
 
-std::vector<int> parse_lengths(const std::string& s) {
-  std::vector<int> out;
-  std::stringstream ss(s);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
-    char* end = nullptr;
-    const long v = std::strtol(item.c_str(), &end, 10);
-    check(!item.empty() && end && *end == '\0' && v >= 1 && v <= (1 << 22),
-          "--prompts: '" + item + "' is not a prompt length in 1..4194304");
-    out.push_back(int(v));
-  }
-  check(!out.empty(), "--prompts: give at least one length");
-  return out;
-}
-
 }  // namespace
 
 void run_prefill(PrefillArgs a) {
-  const std::vector<int> lengths = parse_lengths(a.prompts);
+  const std::vector<int> lengths = parse_count_list(a.prompts, "--prompts", 1, 1 << 22, "prompt length");
   a.engine.ctx = std::max(a.engine.ctx, *std::max_element(lengths.begin(), lengths.end()) + 8);
   a.engine.cpu_fallback = false;
   a.engine.announce = false;

@@ -119,17 +119,7 @@ nlohmann::json health(int port) {
 }
 
 void bench_serve(BenchServeArgs& a, CpuFlags& cpu, CudaFlags& cuda) {
-  std::vector<int> counts;
-  {
-    std::stringstream ss(a.clients);
-    for (std::string s; std::getline(ss, s, ',');) {
-      char* end = nullptr;
-      const long c = std::strtol(s.c_str(), &end, 10);
-      usage_check(!s.empty() && *end == '\0' && c >= 1 && c <= 1024, "--clients: '" + s + "' is not a client count in 1..1024");
-      counts.push_back(int(c));
-    }
-    usage_check(!counts.empty(), "--clients: give at least one count");
-  }
+  const std::vector<int> counts = parse_count_list(a.clients, "--clients", 1, 1024, "client count");
   const int batch_tokens = resolve_batch_tokens(a.max_seqs, a.max_batch_tokens);  // before the load
   a.engine.plan = cpu.plan(gpu_fast(a.engine.backend, cuda.precision));
   a.engine.cpu = cpu.backend();

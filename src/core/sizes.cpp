@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <fstream>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -15,6 +16,21 @@ uint64_t peak_rss_bytes() {
   struct rusage ru {};
   getrusage(RUSAGE_SELF, &ru);
   return uint64_t(ru.ru_maxrss) * 1024;
+}
+
+std::vector<int> parse_count_list(const std::string& s, const std::string& flag, int lo, int hi,
+                                  const std::string& noun) {
+  std::vector<int> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    char* end = nullptr;
+    const long v = std::strtol(item.c_str(), &end, 10);
+    usage_check(!item.empty() && end && *end == '\0' && v >= lo && v <= hi,
+                flag + ": '" + item + "' is not a " + noun + " in " + std::to_string(lo) + ".." + std::to_string(hi));
+    out.push_back(int(v));
+  }
+  usage_check(!out.empty(), flag + ": give at least one " + noun);
+  return out;
 }
 
 uint64_t parse_size(const std::string& s, const std::string& what) {
