@@ -626,6 +626,7 @@ TEST(CudaTier, ReadFaultsDuringPrefetchGiveIdenticalLogitsOrAClearError) {
     CudaStats tier;
     ExpertStoreStats store;
     std::map<int64_t, bool> first;
+    std::set<int64_t> held;  ///< (layer << 32 | expert) keyed in a VRAM slot after the run
   };
   auto run = [&](uint64_t budget, std::function<long(int, void*, size_t, uint64_t)> hook) {
     Result r;
@@ -658,6 +659,9 @@ TEST(CudaTier, ReadFaultsDuringPrefetchGiveIdenticalLogitsOrAClearError) {
       r.err = e.what();
     }
     r.tier = be.stats(), r.store = store.stats(), r.first = rec.first;
+    for (size_t l = 0; l < model->weights.layers.size(); ++l)
+      for (size_t e = 0; e < model->weights.layers[l].moe.experts.size(); ++e)
+        if (be.tier_holds(int(l), int(e))) r.held.insert((int64_t(l) << 32) | int64_t(e));
     return r;
   };
   const Result ref = run(CudaBackend::kAllExperts, nullptr);
@@ -669,10 +673,12 @@ TEST(CudaTier, ReadFaultsDuringPrefetchGiveIdenticalLogitsOrAClearError) {
   // so an expert's first pread starts at its offset).
   // Keyed by (canonical shard path, offset): the shards are several files.
   std::map<std::pair<std::string, uint64_t>, std::string> guessed;  // -> expert name
+  std::map<std::pair<std::string, uint64_t>, int64_t> guessed_key;  // -> layer << 32 | expert
   for (const auto& [key, by_guess] : clean.first)
     if (by_guess) {
       const ExpertRef& e = model->weights.layers[size_t(key >> 32)].moe.experts[size_t(key & 0xffffffff)];
       guessed[{std::filesystem::canonical(e.file).string(), e.offset}] = e.name;
+      guessed_key[{std::filesystem::canonical(e.file).string(), e.offset}] = key;
     }
   ASSERT_FALSE(guessed.empty()) << "no guess reached the host store: the test would inject nothing";
   ASSERT_GT(clean.store.prefetch_issued, 0u);
@@ -712,6 +718,13 @@ TEST(CudaTier, ReadFaultsDuringPrefetchGiveIdenticalLogitsOrAClearError) {
       EXPECT_GT(got.store.prefetch_failed, 0u) << name << ": the faults must hit the store's reads of guesses";
       if (persistent) {  // the read fails again when the tier copies the guess: its failure path runs
         EXPECT_GT(got.tier.tier_prefetch_failed, 0u) << name << ": no guess failed while the tier copied it";
+        // Every read of a faulted expert failed, so its bytes never reached the device: no VRAM slot
+        // may stay keyed to it (a later call would use the slot without reading the expert).
+        for (const auto& at : state->failed) {
+          const int64_t key = guessed_key.at(at);
+          EXPECT_EQ(got.held.count(key), 0u) << name << ": the tier keeps a slot for " << guessed.at(at)
+                                            << ", whose every read failed";
+        }
       }
       if (!persistent || got.err.empty()) {
         EXPECT_EQ(got.err, "") << name;

@@ -133,6 +133,9 @@ class CudaBackend final : public Backend {
   /// surely in flight when later work evicts or reads their slots); `ignore_prefetch_limits` lets
   /// a prefetch take every slot the running call does not use.
   void tier_test_hooks(int stall_prefetch_us, bool ignore_prefetch_limits);
+  /// Test query of the VRAM tier: true when a slot is keyed (layer, expert), i.e. a later routed_moe
+  /// would use that slot's bytes without reading the expert again. False when the tier is off.
+  bool tier_holds(int layer, int expert) const;
   /// Benchmark helper: host-to-device copy bandwidth, GB/s, of `bytes` from pinned host memory
   /// (cudaMemcpyAsync on the compute stream; median of `reps` after one warm-up).
   double h2d_gbps(size_t bytes, int reps = 5);

@@ -436,6 +436,11 @@ void CudaBackend::tier_test_hooks(int stall_prefetch_us, bool ignore_prefetch_li
   impl_->tier.ignore_prefetch_limits = ignore_prefetch_limits;
 }
 
+bool CudaBackend::tier_holds(int layer, int expert) const {
+  const cuda::ExpertTier& t = impl_->tier;
+  return t.active && t.where.count(tier_key(layer, expert)) > 0;
+}
+
 double CudaBackend::h2d_gbps(size_t bytes, int reps) {
   Impl& m = *impl_;
   void* host = nullptr;
