@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # Packs a CUDA build for the GPU machine, whose image lacks the Debian libraries Wren links:
-#   scripts/device_bundle.sh BUILD_DIR DEST
-# DEST (a git-ignored folder of the checkout that travels, e.g. .dev-final) receives the stripped
-# binaries (wren, wren_tests, share/ without its models/; packed into payload.tar.gz), the shared libraries they need that the
+#   scripts/device_bundle.sh BUILD_DIR DEST [PLANTED_NAME...]
+# DEST (an untracked folder of the checkout that travels, e.g. .dev-final) receives the stripped
+# binaries (wren, wren_tests, share/ without its models/; packed into payload.tar.xz), the shared libraries they need that the
 # device image lacks, and env.sh, keeping BUILD_DIR's path relative to the checkout. On the device:
 # `cd DEST && source env.sh && ./BUILD_DIR/wren_tests ...`.
+# Each PLANTED_NAME (a test binary BUILD_DIR/NAME from scripts/cuda_planted.sh) travels as a zstd
+# patch against the stripped wren_tests (~0.1 MB instead of ~3 MB xz: the working tree that travels
+# is limited to 64 MiB) and env.sh rebuilds it as DEST/planted/NAME with the zstd binary it carries.
 # The checkout travels too, so DEST carries no second copy of tests/data or models/ (the 64 MiB
 # limit): env.sh links DEST/tests/data and DEST/BUILD_DIR/share/wren/models to the checkout's, puts
 # lib/ on LD_LIBRARY_PATH and links the source path compiled into the tests (WREN_SOURCE_DIR) to
@@ -18,6 +21,17 @@ rm -rf "$dest"; mkdir -p "$dest/lib" "$dest/$rel" "$dest/tests"
 for b in wren wren_tests; do
   if [ -x "$build/$b" ]; then strip -o "$dest/$rel/$b" "$build/$b"; fi
 done
+shift 2
+if [ $# -gt 0 ]; then
+  mkdir -p "$dest/planted"
+  for name in "$@"; do
+    strip -o "$dest/planted/$name.bin" "$build/$name"
+    zstd -q -19 --long=27 --patch-from="$dest/$rel/wren_tests" "$dest/planted/$name.bin" -o "$dest/planted/$name.zpatch" 2>/dev/null
+    rm "$dest/planted/$name.bin"
+  done
+  cp -L "$(command -v zstd)" "$dest/lib/zstd"
+  ldd "$(command -v zstd)" | awk '/=>/ {print $3}' | grep -E 'liblz4|libzstd|liblzma' | while read -r so; do cp -L "$so" "$dest/lib/"; done
+fi
 if [ -d "$build/share" ]; then
   mkdir -p "$dest/$rel/share/wren"
   find "$build/share/wren" -mindepth 1 -maxdepth 1 ! -name models -exec cp -r {} "$dest/$rel/share/wren/" \;
@@ -25,13 +39,17 @@ fi
 ldd "$build/wren_tests" "$build/wren" 2>/dev/null | awk '/=>/ {print $3}' | sort -u |
   grep -E 'httplib|pcre2|libssl|libcrypto|brotli|libz\.|libedit|libbsd|libmd|libtinfo|liburing|libgtest' |
   while read -r so; do cp -L "$so" "$dest/lib/"; done
-# Packed (binaries compress ~3x): what travels is the checkout plus this folder, 64 MiB in all.
-(cd "$dest" && tar czf payload.tar.gz lib "${rel%%/*}" && rm -rf lib "${rel%%/*}" tests)
+# Packed with xz (binaries compress ~5x; unpacked on the device by Python's lzma, as its image may
+# lack xz): what travels is the checkout plus this folder, 64 MiB in all.
+(cd "$dest" && tar cf - lib "${rel%%/*}" | xz -9e -T2 > payload.tar.xz && rm -rf lib "${rel%%/*}" tests)
 cat > "$dest/env.sh" <<ENV
 # Sourced on the device from $(basename "$dest"): unpacks, libraries and the compiled-in source path.
-[ -d lib ] || tar xzf payload.tar.gz
+[ -d lib ] || python3 -c "import lzma,sys,tarfile; tarfile.open(fileobj=lzma.open(sys.argv[1])).extractall()" payload.tar.xz
 mkdir -p tests
 export LD_LIBRARY_PATH="\$PWD/lib:\${LD_LIBRARY_PATH:-}"
+for p in planted/*.zpatch; do
+  [ -e "\$p" ] && [ ! -e "\${p%.zpatch}" ] && lib/zstd -q -d --long=27 --patch-from="$rel/wren_tests" "\$p" -o "\${p%.zpatch}" && chmod +x "\${p%.zpatch}"
+done
 ln -sfn "\$PWD/../tests/data" tests/data
 [ -d ../models ] && ln -sfn "\$PWD/../models" "$rel/share/wren/models"
 # The compiled-in source path: absent there -> a link to DEST; the checkout itself (built in the
