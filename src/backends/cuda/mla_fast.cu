@@ -12,7 +12,7 @@
 // online softmax, nothing T × n materialized): per block 8 warps of 16 query rows; K and V tiles
 // double-buffered in shared memory by cp.async; Q·Kᵀ and P·V as mma.sync m16n8k16 with BF16
 // operands (q rounded as it is loaded, P rounded from the f32 exponentials) and f32 accumulators;
-// the running max, sum and output in f32 (exp2 with the scale · log2(e) folded in).
+// the running max, sum and output in f32 (2^x on the special-function unit, ex2.approx, with the scale · log2(e) folded into one fma).
 // Chunk rule: key tiles start at absolute position 0 and are visited in order; a key past a query's
 // own position is masked to −inf (p = 0 exactly, a tile entirely past it changes no bit: the
 // rescale factor is exp2(0) = 1 and P·V adds zeros), and every product row depends only on its own
@@ -182,6 +182,16 @@ __device__ __forceinline__ void flash_load_tile(const FlashArgs& a, const __nv_b
   }
 }
 
+/// 2^x on the special-function unit (ex2.approx.ftz: relative error ~2^-22, subnormal results
+/// flushed to 0, 2^-inf = 0): one instruction where exp2f is a library sequence under this
+/// build's exact-f32 flags. Fast mode only; P is rounded to BF16 right after, whose rounding
+/// (2^-9) dwarfs it.
+__device__ __forceinline__ float ex2_fast(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+
 template <int DQK, int DV>
 __global__ void __launch_bounds__(kFlashThreads, 1) mla_flash_kernel(FlashArgs a) {
   extern __shared__ __align__(16) unsigned char flash_sm[];
@@ -262,15 +272,18 @@ __global__ void __launch_bounds__(kFlashThreads, 1) mla_flash_kernel(FlashArgs a
           mma_bf16(sc[2 * np + 1], qf[k], b[2], b[3]);
         }
       }
-      // Scale, causal mask, online softmax (rows g: elements 0, 1; rows g + 8: 2, 3).
+      // Causal mask and online softmax on the raw scores (rows g: elements 0, 1; rows g + 8: 2, 3);
+      // the scale (· log2 e, > 0) goes into the exponent as one fma: p = 2^(x·scale − m), and the
+      // running max m is the scaled raw max (scaling by a positive number keeps the order).
       const bool edge = s0 + kBc - 1 > a.pos0 + wr0;
+      const float sl = a.scale_log2;
       float mx0 = -INFINITY, mx1 = -INFINITY;
 #pragma unroll
       for (int j = 0; j < NS; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = s0 + j * 8 + 2 * t4 + e;
-          float x0 = sc[j][e] * a.scale_log2, x1 = sc[j][2 + e] * a.scale_log2;
+          float x0 = sc[j][e], x1 = sc[j][2 + e];
           if (edge) {
             if (key > lim0) x0 = -INFINITY;
             if (key > lim1) x1 = -INFINITY;
@@ -284,16 +297,20 @@ __global__ void __launch_bounds__(kFlashThreads, 1) mla_flash_kernel(FlashArgs a
         mx0 = fmaxf(mx0, __shfl_xor_sync(kFull, mx0, off));
         mx1 = fmaxf(mx1, __shfl_xor_sync(kFull, mx1, off));
       }
-      const float n0 = fmaxf(m0, mx0), n1 = fmaxf(m1, mx1);  // finite: key 0 is visible to every row
-      const float f0 = exp2f(m0 - n0), f1 = exp2f(m1 - n1);
+      // Finite: key 0 is visible to every row, so m is finite after the first tile (a later tile
+      // whose keys are all masked for a row gives mx = −inf and keeps m).
+      const float n0 = fmaxf(m0, mx0 * sl), n1 = fmaxf(m1, mx1 * sl);
+      // 1 exactly when the max did not move (the chunk rule: a tile past a row changes no bit);
+      // 2^−inf = 0 on the first tile.
+      const float f0 = m0 == n0 ? 1.f : ex2_fast(m0 - n0), f1 = m1 == n1 ? 1.f : ex2_fast(m1 - n1);
       m0 = n0, m1 = n1;
       float rs0 = 0.f, rs1 = 0.f;
 #pragma unroll
       for (int j = 0; j < NS; ++j) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          sc[j][e] = exp2f(sc[j][e] - n0);
-          sc[j][2 + e] = exp2f(sc[j][2 + e] - n1);
+          sc[j][e] = ex2_fast(fmaf(sc[j][e], sl, -n0));
+          sc[j][2 + e] = ex2_fast(fmaf(sc[j][2 + e], sl, -n1));
           rs0 += sc[j][e], rs1 += sc[j][2 + e];
         }
       }
