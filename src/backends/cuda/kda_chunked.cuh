@@ -20,9 +20,9 @@ struct KdaChunkArgs {
 };
 
 /// e^g of a cumulative log decay, as each intra-chunk kernel keeps G: f64 (exp in f64, rounded
-/// once: the f32 kernels) or f32 (expf: the tensor-core kernels).
+/// once: the f32 kernels) or f32 (__expf, ex2.approx: the tensor-core kernels, fast mode only).
 __device__ inline float kda_decay_exp(double g) { return float(exp(g)); }
-__device__ inline float kda_decay_exp(float g) { return expf(g); }
+__device__ inline float kda_decay_exp(float g) { return __expf(g); }
 
 /// The tail both intra-chunk kernels share (kda_chunked.cu, kda_chunked_mma.cu): the UT solve, one
 /// column per thread, forward substitution with the unit lower-triangular L = I + A (Am [C][C],

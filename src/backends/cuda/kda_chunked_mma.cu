@@ -18,7 +18,8 @@
 //   pair, lanes over r), as fla's chunk_kda does: there no split point gives two factors ≤ 1.
 // - The UT solve (unit lower-triangular, forward substitution per column) and the state-pass factors
 //   are the f32 kernel's, with G kept in f32 (cumulated in f64, rounded once; rounding is monotone,
-//   so G_t − G_i ≤ 0 still holds for t ≥ i and no factor exceeds 1).
+//   so G_t − G_i ≤ 0 still holds for t ≥ i and no factor exceeds 1 beyond the exp's own error).
+//   Every decay factor e^x (x ≤ 0) is __expf (ex2.approx: see decay_exp).
 // State pass (per head, 32-column slice of the value index, chunk after chunk; S in shared memory,
 // f32):  δ = U − W·S,  o = q̃·S + Q·δ,  S ← Diag(γ_n)·S + k̂ᵀ·δ,  all three on tensor cores; the next
 // chunk's W, q̃, k̂, Q, U and γ_n are copied in by cp.async while this chunk computes (double buffer
@@ -69,6 +70,13 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src) {
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
 
+/// e^x for the decay factors of the intra-chunk pass (x <= 0 there): __expf, i.e. 2^(x·log2 e) on the
+/// special-function unit (ex2.approx; relative error about 2^-21 + 2^-22·|x|), two instructions where
+/// expf is a library sequence of about twenty under this build's exact-f32 flags (-fmad=false,
+/// -ftz=false). The diagonal blocks take one per (t, i, r): with expf they were half of the kernel's
+/// instructions (Nsight Compute, 2026-12-04). Far below the TF32 operand rounding (2^-11) that follows.
+__device__ __forceinline__ float decay_exp(float x) { return __expf(x); }
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -90,6 +98,7 @@ __global__ void __launch_bounds__(kThreads) kda_intra_mma_kernel(int T, int H, i
                                                                    float* gl, const float* bs, float* Qm, float* egc) {
   extern __shared__ __align__(16) float smf[];
   constexpr int nb = C / 16;
+  constexpr int kOffTiles = nb * (nb - 1);  // off-diagonal 16 × 8 tiles
   const int c = blockIdx.x, h = blockIdx.y, P = H * d, dp = (d + 15) / 16 * 16, ld = dp + 4;
   const int t0 = c * C, n = min(C, T - t0);
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, g = lane >> 2, t4 = lane & 3;
@@ -101,32 +110,60 @@ __global__ void __launch_bounds__(kThreads) kda_intra_mma_kernel(int T, int H, i
   float* Qs = Am + C * C;   // [C][C]
   float* b = Qs + C * C;    // [C] (0 for rows ≥ n)
   const size_t base = size_t(t0) * P + size_t(h) * d;
-  for (int i = threadIdx.x; i < C * ld; i += blockDim.x) {
-    const int t = i / ld, r = i % ld;
-    const bool in = t < n && r < d;
-    const size_t at = base + size_t(t) * P + r;
-    qs[i] = in ? qn[at] : 0.f;
-    ks[i] = in ? kn[at] : 0.f;
-    vs[i] = in ? vc[at] : 0.f;
-  }
+  for (int t = warp; t < C; t += kNWarps)  // a row per warp, columns over the lanes
+    for (int r = lane; r < ld; r += kWarp) {
+      const int i = t * ld + r;
+      const bool in = t < n && r < d;
+      const size_t at = base + size_t(t) * P + r;
+      qs[i] = in ? qn[at] : 0.f;
+      ks[i] = in ? kn[at] : 0.f;
+      vs[i] = in ? vc[at] : 0.f;
+      G[i] = in ? gl[at] : 0.f;  // the per-token log decay, cumulated below
+    }
   for (int i = threadIdx.x; i < C * C; i += blockDim.x) Am[i] = 0.f, Qs[i] = 0.f;
   for (int t = threadIdx.x; t < C; t += blockDim.x) b[t] = t < n ? bs[size_t(t0 + t) * H + h] : 0.f;
+  __syncthreads();
+  // G in place, a column per thread: the same f32 terms added in the same order (f64) as when each
+  // term came from global memory, which left C dependent global loads on every column's chain.
   for (int r = threadIdx.x; r < ld; r += blockDim.x) {
     double acc = 0;
     for (int t = 0; t < C; ++t) {
-      if (t < n && r < d) acc += double(gl[base + size_t(t) * P + r]);
+      acc += double(G[t * ld + r]);  // 0 for rows >= n and columns >= d
       G[t * ld + r] = float(acc);
     }
   }
   __syncthreads();
+  // Work split between the two loops below, balanced per warp (there is no barrier between them):
+  // the off-diagonal tiles go to the last warps (tile j to warp kNWarps − 1 − j mod kNWarps), each
+  // counted as kTileCost pairs (16 k-steps of 8 columns against one pass of 4 columns and two warp
+  // reductions), and the diagonal pairs (t ≥ i only) fill each warp up to an equal share. (Striding
+  // over all 256 (t, i) of a block left warp 0 with 2.4x warp 7's pairs, plus a tile.) Which warp
+  // computes a pair or tile changes no bit.
+  constexpr int kPairs = nb * 136;  // pairs t ≥ i of the nb diagonal 16×16 blocks
+  constexpr int kTileCost = 8;
+  int p0 = 0, p1 = 0;
+  {
+    const int share = (kPairs + kTileCost * kOffTiles + kNWarps - 1) / kNWarps;
+    int acc = 0;
+    for (int v = 0; v <= warp; ++v) {
+      int tiles = 0;
+      for (int j = kNWarps - 1 - v; j < kOffTiles; j += kNWarps) ++tiles;
+      p0 = acc;
+      acc = v == kNWarps - 1 ? kPairs : min(kPairs, acc + max(0, share - kTileCost * tiles));
+      p1 = acc;
+    }
+  }
   // Diagonal 16×16 blocks: a warp per pair (t ≥ i), lanes over r.
-  for (int idx = warp; idx < nb * 256; idx += kNWarps) {
-    const int blk = idx >> 8, tl = (idx >> 4) & 15, il = idx & 15;
+  for (int idx = p0; idx < p1; ++idx) {
+    const int blk = idx / 136, q = idx % 136;
+    int tl = 0;
+    while ((tl + 1) * (tl + 2) / 2 <= q) ++tl;
+    const int il = q - tl * (tl + 1) / 2;
     const int t = blk * 16 + tl, i = blk * 16 + il;
-    if (il > tl || t >= n) continue;  // warp-uniform
+    if (t >= n) continue;  // warp-uniform
     float kk = 0.f, qk = 0.f;
     for (int r = lane; r < d; r += kWarp) {
-      const float ki = ks[i * ld + r] * expf(G[t * ld + r] - G[i * ld + r]);
+      const float ki = ks[i * ld + r] * decay_exp(G[t * ld + r] - G[i * ld + r]);
       kk = fmaf(ks[t * ld + r], ki, kk);
       qk = fmaf(qs[t * ld + r], ki, qk);
     }
@@ -138,8 +175,7 @@ __global__ void __launch_bounds__(kThreads) kda_intra_mma_kernel(int T, int H, i
     }
   }
   // Off-diagonal blocks (a > bb) on tensor cores: 16 × 8 output tiles, two per block pair.
-  constexpr int kOffTiles = nb * (nb - 1);
-  for (int tile = warp; tile < kOffTiles; tile += kNWarps) {
+  for (int tile = kNWarps - 1 - warp; tile < kOffTiles; tile += kNWarps) {
     int p = tile >> 1, a = 1;
     while (p >= a) p -= a, ++a;  // pairs in order (1,0), (2,0), (2,1), (3,0), ...
     const int bb = p, s = 16 * a, ta = s + g, tb = ta + 8, ib = 16 * bb + (tile & 1) * 8 + g;
@@ -147,10 +183,10 @@ __global__ void __launch_bounds__(kThreads) kda_intra_mma_kernel(int T, int H, i
     float ak[4] = {0.f, 0.f, 0.f, 0.f}, aq[4] = {0.f, 0.f, 0.f, 0.f};
     for (int k = 0; k < dp; k += 8) {
       const int r0 = k + t4, r1 = r0 + 4;
-      const float e00 = expf(G[ta * ld + r0] - Gs[r0]), e10 = expf(G[tb * ld + r0] - Gs[r0]);
-      const float e01 = expf(G[ta * ld + r1] - Gs[r1]), e11 = expf(G[tb * ld + r1] - Gs[r1]);
-      const unsigned b0 = to_tf32(ks[ib * ld + r0] * expf(Gs[r0] - G[ib * ld + r0]));
-      const unsigned b1 = to_tf32(ks[ib * ld + r1] * expf(Gs[r1] - G[ib * ld + r1]));
+      const float e00 = decay_exp(G[ta * ld + r0] - Gs[r0]), e10 = decay_exp(G[tb * ld + r0] - Gs[r0]);
+      const float e01 = decay_exp(G[ta * ld + r1] - Gs[r1]), e11 = decay_exp(G[tb * ld + r1] - Gs[r1]);
+      const unsigned b0 = to_tf32(ks[ib * ld + r0] * decay_exp(Gs[r0] - G[ib * ld + r0]));
+      const unsigned b1 = to_tf32(ks[ib * ld + r1] * decay_exp(Gs[r1] - G[ib * ld + r1]));
       mma_tf32(ak, to_tf32(ks[ta * ld + r0] * e00), to_tf32(ks[tb * ld + r0] * e10), to_tf32(ks[ta * ld + r1] * e01),
                to_tf32(ks[tb * ld + r1] * e11), b0, b1);
       mma_tf32(aq, to_tf32(qs[ta * ld + r0] * e00), to_tf32(qs[tb * ld + r0] * e10), to_tf32(qs[ta * ld + r1] * e01),
@@ -168,14 +204,14 @@ __global__ void __launch_bounds__(kThreads) kda_intra_mma_kernel(int T, int H, i
   }
   __syncthreads();
   // State-pass factors (read q, k, G before k is overwritten by W): q ⊙ γ_t, k ⊙ e^{G_n − G_t}, γ_n.
-  for (int i = threadIdx.x; i < n * d; i += blockDim.x) {
-    const int t = i / d, r = i % d;
-    const size_t at = base + size_t(t) * P + r;
-    const float Gt = G[t * ld + r];
-    qn[at] = qs[t * ld + r] * expf(Gt);
-    kn[at] = ks[t * ld + r] * expf(G[(n - 1) * ld + r] - Gt);
-  }
-  for (int r = threadIdx.x; r < d; r += blockDim.x) egc[size_t(c) * P + size_t(h) * d + r] = expf(G[(n - 1) * ld + r]);
+  for (int t = warp; t < n; t += kNWarps)
+    for (int r = lane; r < d; r += kWarp) {
+      const size_t at = base + size_t(t) * P + r;
+      const float Gt = G[t * ld + r];
+      qn[at] = qs[t * ld + r] * decay_exp(Gt);
+      kn[at] = ks[t * ld + r] * decay_exp(G[(n - 1) * ld + r] - Gt);
+    }
+  for (int r = threadIdx.x; r < d; r += blockDim.x) egc[size_t(c) * P + size_t(h) * d + r] = decay_exp(G[(n - 1) * ld + r]);
   float* Qg = Qm + (size_t(c) * H + h) * C * C;
   for (int i = threadIdx.x; i < C * C; i += blockDim.x) Qg[i] = Qs[i];
   __syncthreads();
