@@ -24,13 +24,23 @@ struct KdaChunkArgs {
 __device__ inline float kda_decay_exp(double g) { return float(exp(g)); }
 __device__ inline float kda_decay_exp(float g) { return __expf(g); }
 
+/// x rounded to TF32 (cvt.rna: 10-bit mantissa, ties away from zero), kept as an f32 whose low 13
+/// bits are zero: an mma.sync .tf32 operand that needs no conversion where it is read, and that
+/// rounds to itself (the fast-mode chunk passes store their state-pass operands this way).
+__device__ __forceinline__ float kda_tf32_round(float x) {
+  unsigned r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return __uint_as_float(r);
+}
+
 /// The tail both intra-chunk kernels share (kda_chunked.cu, kda_chunked_mma.cu): the UT solve, one
 /// column per thread, forward substitution with the unit lower-triangular L = I + A (Am [C][C],
 /// strictly lower, × β_t) in place on the [C][ld] tiles: columns 0..d-1 of W (rhs β_t k_t γ_t from
 /// ks) then d of U (rhs β_t v_t from vs); then, after a barrier, W → gl and U → vc at rows
 /// base + t·P (t < n). kFma: each substitution term as one fmaf (tensor-core kernel) or a multiply
-/// then a subtraction (the f32 kernel, built with -fmad=false). Called by every thread of the block.
-template <class GT, bool kFma>
+/// then a subtraction (the f32 kernel, built with -fmad=false). kRoundW: W is stored rounded to TF32
+/// (kda_tf32_round; the tensor-core state pass reads it as an operand only). Called by every thread of the block.
+template <class GT, bool kFma, bool kRoundW = false>
 __device__ inline void kda_ut_solve_store(int n, int d, int C, int ld, const GT* G, const float* b, const float* Am,
                                           float* ks, float* vs, float* gl, float* vc, size_t base, int P) {
   for (int j = threadIdx.x; j < 2 * d; j += blockDim.x) {
@@ -50,7 +60,7 @@ __device__ inline void kda_ut_solve_store(int n, int d, int C, int ld, const GT*
   for (int i = threadIdx.x; i < n * d; i += blockDim.x) {
     const int t = i / d, r = i % d;
     const size_t at = base + size_t(t) * P + r;
-    gl[at] = ks[t * ld + r];
+    gl[at] = kRoundW ? kda_tf32_round(ks[t * ld + r]) : ks[t * ld + r];
     vc[at] = vs[t * ld + r];
   }
 }

@@ -20,6 +20,9 @@
 //   are the f32 kernel's, with G kept in f32 (cumulated in f64, rounded once; rounding is monotone,
 //   so G_t − G_i ≤ 0 still holds for t ≥ i and no factor exceeds 1 beyond the exp's own error).
 //   Every decay factor e^x (x ≤ 0) is __expf (ex2.approx: see decay_exp).
+// The state pass's operands W, q̃, k̂ and Q are stored rounded to TF32 by the intra pass (and δ by
+// the state pass itself), so the state pass reads their bits without a conversion per use (each was
+// converted once per warp that read it): the same products, bit for bit.
 // State pass (per head, 32-column slice of the value index, chunk after chunk; S in shared memory,
 // f32):  δ = U − W·S,  o = q̃·S + Q·δ,  S ← Diag(γ_n)·S + k̂ᵀ·δ,  all three on tensor cores; the next
 // chunk's W, q̃, k̂, Q, U and γ_n are copied in by cp.async while this chunk computes (double buffer
@@ -58,6 +61,9 @@ __device__ __forceinline__ void mma_tf32(float (&c)[4], unsigned a0, unsigned a1
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
+
+/// An operand already rounded to TF32 where it was stored (kda_tf32_round): its bits as they are.
+__device__ __forceinline__ unsigned tf32_bits(float x) { return __float_as_uint(x); }
 
 __device__ __forceinline__ void cp_async4(float* dst, const float* src) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(dst));
@@ -208,14 +214,14 @@ __global__ void __launch_bounds__(kThreads) kda_intra_mma_kernel(int T, int H, i
     for (int r = lane; r < d; r += kWarp) {
       const size_t at = base + size_t(t) * P + r;
       const float Gt = G[t * ld + r];
-      qn[at] = qs[t * ld + r] * decay_exp(Gt);
-      kn[at] = ks[t * ld + r] * decay_exp(G[(n - 1) * ld + r] - Gt);
+      qn[at] = kda_tf32_round(qs[t * ld + r] * decay_exp(Gt));
+      kn[at] = kda_tf32_round(ks[t * ld + r] * decay_exp(G[(n - 1) * ld + r] - Gt));
     }
   for (int r = threadIdx.x; r < d; r += blockDim.x) egc[size_t(c) * P + size_t(h) * d + r] = decay_exp(G[(n - 1) * ld + r]);
   float* Qg = Qm + (size_t(c) * H + h) * C * C;
-  for (int i = threadIdx.x; i < C * C; i += blockDim.x) Qg[i] = Qs[i];
+  for (int i = threadIdx.x; i < C * C; i += blockDim.x) Qg[i] = kda_tf32_round(Qs[i]);
   __syncthreads();
-  kda_ut_solve_store<float, true>(n, d, C, ld, G, b, Am, ks, vs, gl, vc, base, P);  // W → gl, U → vc
+  kda_ut_solve_store<float, true, true>(n, d, C, ld, G, b, Am, ks, vs, gl, vc, base, P);  // W → gl, U → vc
 }
 
 // ---- state pass ----
@@ -350,16 +356,17 @@ __global__ void __launch_bounds__(kThreads) kda_state_mma_kernel(int T, int H, i
 #pragma unroll 4
       for (int k = 0; k < dp; k += 8) {
         const unsigned b0 = to_tf32(sb[k * kLdS]), b1 = to_tf32(sb[(k + 4) * kLdS]);
-        mma_tf32(dacc, to_tf32(w0[k]), to_tf32(w0[8 * lda + k]), to_tf32(w0[k + 4]), to_tf32(w0[8 * lda + k + 4]), b0,
+        mma_tf32(dacc, tf32_bits(w0[k]), tf32_bits(w0[8 * lda + k]), tf32_bits(w0[k + 4]), tf32_bits(w0[8 * lda + k + 4]), b0,
                  b1);
-        mma_tf32(oacc[j], to_tf32(q0[k]), to_tf32(q0[8 * lda + k]), to_tf32(q0[k + 4]), to_tf32(q0[8 * lda + k + 4]),
+        mma_tf32(oacc[j], tf32_bits(q0[k]), tf32_bits(q0[8 * lda + k]), tf32_bits(q0[k + 4]), tf32_bits(q0[8 * lda + k + 4]),
                  b0, b1);
       }
       const int r0 = m16 + g, col = n8 + 2 * t4;
-      D[r0 * kLdS + col] = Ub[r0 * kLdS + col] - dacc[0];
-      D[r0 * kLdS + col + 1] = Ub[r0 * kLdS + col + 1] - dacc[1];
-      D[(r0 + 8) * kLdS + col] = Ub[(r0 + 8) * kLdS + col] - dacc[2];
-      D[(r0 + 8) * kLdS + col + 1] = Ub[(r0 + 8) * kLdS + col + 1] - dacc[3];
+      // δ is only an operand below (Q·δ, k̂ᵀ·δ): stored rounded to TF32 once, read as is.
+      D[r0 * kLdS + col] = kda_tf32_round(Ub[r0 * kLdS + col] - dacc[0]);
+      D[r0 * kLdS + col + 1] = kda_tf32_round(Ub[r0 * kLdS + col + 1] - dacc[1]);
+      D[(r0 + 8) * kLdS + col] = kda_tf32_round(Ub[(r0 + 8) * kLdS + col] - dacc[2]);
+      D[(r0 + 8) * kLdS + col + 1] = kda_tf32_round(Ub[(r0 + 8) * kLdS + col + 1] - dacc[3]);
     }
     __syncthreads();  // δ complete
     // o += Q·δ (Q is zero above the diagonal and outside n × n); store rows < n, columns < w.
@@ -372,8 +379,8 @@ __global__ void __launch_bounds__(kThreads) kda_state_mma_kernel(int T, int H, i
       const float* db = D + t4 * kLdS + n8 + g;
 #pragma unroll
       for (int k = 0; k < C; k += 8)
-        mma_tf32(oacc[j], to_tf32(qc[k]), to_tf32(qc[8 * ldq + k]), to_tf32(qc[k + 4]), to_tf32(qc[8 * ldq + k + 4]),
-                 to_tf32(db[k * kLdS]), to_tf32(db[(k + 4) * kLdS]));
+        mma_tf32(oacc[j], tf32_bits(qc[k]), tf32_bits(qc[8 * ldq + k]), tf32_bits(qc[k + 4]), tf32_bits(qc[8 * ldq + k + 4]),
+                 tf32_bits(db[k * kLdS]), tf32_bits(db[(k + 4) * kLdS]));
       const int r0 = m16 + g, col = n8 + 2 * t4;
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
@@ -390,8 +397,8 @@ __global__ void __launch_bounds__(kThreads) kda_state_mma_kernel(int T, int H, i
       const float* db = D + t4 * kLdS + n8 + g;
 #pragma unroll
       for (int k = 0; k < C; k += 8)
-        mma_tf32(acc, to_tf32(ka[k * ldk]), to_tf32(ka[k * ldk + 8]), to_tf32(ka[(k + 4) * ldk]),
-                 to_tf32(ka[(k + 4) * ldk + 8]), to_tf32(db[k * kLdS]), to_tf32(db[(k + 4) * kLdS]));
+        mma_tf32(acc, tf32_bits(ka[k * ldk]), tf32_bits(ka[k * ldk + 8]), tf32_bits(ka[(k + 4) * ldk]),
+                 tf32_bits(ka[(k + 4) * ldk + 8]), tf32_bits(db[k * kLdS]), tf32_bits(db[(k + 4) * kLdS]));
       Ss[r0 * kLdS + col] = acc[0];
       Ss[r0 * kLdS + col + 1] = acc[1];
       Ss[(r0 + 8) * kLdS + col] = acc[2];
