@@ -182,19 +182,23 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) kda_prep_warp_kernel(KdaCh
 }
 
 /// Fast precision mode, d <= 128: kda_out_kernel's arithmetic with one warp per (token, head), the
-/// output gate's σ with the f32 exp (kFastExp) like the prep kernel's gates.
+/// output gate's σ with the f32 exp (kFastExp) like the prep kernel's gates. kFull (d ==
+/// kWarpMaxDim): no per-channel exit, so the gate loads issue with the output's, before the reduction.
+template <bool kFull>
 __global__ void __launch_bounds__(kPrepWarps * kWarp) kda_out_warp_kernel(KdaChunkArgs a) {
   constexpr int kPer = kWarpMaxDim / kWarp;
   const int lane = threadIdx.x % kWarp, t = blockIdx.x, h = blockIdx.y * kPrepWarps + threadIdx.x / kWarp;
   if (h >= a.H) return;
-  const int d = a.d, P = a.H * d;
+  const int d = kFull ? kWarpMaxDim : a.d, P = a.H * d;
   float* o = a.out + size_t(t) * P + size_t(h) * d;
-  float ov[kPer];
+  const float* gate = a.gate + size_t(t) * P + size_t(h) * d;
+  float ov[kPer], gv[kPer];
   double so = 0;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int r = lane + kWarp * j;
-    ov[j] = r < d ? o[r] : 0.f;
+    ov[j] = kFull || r < d ? o[r] : 0.f;
+    gv[j] = kFull || r < d ? gate[r] : 0.f;
     so += double(ov[j]) * ov[j];
   }
   so = warp_sum_d(so);
@@ -202,9 +206,9 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) kda_out_warp_kernel(KdaChu
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int r = lane + kWarp * j;
-    if (r >= d) break;
+    if (!kFull && r >= d) break;
     float v = ov[j] * inv * a.o_norm[r];
-    v *= kda::sigmoid_b<kFastExp>(a.gate[size_t(t) * P + size_t(h) * d + r]);
+    v *= kda::sigmoid_b<kFastExp>(gv[j]);
     o[r] = v;
   }
 }
@@ -464,7 +468,8 @@ void kda_chunked(CudaBackend::Impl& m, const KdaChunkArgs& a, int C) {
                                                                                           egc, a.S, a.out);
     m.launched("kda_core chunked: state kernel");
   }
-  if (warp_rows) kda_out_warp_kernel<<<warp_grid, kPrepWarps * kWarp, 0, m.stream>>>(a);
+  if (warp_rows && d == kWarpMaxDim) kda_out_warp_kernel<true><<<warp_grid, kPrepWarps * kWarp, 0, m.stream>>>(a);
+  else if (warp_rows) kda_out_warp_kernel<false><<<warp_grid, kPrepWarps * kWarp, 0, m.stream>>>(a);
   else kda_out_kernel<<<dim3(T, H), tpb, 0, m.stream>>>(a);
   m.launched("kda_core chunked: output norm kernel");
 }
