@@ -17,16 +17,38 @@ namespace {
 constexpr int kNormThreads = 256;
 constexpr int kMaxMix = 32;  ///< AttnRes entries per mix (K3 needs <= 9: ceil(93/B) + 1)
 
+/// kPer > 0: the row stays in registers (n <= kPer · kNormThreads; all of a thread's loads issue
+/// at once and the row is read once); kPer = 0: any n, the row read twice. Same sums in the same
+/// order either way (a thread's elements i = tid, tid + 256, ...; the zeros past n add nothing).
+template <int kPer>
 __global__ void rms_norm_kernel(const float* __restrict__ x, int n, const float* __restrict__ w, float eps,
                                 float* __restrict__ y) {
   __shared__ double red[32];
   const float* xr = x + size_t(blockIdx.x) * n;
   float* yr = y + size_t(blockIdx.x) * n;
   double ss = 0;
-  for (int i = threadIdx.x; i < n; i += blockDim.x) ss += double(xr[i]) * xr[i];
-  ss = cuda::block_sum(ss, red);
-  const float inv = float(1.0 / sqrt(ss / n + eps));
-  for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+  if constexpr (kPer > 0) {
+    float xv[kPer];
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = threadIdx.x + j * kNormThreads;
+      xv[j] = i < n ? xr[i] : 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) ss += double(xv[j]) * xv[j];
+    ss = cuda::block_sum(ss, red);
+    const float inv = float(1.0 / sqrt(ss / n + eps));
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = threadIdx.x + j * kNormThreads;
+      if (i < n) yr[i] = xv[j] * inv * w[i];
+    }
+  } else {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += double(xr[i]) * xr[i];
+    ss = cuda::block_sum(ss, red);
+    const float inv = float(1.0 / sqrt(ss / n + eps));
+    for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
+  }
 }
 
 /// Entry pointers passed by value (kernel parameters), at most kMaxMix.
@@ -72,7 +94,13 @@ __global__ void attnres_mix_kernel(MixEntries entries, int n_entries, int D, con
 void CudaBackend::rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) {
   Impl& m = *impl_;
   if (T <= 0) return;
-  rms_norm_kernel<<<T, kNormThreads, 0, m.stream>>>(x, n, m.dense(w, "rms_norm"), eps, y);
+  const float* wd = m.dense(w, "rms_norm");
+  const int per = (n + kNormThreads - 1) / kNormThreads;
+  if (per <= 4) rms_norm_kernel<4><<<T, kNormThreads, 0, m.stream>>>(x, n, wd, eps, y);
+  else if (per <= 8) rms_norm_kernel<8><<<T, kNormThreads, 0, m.stream>>>(x, n, wd, eps, y);
+  else if (per <= 16) rms_norm_kernel<16><<<T, kNormThreads, 0, m.stream>>>(x, n, wd, eps, y);
+  else if (per <= 32) rms_norm_kernel<32><<<T, kNormThreads, 0, m.stream>>>(x, n, wd, eps, y);
+  else rms_norm_kernel<0><<<T, kNormThreads, 0, m.stream>>>(x, n, wd, eps, y);
   m.launched("rms_norm kernel");
 }
 
