@@ -6,7 +6,10 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-bash scripts/build.sh build -DWREN_WERROR=ON
+# Line tables only (-g1) in this build: backtraces keep file:line, and the suite compiles ~25% faster
+# than with full debug info (CI runs on 2 cores; a user's own build keeps RelWithDebInfo's -g).
+bash scripts/build.sh build -DWREN_WERROR=ON -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG" \
+  -DCMAKE_CUDA_FLAGS_RELWITHDEBINFO="-O2 -DNDEBUG -Xcompiler=-g1"
 ctest --test-dir build --output-on-failure -j"$(nproc)"
 bash scripts/build.sh build-asan -DCMAKE_BUILD_TYPE=Debug -DWREN_SANITIZE=ON -DWREN_CUDA=OFF -DWREN_WERROR=ON
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
