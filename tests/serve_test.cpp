@@ -313,6 +313,16 @@ TEST_F(Serve, BadRequestsGet4xxAndTheServerKeepsServing) {
   const auto g = c.Get("/v1/nothing");
   ASSERT_TRUE(g);
   EXPECT_EQ(g->status, 404);
+  // A known route with the wrong method is a 405 naming the right one (was a 404).
+  const auto wrong = c.Get("/v1/chat/completions");
+  ASSERT_TRUE(wrong);
+  EXPECT_EQ(wrong->status, 405);
+  EXPECT_EQ(wrong->get_header_value("Allow"), "POST");
+  EXPECT_EQ(json::parse(wrong->body)["error"]["code"], "method_not_allowed") << wrong->body;
+  const auto wrong2 = c.Post("/health", "{}", "application/json");
+  ASSERT_TRUE(wrong2);
+  EXPECT_EQ(wrong2->status, 405);
+  EXPECT_EQ(wrong2->get_header_value("Allow"), "GET");
   const auto h = c.Get("/health");
   ASSERT_TRUE(h);
   EXPECT_EQ(h->status, 200);
@@ -795,6 +805,9 @@ TEST_F(Serve, MetricsCountRequestsTokensAndLatenciesAndEachRequestIsLogged) {
   EXPECT_GT(delta("wren_time_to_first_token_seconds_sum"), 0);
   EXPECT_EQ(metric(after, R"(wren_time_to_first_token_seconds_bucket{le="+Inf"})"),
             metric(after, "wren_time_to_first_token_seconds_count"));
+  // Bucket bounds print as their shortest decimals (was le="0.025000000000000001").
+  EXPECT_NE(after.find(R"(wren_time_to_first_token_seconds_bucket{le="0.025"})"), std::string::npos) << after;
+  EXPECT_NE(after.find(R"(wren_inter_token_latency_seconds_bucket{le="0.0025"})"), std::string::npos) << after;
   EXPECT_NE(after.find("# TYPE wren_queue_depth gauge"), std::string::npos);
   EXPECT_NE(after.find("wren_running_sequences "), std::string::npos);
   const std::string id = ok->get_header_value("X-Request-Id");

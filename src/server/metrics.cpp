@@ -1,15 +1,17 @@
 // Prometheus text for `wren serve` (see metrics.h).
 #include "server/metrics.h"
 
-#include <cstdio>
+#include <charconv>
 
 namespace wren::server {
 
 namespace {
+/// The shortest decimal that reads back as v (0.025, not 0.025000000000000001): bucket labels
+/// are matched as strings by Prometheus queries.
 std::string num(double v) {
   char b[64];
-  std::snprintf(b, sizeof b, "%.17g", v);
-  return b;
+  const auto r = std::to_chars(b, b + sizeof b, v);
+  return std::string(b, r.ptr);
 }
 std::string header(const std::string& name, const char* type, const std::string& help) {
   return "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";

@@ -46,9 +46,20 @@ httplib::Server::Handler guarded(std::function<void(const Request&, Response&)> 
 }
 
 /// Fills the body of errors httplib produces itself (unknown route 404, body too large 413, ...).
+/// The method a known route takes ("GET" or "POST"), or "" for a path the server does not serve.
+std::string route_method(const std::string& path) {
+  if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST";
+  if (path == "/health" || path == "/metrics" || path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return "GET";
+  return "";
+}
+
 httplib::Server::HandlerResponse default_error(const Request& req, Response& res) {
   if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-  if (res.status == 404)
+  const std::string allowed = res.status == 404 ? route_method(req.path) : "";
+  if (!allowed.empty() && allowed != req.method) {  // a known route asked with the wrong method
+    res.set_header("Allow", allowed);
+    send_error(res, 405, req.path + " takes " + allowed + ", not " + req.method, "", "method_not_allowed");
+  } else if (res.status == 404)
     send_error(res, 404, "unknown route: " + req.method + " " + req.path, "", "not_found");
   else if (res.status == 413)
     send_error(res, 413, "the request body is too large (see --max-body)", "", "payload_too_large");
