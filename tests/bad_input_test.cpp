@@ -752,6 +752,15 @@ TEST(BadInputOptions, LayersCtxChunkAndCacheBeyondWhatExists) {
   EXPECT_EQ(test::run_wren("run --model " + dir + " " + ids + "--layers 4", &out), 0) << out;
 }
 
+// --model naming a file (a shard, the config) says that a model is a folder, in the library and
+// the CLI (it said "FILE/config.json: cannot open").
+TEST(BadInputOptions, ModelPathThatIsAFileSaysAModelIsAFolder) {
+  const std::string file = base_checkpoint() + "/config.json";
+  const std::string msg = error_of([&] { load_model(file); });
+  expect_words(msg, {file, "is a file; a model is a folder"});
+  expect_run_error(file, "--ids 4096 -n 1", {"is a file; a model is a folder"});
+}
+
 TEST(BadInputOptions, CtxBeyondMaxPositionEmbeddings) {
   CaseDir d("maxpos");
   edit_json(d.path() + "/config.json", [](json& j) { j["text_config"]["max_position_embeddings"] = 256; });

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -395,6 +396,10 @@ Config parse_config(const json& doc, const std::string& source) {
 
 Config load_config(const std::string& model_dir) {
   const std::string path = model_dir + "/config.json";
+  std::error_code ec;
+  if (std::filesystem::is_regular_file(model_dir, ec))
+    throw Error(model_dir + ": is a file; a model is a folder (the Hugging Face snapshot: config.json, "
+                "*.safetensors, the tokenizer files)");
   std::ifstream f(path);
   if (!f) throw Error(path + ": cannot open (is --model a Kimi K3 snapshot folder?)");
   json doc = json::parse(f, nullptr, false);
