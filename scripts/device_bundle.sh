@@ -26,11 +26,14 @@ if [ $# -gt 0 ]; then
   mkdir -p "$dest/planted"
   for name in "$@"; do
     strip -o "$dest/planted/$name.bin" "$build/$name"
-    zstd -q -19 --long=27 --patch-from="$dest/$rel/wren_tests" "$dest/planted/$name.bin" -o "$dest/planted/$name.zpatch" 2>/dev/null
-    rm "$dest/planted/$name.bin"
+    # zstd prints its parser notes on stderr even with -q: shown only when it fails.
+    zstd -q -19 --long=27 --patch-from="$dest/$rel/wren_tests" "$dest/planted/$name.bin" \
+      -o "$dest/planted/$name.zpatch" 2>"$dest/planted/zstd.log" || { cat "$dest/planted/zstd.log" >&2; exit 1; }
+    rm "$dest/planted/$name.bin" "$dest/planted/zstd.log"
   done
   cp -L "$(command -v zstd)" "$dest/lib/zstd"
-  ldd "$(command -v zstd)" | awk '/=>/ {print $3}' | grep -E 'liblz4|libzstd|liblzma' | while read -r so; do cp -L "$so" "$dest/lib/"; done
+  ldd "$(command -v zstd)" | awk '/=>/ {print $3}' | { grep -E 'liblz4|libzstd|liblzma|libz\.' || true; } |
+    while read -r so; do cp -L "$so" "$dest/lib/"; done
 fi
 if [ -d "$build/share" ]; then
   mkdir -p "$dest/$rel/share/wren"
@@ -48,7 +51,8 @@ cat > "$dest/env.sh" <<ENV
 mkdir -p tests
 export LD_LIBRARY_PATH="\$PWD/lib:\${LD_LIBRARY_PATH:-}"
 for p in planted/*.zpatch; do
-  [ -e "\$p" ] && [ ! -e "\${p%.zpatch}" ] && lib/zstd -q -d --long=27 --patch-from="$rel/wren_tests" "\$p" -o "\${p%.zpatch}" && chmod +x "\${p%.zpatch}"
+  # Always rebuilt (a file left by an earlier call or a failed run would be stale).
+  [ -e "\$p" ] && rm -f "\${p%.zpatch}" && lib/zstd -q -d --long=27 --patch-from="$rel/wren_tests" "\$p" -o "\${p%.zpatch}" && chmod +x "\${p%.zpatch}"
 done
 ln -sfn "\$PWD/../tests/data" tests/data
 [ -d ../models ] && ln -sfn "\$PWD/../models" "$rel/share/wren/models"

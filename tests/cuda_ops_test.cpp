@@ -413,7 +413,7 @@ TEST_F(CudaOps, EmbedMatchesCpu) {
 // rms_norm: f64 sum of squares (tree vs sequential: ~1e-16) -> tolerance rel-L2 1e-6.
 TEST_F(CudaOps, RmsNormMatchesCpu) {
   std::mt19937 g(4);
-  for (int n : {1, 7, 31, 128, 257, 1000, 7168})
+  for (int n : {1, 7, 31, 128, 257, 1000, 1536, 3000, 7168, 9000})  // every rms_norm_kernel<kPer> instance
     for (int T : {1, 3, 33}) {
       HostWeight w(random_vec(g, n, 0.5f, 1.5f), 1, n);
       be_->upload(w.w);

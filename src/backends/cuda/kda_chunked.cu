@@ -29,8 +29,9 @@
 //   become 0 or subnormal, which is the correctly rounded f32 value of a product that small.
 // - G is cumulated in f64 and the differences G_t − G_i are taken in f64 (then rounded to f32):
 //   a difference of two f32 cumulative sums of size ~100 would lose ~1e-5 absolute in the
-//   exponent, i.e. 1e-5 relative in every intra-chunk term. The O(C²·d) pair factors use CUDA's
-//   expf (≤ 2 ulp, no fast math); the O(C·d) ones exp in f64, rounded once.
+//   exponent, i.e. 1e-5 relative in every intra-chunk term. In these f32 kernels the O(C²·d) pair
+//   factors use CUDA's expf (≤ 2 ulp, no fast math) and the O(C·d) ones exp in f64, rounded once;
+//   the tensor-core kernels of kda_chunked_mma.cu (fast mode) use __expf throughout.
 // - The conv + SiLU, L2 norms, gates and the per-head RMSNorm + output gate are the token kernel's
 //   arithmetic (same operations and order), so q, k, v, α, β are bit-identical to the recurrence's
 //   and the conv windows come out bit-identical; only the delta-rule sums are reordered. In fast
@@ -128,18 +129,18 @@ __device__ __forceinline__ double warp_sum_d(double v) {
   return v;
 }
 
-/// KC > 0: the conv width as a compile-time constant (a.K == KC), kFull: d == kWarpMaxDim. Both
+/// KC > 0: the conv width as a compile-time constant (a.K == KC), kFullDim: d == kWarpMaxDim. Both
 /// let the compiler unroll every loop and issue all of a lane's loads (conv taps, weights, gate
 /// inputs) before the first use: with a run-time width and a per-channel exit, each tap was a
 /// load and a wait in turn, and the kernel stalled on memory latency (Nsight Compute, 2026-12-04:
 /// 73% of warp samples on long scoreboard at ~0.9 TB/s). Same arithmetic in the same order.
-template <int KC, bool kFull>
+template <int KC, bool kFullDim>
 __global__ void __launch_bounds__(kPrepWarps * kWarp) kda_prep_warp_kernel(KdaChunkArgs a, float* qn, float* kn,
                                                                            float* vc, float* gl, float* bs) {
   constexpr int kPer = kWarpMaxDim / kWarp;
   const int lane = threadIdx.x % kWarp, t = blockIdx.x, h = blockIdx.y * kPrepWarps + threadIdx.x / kWarp;
   if (h >= a.H) return;  // warp-uniform
-  const int d = kFull ? kWarpMaxDim : a.d, P = a.H * d, K = KC > 0 ? KC : a.K;
+  const int d = kFullDim ? kWarpMaxDim : a.d, P = a.H * d, K = KC > 0 ? KC : a.K;
   const float* convw[3] = {a.q_conv, a.k_conv, a.v_conv};
   const float* ins[3] = {a.q, a.k, a.v};
   float y[3][kPer], zc[kPer];
@@ -147,14 +148,14 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) kda_prep_warp_kernel(KdaCh
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int r = lane + kWarp * j;
-    if (!kFull && r >= d) break;
+    if (!kFullDim && r >= d) break;
     zc[j] = a.z[size_t(t) * P + size_t(h) * d + r] + a.dt_bias[h * d + r];
   }
   double sq = 0, sk = 0;
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int r = lane + kWarp * j, ch = h * d + r;
-    if (!kFull && r >= d) break;
+    if (!kFullDim && r >= d) break;
 #pragma unroll
     for (int m = 0; m < 3; ++m) {
       const float* win = a.conv + (size_t(m) * P + ch) * (K - 1);
@@ -171,7 +172,7 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) kda_prep_warp_kernel(KdaCh
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int r = lane + kWarp * j;
-    if (!kFull && r >= d) break;
+    if (!kFullDim && r >= d) break;
     const size_t at = size_t(t) * P + size_t(h) * d + r;
     qn[at] = y[0][j] * invq;
     kn[at] = y[1][j] * invk;
@@ -182,14 +183,14 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) kda_prep_warp_kernel(KdaCh
 }
 
 /// Fast precision mode, d <= 128: kda_out_kernel's arithmetic with one warp per (token, head), the
-/// output gate's σ with the f32 exp (kFastExp) like the prep kernel's gates. kFull (d ==
+/// output gate's σ with the f32 exp (kFastExp) like the prep kernel's gates. kFullDim (d ==
 /// kWarpMaxDim): no per-channel exit, so the gate loads issue with the output's, before the reduction.
-template <bool kFull>
+template <bool kFullDim>
 __global__ void __launch_bounds__(kPrepWarps * kWarp) kda_out_warp_kernel(KdaChunkArgs a) {
   constexpr int kPer = kWarpMaxDim / kWarp;
   const int lane = threadIdx.x % kWarp, t = blockIdx.x, h = blockIdx.y * kPrepWarps + threadIdx.x / kWarp;
   if (h >= a.H) return;
-  const int d = kFull ? kWarpMaxDim : a.d, P = a.H * d;
+  const int d = kFullDim ? kWarpMaxDim : a.d, P = a.H * d;
   float* o = a.out + size_t(t) * P + size_t(h) * d;
   const float* gate = a.gate + size_t(t) * P + size_t(h) * d;
   float ov[kPer], gv[kPer];
@@ -197,8 +198,8 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) kda_out_warp_kernel(KdaChu
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int r = lane + kWarp * j;
-    ov[j] = kFull || r < d ? o[r] : 0.f;
-    gv[j] = kFull || r < d ? gate[r] : 0.f;
+    ov[j] = kFullDim || r < d ? o[r] : 0.f;
+    gv[j] = kFullDim || r < d ? gate[r] : 0.f;
     so += double(ov[j]) * ov[j];
   }
   so = warp_sum_d(so);
@@ -206,7 +207,7 @@ __global__ void __launch_bounds__(kPrepWarps * kWarp) kda_out_warp_kernel(KdaChu
 #pragma unroll
   for (int j = 0; j < kPer; ++j) {
     const int r = lane + kWarp * j;
-    if (!kFull && r >= d) break;
+    if (!kFullDim && r >= d) break;
     float v = ov[j] * inv * a.o_norm[r];
     v *= kda::sigmoid_b<kFastExp>(gv[j]);
     o[r] = v;
