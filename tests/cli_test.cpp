@@ -247,9 +247,14 @@ TEST(Cli, HelpShowsDefaultsWithoutBraces) {
   EXPECT_NE(out.find("=256"), std::string::npos) << out;      // -n
   EXPECT_NE(out.find("=4096"), std::string::npos) << out;     // --ctx
   EXPECT_NE(out.find("--no-think"), std::string::npos) << out;
+  EXPECT_NE(out.find("=every core"), std::string::npos) << out;  // --threads (was =0)
   ASSERT_EQ(0, test::run_wren("serve --help", &out)) << out;
   EXPECT_NE(out.find("=8000"), std::string::npos) << out;
   EXPECT_EQ(out.find("replay"), std::string::npos) << out;
+  // No shown default breaks its own flag's check (was --max-seqs INT:POSITIVE=0, NONNEGATIVE=-1).
+  EXPECT_EQ(out.find("POSITIVE=0"), std::string::npos) << out;
+  EXPECT_EQ(out.find("NONNEGATIVE=-1"), std::string::npos) << out;
+  EXPECT_NE(out.find("--max-seqs INT:POSITIVE=16"), std::string::npos) << out;
 }
 
 // The CUDA options are typed flags, checked in every build (with or without the CUDA backend).

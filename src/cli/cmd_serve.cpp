@@ -154,11 +154,13 @@ void add_serve(CLI::App& app) {
       ->check(positive());
   sub->add_option("--max-seqs", a->max_seqs,
                   "Sequences decoded together, one batched step at a time (default 16)")
-      ->check(positive());
+      ->check(positive())
+      ->default_str("16");
   sub->add_option("--max-batch-tokens", a->max_batch_tokens,
                   "Rows per step: the running decodes (one each) plus new prompts' prefill chunks, oldest first "
                   "(default max(128, --max-seqs); 0 = no budget)")
-      ->check(non_negative());
+      ->check(non_negative())
+      ->default_str("max(128, --max-seqs)");
   sub->add_option("--max-queue", a->server.max_queue, "Requests allowed to wait behind the running one (503 beyond)")
       ->check(positive());
   sub->add_option("--max-body", a->server.max_body, "Largest request body in bytes (413 beyond; default 1 MiB)")

@@ -13,7 +13,7 @@
 namespace wren::cli {
 
 void CpuFlags::add_to(CLI::App* sub) {
-  sub->add_option("--threads", threads, "Threads (default: every core; at most 1024)")->check(CLI::Range(0, 1024));
+  sub->add_option("--threads", threads, "Threads (default: every core; at most 1024)")->check(CLI::Range(0, 1024))->default_str("every core");
   sub->add_option("--isa", isa, "Kernel level: auto, scalar (the reference kernels), avx2, avx512")
       ->check(CLI::IsMember({"auto", "scalar", "avx2", "avx512"}));
   sub->add_option("--quant", quant,
