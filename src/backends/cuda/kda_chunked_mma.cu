@@ -19,7 +19,7 @@
 // - The UT solve (unit lower-triangular, forward substitution per column) and the state-pass factors
 //   are the f32 kernel's, with G kept in f32 (cumulated in f64, rounded once; rounding is monotone,
 //   so G_t − G_i ≤ 0 still holds for t ≥ i and no factor exceeds 1 beyond the exp's own error).
-//   Every decay factor e^x (x ≤ 0) is __expf (ex2.approx: see decay_exp).
+//   Every decay factor e^x (x ≤ 0) is __expf (ex2.approx: see kda_decay_exp in kda_chunked.cuh).
 // The state pass's operands W, q̃, k̂ and Q are stored rounded to TF32 by the intra pass (and δ by
 // the state pass itself), so the state pass reads their bits without a conversion per use (each was
 // converted once per warp that read it): the same products, bit for bit.
@@ -45,11 +45,7 @@ constexpr int kLdS = 40;       // row stride of S, δ and U tiles: (4·t4 + g)-s
 
 int round16(int x) { return (x + 15) / 16 * 16; }
 
-__device__ __forceinline__ unsigned to_tf32(float x) {
-  unsigned r;
-  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
-  return r;
-}
+__device__ __forceinline__ unsigned to_tf32(float x) { return __float_as_uint(kda_tf32_round(x)); }
 
 /// c += a · b, m16n8k8, TF32 operands, f32 accumulators (PTX fragment layouts: a0 (g, t4), a1 (g+8, t4),
 /// a2 (g, t4+4), a3 (g+8, t4+4); b0 (k t4, n g), b1 (k t4+4, n g); c0/c1 (g, 2·t4 + 0/1), c2/c3 (g+8, …)).
@@ -75,13 +71,6 @@ __device__ __forceinline__ void cp_async16(float* dst, const float* src) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-/// e^x for the decay factors of the intra-chunk pass (x <= 0 there): __expf, i.e. 2^(x·log2 e) on the
-/// special-function unit (ex2.approx; relative error about 2^-21 + 2^-22·|x|), two instructions where
-/// expf is a library sequence of about twenty under this build's exact-f32 flags (-fmad=false,
-/// -ftz=false). The diagonal blocks take one per (t, i, r): with expf they were half of the kernel's
-/// instructions (Nsight Compute, 2026-12-04). Far below the TF32 operand rounding (2^-11) that follows.
-__device__ __forceinline__ float decay_exp(float x) { return __expf(x); }
 
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
@@ -169,7 +158,7 @@ __global__ void __launch_bounds__(kThreads) kda_intra_mma_kernel(int T, int H, i
     if (t >= n) continue;  // warp-uniform
     float kk = 0.f, qk = 0.f;
     for (int r = lane; r < d; r += kWarp) {
-      const float ki = ks[i * ld + r] * decay_exp(G[t * ld + r] - G[i * ld + r]);
+      const float ki = ks[i * ld + r] * kda_decay_exp(G[t * ld + r] - G[i * ld + r]);
       kk = fmaf(ks[t * ld + r], ki, kk);
       qk = fmaf(qs[t * ld + r], ki, qk);
     }
@@ -189,10 +178,10 @@ __global__ void __launch_bounds__(kThreads) kda_intra_mma_kernel(int T, int H, i
     float ak[4] = {0.f, 0.f, 0.f, 0.f}, aq[4] = {0.f, 0.f, 0.f, 0.f};
     for (int k = 0; k < dp; k += 8) {
       const int r0 = k + t4, r1 = r0 + 4;
-      const float e00 = decay_exp(G[ta * ld + r0] - Gs[r0]), e10 = decay_exp(G[tb * ld + r0] - Gs[r0]);
-      const float e01 = decay_exp(G[ta * ld + r1] - Gs[r1]), e11 = decay_exp(G[tb * ld + r1] - Gs[r1]);
-      const unsigned b0 = to_tf32(ks[ib * ld + r0] * decay_exp(Gs[r0] - G[ib * ld + r0]));
-      const unsigned b1 = to_tf32(ks[ib * ld + r1] * decay_exp(Gs[r1] - G[ib * ld + r1]));
+      const float e00 = kda_decay_exp(G[ta * ld + r0] - Gs[r0]), e10 = kda_decay_exp(G[tb * ld + r0] - Gs[r0]);
+      const float e01 = kda_decay_exp(G[ta * ld + r1] - Gs[r1]), e11 = kda_decay_exp(G[tb * ld + r1] - Gs[r1]);
+      const unsigned b0 = to_tf32(ks[ib * ld + r0] * kda_decay_exp(Gs[r0] - G[ib * ld + r0]));
+      const unsigned b1 = to_tf32(ks[ib * ld + r1] * kda_decay_exp(Gs[r1] - G[ib * ld + r1]));
       mma_tf32(ak, to_tf32(ks[ta * ld + r0] * e00), to_tf32(ks[tb * ld + r0] * e10), to_tf32(ks[ta * ld + r1] * e01),
                to_tf32(ks[tb * ld + r1] * e11), b0, b1);
       mma_tf32(aq, to_tf32(qs[ta * ld + r0] * e00), to_tf32(qs[tb * ld + r0] * e10), to_tf32(qs[ta * ld + r1] * e01),
@@ -214,10 +203,10 @@ __global__ void __launch_bounds__(kThreads) kda_intra_mma_kernel(int T, int H, i
     for (int r = lane; r < d; r += kWarp) {
       const size_t at = base + size_t(t) * P + r;
       const float Gt = G[t * ld + r];
-      qn[at] = kda_tf32_round(qs[t * ld + r] * decay_exp(Gt));
-      kn[at] = kda_tf32_round(ks[t * ld + r] * decay_exp(G[(n - 1) * ld + r] - Gt));
+      qn[at] = kda_tf32_round(qs[t * ld + r] * kda_decay_exp(Gt));
+      kn[at] = kda_tf32_round(ks[t * ld + r] * kda_decay_exp(G[(n - 1) * ld + r] - Gt));
     }
-  for (int r = threadIdx.x; r < d; r += blockDim.x) egc[size_t(c) * P + size_t(h) * d + r] = decay_exp(G[(n - 1) * ld + r]);
+  for (int r = threadIdx.x; r < d; r += blockDim.x) egc[size_t(c) * P + size_t(h) * d + r] = kda_decay_exp(G[(n - 1) * ld + r]);
   float* Qg = Qm + (size_t(c) * H + h) * C * C;
   for (int i = threadIdx.x; i < C * C; i += blockDim.x) Qg[i] = kda_tf32_round(Qs[i]);
   __syncthreads();
