@@ -27,8 +27,8 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, int n, const float*
   const float* xr = x + size_t(blockIdx.x) * n;
   float* yr = y + size_t(blockIdx.x) * n;
   double ss = 0;
+  float xv[kPer > 0 ? kPer : 1];
   if constexpr (kPer > 0) {
-    float xv[kPer];
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int i = threadIdx.x + j * kNormThreads;
@@ -36,17 +36,18 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, int n, const float*
     }
 #pragma unroll
     for (int j = 0; j < kPer; ++j) ss += double(xv[j]) * xv[j];
-    ss = cuda::block_sum(ss, red);
-    const float inv = float(1.0 / sqrt(ss / n + eps));
+  } else {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += double(xr[i]) * xr[i];
+  }
+  ss = cuda::block_sum(ss, red);
+  const float inv = float(1.0 / sqrt(ss / n + eps));
+  if constexpr (kPer > 0) {
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int i = threadIdx.x + j * kNormThreads;
       if (i < n) yr[i] = xv[j] * inv * w[i];
     }
   } else {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += double(xr[i]) * xr[i];
-    ss = cuda::block_sum(ss, red);
-    const float inv = float(1.0 / sqrt(ss / n + eps));
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
   }
 }
