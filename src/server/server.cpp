@@ -45,14 +45,16 @@ httplib::Server::Handler guarded(std::function<void(const Request&, Response&)> 
   };
 }
 
-/// Fills the body of errors httplib produces itself (unknown route 404, body too large 413, ...).
 /// The method a known route takes ("GET" or "POST"), or "" for a path the server does not serve.
+/// Mirrors the routes Server's constructor registers (httplib has no lookup by path).
 std::string route_method(const std::string& path) {
   if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST";
   if (path == "/health" || path == "/metrics" || path == "/v1/models" || path.rfind("/v1/models/", 0) == 0) return "GET";
   return "";
 }
 
+/// Fills the body of errors httplib produces itself (unknown route 404, a known route asked with
+/// the wrong method 405, body too large 413, ...).
 httplib::Server::HandlerResponse default_error(const Request& req, Response& res) {
   if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
   const std::string allowed = res.status == 404 ? route_method(req.path) : "";
