@@ -420,7 +420,8 @@ TEST_F(CudaFast, ExactModeDoesNotUseTheFastPaths) {
 // MLA prefill attention on tensor cores (mla_fast.cu) against the CPU across calls (prefill, then
 // more prefill chunks and decode steps on the grown cache; the cache is poisoned beyond its
 // length): the flash kernel's two instances (heads up to 64 / 64 and up to 192 / 128, with padded
-// columns: nope + extra = 24, 48, 56, 96, 192; v = 16 … 128), several heads (up to 8), T = 2 … 700
+// columns: nope + extra = 24, 48, 56, 72, 96, 192; v = 16 … 128; on Hopper the larger heads take
+// the warpgroup-MMA kernel, mla_wgmma.cu, and the test checks that it ran), several heads (up to 8), T = 2 … 700
 // with T and the cache length off the 128-query / 64-key tiles, the materialized path (nope + extra
 // 208 > 192) and an unaligned shape that falls back to the exact kernel (T = 1 is the exact kernel
 // too). ctx rel-L2 <= 1e-2 (BF16 operands and probabilities); the f32 cache stays exact (1e-6).
@@ -436,7 +437,12 @@ TEST_F(CudaFast, MlaPrefillMatchesCpu) {
                                    {3, 16, 8, 24, 24, {130, 5}},          {2, 33, 5, 7, 40, {9, 4}},
                                    {4, 128, 64, 128, 512, {300, 1, 17}},  {2, 16, 8, 16, 32, {257}},
                                    {2, 40, 16, 48, 40, {70, 129}},        {3, 64, 32, 96, 64, {150, 3, 66}},
-                                   {8, 128, 64, 128, 512, {700, 129}},   {2, 128, 80, 136, 64, {90, 40}}};
+                                   {8, 128, 64, 128, 512, {700, 129}},   {2, 128, 80, 136, 64, {90, 40}},
+                                   {2, 40, 32, 72, 48, {260, 131}}};
+  int major = 0, minor = 0;
+  cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+  cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+  const bool hopper = major == 9 && minor == 0;
   Worst worst;
   be_->profile_begin();
   for (const Case& c : cases) {
@@ -472,12 +478,14 @@ TEST_F(CudaFast, MlaPrefillMatchesCpu) {
     }
   }
   double total = 0;
-  uint64_t flash = 0, softmax = 0;
+  uint64_t flash = 0, wg = 0, softmax = 0;
   for (const CudaOpTime& t : be_->profile_end(&total)) {
-    if (t.name == "mla (fast) flash attention kernel") flash = t.launches;
+    if (t.name.rfind("mla (fast) flash attention kernel", 0) == 0) flash += t.launches;
+    if (t.name == "mla (fast) flash attention kernel (wgmma)") wg = t.launches;
     if (t.name == "mla (fast) causal softmax kernel") softmax = t.launches;
   }
-  EXPECT_GE(flash, 15u) << "the flash kernel ran for every aligned T >= 2 call with heads <= 192 / 128";
+  EXPECT_GE(flash, 17u) << "the flash kernel ran for every aligned T >= 2 call with heads <= 192 / 128";
+  if (hopper) EXPECT_GE(wg, 9u) << "on sm_90 the heads past 64 / 64 take the warpgroup-MMA kernel (mla_wgmma.cu)";
   EXPECT_GE(softmax, 2u) << "nope + extra = 208 takes the materialized path";
   // Chunk rule.
   for (const Case& c : {Case{4, 128, 64, 128, 512, {}}, Case{3, 16, 8, 24, 24, {}}}) {
@@ -507,8 +515,8 @@ TEST_F(CudaFast, MlaPrefillMatchesCpu) {
     EXPECT_EQ(0, std::memcmp(whole.data() + row, one.data() + row, (whole.size() - row) * 4))
         << "H=" << c.H << ": rows 1.. of 1 + 199 != 200";
   }
-  std::printf("[ cuda fast ] mla prefill: %d calls (%llu flash launches), worst ctx rel-L2 %.3g\n", worst.cases,
-              (unsigned long long)flash, worst.rel);
+  std::printf("[ cuda fast ] mla prefill: %d calls (%llu flash launches, %llu on wgmma), worst ctx rel-L2 %.3g\n",
+              worst.cases, (unsigned long long)flash, (unsigned long long)wg, worst.rel);
 }
 
 // Chunked KDA on tensor cores (kda_chunked_mma.cu: the fast mode's intra-chunk and state passes,

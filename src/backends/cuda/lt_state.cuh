@@ -43,7 +43,7 @@ struct LtState {
   Scratch xb;    ///< BF16 activations of one GEMM
   Scratch sort;  ///< grouped MoE: pair order, expert bases, tile list
   Scratch act;   ///< grouped MoE: BF16 GLU activations [pairs, inter] in expert order
-  Scratch mla[6];  ///< fast MLA prefill: q BF16, q_cat f32/BF16, cache BF16, scores, probabilities, context
+  Scratch mla[6];  ///< fast MLA prefill: q BF16, q_cat f32/BF16, cache BF16, scores (flash: expanded kv), probabilities (flash: Vᵀ), context
   void clear_tables();
 };
 

@@ -16,7 +16,8 @@
 // Chunk rule: key tiles start at absolute position 0 and are visited in order; a key past a query's
 // own position is masked to −inf (p = 0 exactly, a tile entirely past it changes no bit: the
 // rescale factor is exp2(0) = 1 and P·V adds zeros), and every product row depends only on its own
-// query row. kv comes from a product whose algorithm is fixed per shape class (lt_product, M = n
+// query row. On sm_90a the heads past 64 / 64 take mla_wgmma.cu's warpgroup-MMA kernel instead (the
+// same math on tiles of 128 queries × 128 keys, V read from a transposed copy). kv comes from a product whose algorithm is fixed per shape class (lt_product, M = n
 // free), so a token's context does not depend on the chunk size or on the other tokens of the call.
 //
 // Materialized path (fallback for larger heads): the absorbed form
@@ -41,6 +42,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/lt_state.cuh"
+#include "backends/cuda/mla_flash.cuh"
 
 namespace wren::cuda {
 
@@ -103,21 +105,6 @@ constexpr int kBr = kFlashWarps * 16;  ///< query rows per block (16 per warp)
 constexpr int kBc = 64;                ///< keys per tile
 constexpr size_t kKvBudget = size_t(1) << 30;  ///< bytes of expanded kv per head group
 
-/// Kernel arguments. q [T, H, qh] f32; kv [g, n_pad, kvh] BF16 (this group's heads, rows [k_nope | v]);
-/// c16 [n_pad, W] BF16 cache rows (k_x at column L); ctx [T, H, v] f32.
-struct FlashArgs {
-  const float* q;
-  const __nv_bfloat16* kv;
-  const __nv_bfloat16* c16;
-  float* ctx;
-  int T, H, h0, nope, extra, v, L, W, pos0, n, n_pad;
-  float scale_log2;  ///< log2(e) / sqrt(nope + extra)
-};
-
-__device__ __forceinline__ unsigned pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 p = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
-  return *reinterpret_cast<const unsigned*>(&p);
-}
 
 /// c += a · b, m16n8k16, BF16 operands, f32 accumulators (PTX fragment layouts: a0 (g, 2t4..+1),
 /// a1 (g+8, 2t4..), a2 (g, 2t4+8..), a3 (g+8, 2t4+8..); b0 (k 2t4..+1, n g), b1 (k 2t4+8.., n g);
@@ -180,16 +167,6 @@ __device__ __forceinline__ void flash_load_tile(const FlashArgs& a, const __nv_b
     }
     cp_async16z(dst, src, ok ? 16 : 0);
   }
-}
-
-/// 2^x on the special-function unit (ex2.approx.ftz: relative error ~2^-22, subnormal results
-/// flushed to 0, 2^-inf = 0): one instruction where exp2f is a library sequence under this
-/// build's exact-f32 flags. Fast mode only; P is rounded to BF16 right after, whose rounding
-/// (2^-9) dwarfs it.
-__device__ __forceinline__ float ex2_fast(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
-  return y;
 }
 
 template <int DQK, int DV>
@@ -350,6 +327,27 @@ __global__ void __launch_bounds__(kFlashThreads, 1) mla_flash_kernel(FlashArgs a
   }
 }
 
+/// vt[hl, d, s] = kv[hl, s, nope + d] for s < n, 0 for n <= s < n_pad (d < v): the V parts of the
+/// group's expanded kv, transposed for the wgmma kernel's K-major Vᵀ tiles (32 × 32 tiles through
+/// shared memory; grid (n_pad / 32, v / 32, heads), block 32 × 8).
+__global__ void v_transpose_kernel(const __nv_bfloat16* __restrict__ kv, int n, int n_pad, int nope, int v,
+                                   __nv_bfloat16* __restrict__ vt) {
+  __shared__ __nv_bfloat16 t[32][33];
+  const int hl = int(blockIdx.z), s0 = int(blockIdx.x) * 32, d0 = int(blockIdx.y) * 32, kvh = nope + v;
+  const int tx = int(threadIdx.x), ty = int(threadIdx.y);
+  const __nv_bfloat16* src = kv + size_t(hl) * n_pad * kvh + nope;
+  for (int i = ty; i < 32; i += 8) {
+    const int s = s0 + i, d = d0 + tx;
+    t[i][tx] = s < n && d < v ? src[size_t(s) * kvh + d] : __float2bfloat16_rn(0.f);
+  }
+  __syncthreads();
+  __nv_bfloat16* dst = vt + size_t(hl) * v * n_pad;
+  for (int i = ty; i < 32; i += 8) {
+    const int d = d0 + i, s = s0 + tx;
+    if (d < v && s < n_pad) dst[size_t(d) * n_pad + s] = t[tx][i];
+  }
+}
+
 template <int DQK, int DV>
 void launch_flash(CudaBackend::Impl& m, const FlashArgs& a, int g) {
   constexpr size_t smem = flash_smem<DQK, DV>();
@@ -376,11 +374,15 @@ bool mla_flash(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, co
   auto* c16 = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, s.mla[2], size_t(n_pad) * W));
   cache_bf16_kernel<<<grid_for(size_t(n_pad) * W, 256), 256, 0, m.stream>>>(cache, n, n_pad, W, c16);
   m.launched("mla (fast) cache conversion");
-  const size_t per_head = size_t(n_pad) * kvh * sizeof(uint16_t);
+  // Heads past 64 / 64 on sm_90a: the warpgroup-MMA kernel (mla_wgmma.cu), which reads V transposed.
+  const bool wg = !small && reinterpret_cast<uintptr_t>(q) % 16 == 0 && mla_wgmma_available(m);
+  const size_t per_head = size_t(n_pad) * (kvh + (wg ? vh : 0)) * sizeof(uint16_t);
   const int G = int(std::max<size_t>(1, std::min<size_t>(size_t(H), kKvBudget / per_head)));
   uint16_t* kv = bf16_scratch(m, s.mla[3], size_t(G) * n_pad * kvh);
+  uint16_t* vt = wg ? bf16_scratch(m, s.mla[4], size_t(G) * vh * n_pad) : nullptr;
   FlashArgs a{};
   a.q = q, a.kv = reinterpret_cast<const __nv_bfloat16*>(kv), a.c16 = c16, a.ctx = ctx;
+  a.vt = reinterpret_cast<const __nv_bfloat16*>(vt);
   a.T = T, a.H = H, a.nope = nope, a.extra = extra, a.v = vh, a.L = L, a.W = W, a.pos0 = pos0, a.n = n, a.n_pad = n_pad;
   a.scale_log2 = float(1.4426950408889634 / std::sqrt(double(qh)));
   for (int h0 = 0; h0 < H; h0 += G) {
@@ -393,7 +395,12 @@ bool mla_flash(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, co
     e.C = kv, e.ldc = kvh, e.sC = int64_t(n_pad) * kvh, e.c_bf16 = true;
     lt_product(m, e, 5);
     a.h0 = h0;
-    if (small) launch_flash<64, 64>(m, a, g);
+    if (wg) {
+      v_transpose_kernel<<<dim3(unsigned(n_pad + 31) / 32, unsigned(vh + 31) / 32, unsigned(g)), dim3(32, 8), 0,
+                           m.stream>>>(a.kv, n, n_pad, nope, vh, reinterpret_cast<__nv_bfloat16*>(vt));
+      m.launched("mla (fast) v transpose");
+      mla_wgmma_flash(m, a, g);
+    } else if (small) launch_flash<64, 64>(m, a, g);
     else launch_flash<192, 128>(m, a, g);
   }
   return true;
