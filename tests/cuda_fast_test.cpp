@@ -258,6 +258,87 @@ TEST_F(CudaFast, RoutedMoeGroupedMatchesCpu) {
               mx.cases, mx.rel, dn.cases, dn.rel);
 }
 
+// The routed MXFP4 experts of one decode token (T = 1) in fast mode (moe_decode.cu: tensor-core
+// GEMVs, weights decoded in registers) against the CPU: widths past and inside the 128-column
+// blocks (io 64 … 544, inter 32 … 1056; not multiples of 128), top-1 … top-16, routed scales, many
+// random routings; the profile shows the decode kernels ran (no grouped or exact-order launch), two
+// runs of a call give the same bits, and exact mode keeps the CPU-order kernels (bit-for-bit path).
+TEST_F(CudaFast, RoutedMoeMxfp4DecodeMatchesCpu) {
+  std::mt19937 g(37);
+  struct Case {
+    int E, k, io, inter;
+    float scale;
+  };
+  const Case cases[] = {{16, 4, 64, 32, 1.f},   {33, 1, 96, 64, 2.5f},     {64, 8, 256, 128, 2.827f},
+                        {8, 8, 512, 96, 1.f},   {24, 16, 544, 288, 1.f},   {20, 6, 160, 1056, 0.5f},
+                        {6, 2, 1024, 512, 1.f}};
+  Worst worst;
+  be_->profile_begin();
+  int calls = 0;
+  for (const Case& c : cases) {
+    std::vector<std::unique_ptr<MxExpert>> mxe;
+    MoeWeights mw;
+    for (int e = 0; e < c.E; ++e) {
+      mxe.push_back(std::make_unique<MxExpert>(g, c.io, c.inter));
+      if (c.io == 512)  // scales 2^-127 and 2^-126: the decoder's f32 branch (subnormal BF16 values)
+        for (int m : {1, 3, 5})
+          for (size_t i = 0; i < mxe.back()->b[m].size(); i += 7) mxe.back()->b[m][i] = uint8_t(i % 2);
+      mw.experts.push_back(mxe.back()->e);
+    }
+    HostWeight bias(rnd(g, c.E, -0.1f, 0.1f), 1, c.E);
+    mw.bias = bias.w;
+    be_->upload(bias.w);
+    for (const ExpertRef& e : mw.experts) be_->upload(e);
+    RoutedMoeParams p{5, c.E, c.k, c.io, c.scale, 4.f, 25.f};
+    p.format = ExpertFormat::MXFP4;
+    p.inter = c.inter;
+    for (int rep = 0; rep < 3; ++rep) {
+      const std::string sh = "E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " io=" + std::to_string(c.io) +
+                             " inter=" + std::to_string(c.inter) + " routing " + std::to_string(rep);
+      const auto logits = rnd(g, size_t(c.E), -4.f, 4.f);
+      const auto z = rnd(g, size_t(c.io), -2.f, 2.f);
+      float* dys = poisoned(size_t(c.k) * c.io);
+      float* dout = poisoned(size_t(c.io));
+      float* dl = dev(logits);
+      float* dz = dev(z);
+      be_->routed_moe(p, mw, dl, dz, 1, work(dys, c.inter), dout);
+      ASSERT_EQ(be_->fallbacks(), 0u) << sh;
+      ++calls;
+      const auto got = host(dout, size_t(c.io));
+      const auto ref = cpu_routed(cpu_, mw, p, false, logits, z, 1);
+      EXPECT_EQ(nan_count(got), 0u) << sh;
+      const double r = test::rel_l2(got.data(), ref.data(), ref.size());
+      EXPECT_LE(r, 8e-3) << sh;  // BF16 z and act, as the grouped MXFP4 path
+      worst.add(r);
+      float* dout2 = poisoned(size_t(c.io));
+      be_->routed_moe(p, mw, dl, dz, 1, work(poisoned(size_t(c.k) * c.io), c.inter), dout2);
+      const auto again = host(dout2, size_t(c.io));
+      EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4)) << sh << ": not deterministic";
+      if (rep == 0) {  // exact mode: the CPU-order kernels, bit for bit with the CPU reference
+        be_->set_precision(GpuPrecision::Exact);
+        float* dout3 = poisoned(size_t(c.io));
+        be_->routed_moe(p, mw, dl, dz, 1, work(poisoned(size_t(c.k) * c.io), c.inter), dout3);
+        be_->set_precision(GpuPrecision::Fast);
+        const auto exact = host(dout3, size_t(c.io));
+        EXPECT_LE(test::rel_l2(exact.data(), ref.data(), ref.size()), 1e-6) << sh << ": exact mode";
+      }
+    }
+  }
+  double total = 0;
+  uint64_t gate_up = 0, down = 0, exact_kernels = 0, grouped = 0;
+  for (const CudaOpTime& t : be_->profile_end(&total)) {
+    if (t.name == "routed_moe (fast) mxfp4 decode gate/up kernel") gate_up = t.launches;
+    if (t.name == "routed_moe (fast) mxfp4 decode down kernel") down = t.launches;
+    if (t.name == "routed_moe gate/up kernel") exact_kernels = t.launches;
+    if (t.name.find("grouped") != std::string::npos) grouped += t.launches;
+  }
+  EXPECT_EQ(gate_up, uint64_t(2 * calls)) << "every fast T = 1 call took the decode kernels";
+  EXPECT_EQ(down, uint64_t(2 * calls));
+  EXPECT_EQ(exact_kernels, sizeof(cases) / sizeof(cases[0])) << "exact mode kept the CPU-order kernels";
+  EXPECT_EQ(grouped, 0u);
+  std::printf("[ cuda fast ] mxfp4 decode experts: %d calls, worst rel-L2 %.3g\n", worst.cases, worst.rel);
+}
+
 // The grouped products on Hopper warpgroup MMA (moe_wgmma.cu; on a compute capability 9.0 device
 // they must be the ones that run): dense and MXFP4 experts against the CPU with routings chosen
 // to give experts 0, 1, 63-65, 127-129 and 300 rows (one token's slot can pin an expert: logits of
@@ -485,7 +566,9 @@ TEST_F(CudaFast, MlaPrefillMatchesCpu) {
     if (t.name == "mla (fast) causal softmax kernel") softmax = t.launches;
   }
   EXPECT_GE(flash, 17u) << "the flash kernel ran for every aligned T >= 2 call with heads <= 192 / 128";
-  if (hopper) EXPECT_GE(wg, 9u) << "on sm_90 the heads past 64 / 64 take the warpgroup-MMA kernel (mla_wgmma.cu)";
+  if (hopper) {
+    EXPECT_GE(wg, 9u) << "on sm_90 the heads past 64 / 64 take the warpgroup-MMA kernel (mla_wgmma.cu)";
+  }
   EXPECT_GE(softmax, 2u) << "nope + extra = 208 takes the materialized path";
   // Chunk rule.
   for (const Case& c : {Case{4, 128, 64, 128, 512, {}}, Case{3, 16, 8, 24, 24, {}}}) {

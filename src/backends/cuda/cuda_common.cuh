@@ -214,6 +214,17 @@ __device__ __forceinline__ float situ_f(float g, float u, float b1, float b2) {
   return (b1 * tanh_f(g / b1) * sigmoid_f(g)) * (b2 * tanh_f(u / b2));
 }
 
+/// c += a · b, mma.sync m16n8k16, BF16 operands, f32 accumulators (PTX fragment layouts, g = lane / 4,
+/// t4 = lane % 4: a0 (row g, k 2t4..+1), a1 (g+8, 2t4..), a2 (g, 2t4+8..), a3 (g+8, 2t4+8..);
+/// b0 (k 2t4..+1, n g), b1 (k 2t4+8.., n g); c0/c1 (row g, n 2t4 + 0/1), c2/c3 (row g+8, …)).
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
 /// Single-thread f32 dot in cpu::dot's order: 8 partial sums over i ≡ j (mod 8), then the tree
 /// ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)). Bit-identical to the CPU without FMA contraction.
 __device__ __forceinline__ float dot8(const float* a, const float* b, int n) {

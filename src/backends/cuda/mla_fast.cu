@@ -105,18 +105,6 @@ constexpr int kBr = kFlashWarps * 16;  ///< query rows per block (16 per warp)
 constexpr int kBc = 64;                ///< keys per tile
 constexpr size_t kKvBudget = size_t(1) << 30;  ///< bytes of expanded kv per head group
 
-
-/// c += a · b, m16n8k16, BF16 operands, f32 accumulators (PTX fragment layouts: a0 (g, 2t4..+1),
-/// a1 (g+8, 2t4..), a2 (g, 2t4+8..), a3 (g+8, 2t4+8..); b0 (k 2t4..+1, n g), b1 (k 2t4+8.., n g);
-/// c0/c1 (g, 2t4 + 0/1), c2/c3 (g+8, …)).
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], unsigned b0, unsigned b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 __device__ __forceinline__ void ldsm_x4(unsigned (&r)[4], const void* p) {
   const unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(p));
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"

@@ -19,6 +19,7 @@
 #include <string>
 
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/moe_decode.cuh"
 #include "core/mxfp4.h"
 #include "ops/weights.h"
 
@@ -491,6 +492,12 @@ void CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, con
   if (grouped && cuda::grouped_moe(m, p, mw, dense ? nullptr : tp->dev, dids, dw, z, T, ys, out)) return;
   if (dense) throw Error("CUDA backend: " + layer + ": the grouped dense-expert path declined after routing");
   const cuda::LayerTable& t = *tp;
+  if (cuda::moe_decode_ok(m, T, t.io, t.inter)) {  // fast mode, one token: tensor-core GEMVs (moe_decode.cu)
+    cuda::moe_decode(m, t.dev, dids, z, k, t.io, t.inter, p.b1, p.b2, ys);
+    routed_sum_kernel<<<cuda::grid_for(size_t(t.io), 256), 256, 0, m.stream>>>(ys, dw, k, t.io, 1, out);
+    m.launched("routed_moe weighted-sum kernel");
+    return;
+  }
   float* act = static_cast<float*>(m.scratch(m.act, size_t(pairs) * t.inter * sizeof(float)));
   launch_mx_batch<true>(m, MxBatchArgs{t.dev, dids, z, act, k, t.inter, t.io, p.b1, p.b2}, pairs,
                         "routed_moe gate/up kernel");
