@@ -1288,8 +1288,15 @@ TEST_F(CudaOps, RoutedMoeDenseExpertsFallBackCountedAndStrict) {
   float* dz = dev(z);
   const RoutedMoeWork ws{poisoned(size_t(T) * k * io), poisoned(inter), poisoned(inter), poisoned(inter)};
   float* dout = poisoned(size_t(T) * io);
+  // Read back through the backend that computed (its own stream): the fixture's host() waits only
+  // for the fixture's backend, which let this check read the poison before the result landed.
+  auto read = [](CudaBackend& b, const float* d, size_t n) {
+    std::vector<float> h(n);
+    b.to_host(d, n, h.data());
+    return h;
+  };
   be.routed_moe(p, mw, dlog, dz, T, ws, dout);
-  expect_close("routed_moe_dense_fallback", "E=6 k=2 io=48 inter=40 T=3", host(dout, size_t(T) * io), ref, 1e-5);
+  expect_close("routed_moe_dense_fallback", "E=6 k=2 io=48 inter=40 T=3", read(be, dout, size_t(T) * io), ref, 1e-5);
   EXPECT_EQ(be.fallbacks(), 1u);
   EXPECT_EQ(be.stats().host_routed_moe_calls, 1u);
   be.set_strict(true);
@@ -1307,7 +1314,7 @@ TEST_F(CudaOps, RoutedMoeDenseExpertsFallBackCountedAndStrict) {
   float* dout2 = poisoned(size_t(T) * io);
   const RoutedMoeWork ws2{poisoned(size_t(T) * k * io), poisoned(inter), poisoned(inter), poisoned(inter)};
   fast.routed_moe(p, mw, dev(logits), dev(z), T, ws2, dout2);
-  expect_close("routed_moe_dense_fast", "E=6 k=2 io=48 inter=40 T=3", host(dout2, size_t(T) * io), ref, 6e-3);
+  expect_close("routed_moe_dense_fast", "E=6 k=2 io=48 inter=40 T=3", read(fast, dout2, size_t(T) * io), ref, 6e-3);
   EXPECT_EQ(fast.fallbacks(), 0u);
   EXPECT_EQ(fast.stats().host_routed_moe_calls, 0u);
   EXPECT_EQ(fast.stats().grouped_moe_calls, 1u);
