@@ -32,7 +32,8 @@
 
 #include <cuda_bf16.h>
 
-#include "backends/cuda/lt_state.cuh"
+#include <cstdint>
+
 #include "backends/cuda/mxfp4_decode.cuh"
 
 namespace wren::cuda {
@@ -189,17 +190,28 @@ __global__ void __launch_bounds__(kThreads, 3) decode_down_kernel(const ExpertPt
 
 }  // namespace
 
-bool moe_decode_ok(const CudaBackend::Impl& m, int T, int io, int inter) {
+bool moe_decode_ok(const CudaBackend::Impl& m, int T, int io, int inter, const float* z) {
   return m.opts.precision == GpuPrecision::Fast && T == 1 && io > 0 && inter > 0 && io % 32 == 0 && inter % 32 == 0 &&
-         size_t(io) * 2 <= 48 * 1024;
+         reinterpret_cast<uintptr_t>(z) % 8 == 0 && size_t(kLutWords) * 4 + size_t(io) * 2 <= size_t(m.max_smem_optin);
 }
 
 void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, const float* z, int k, int io,
                 int inter, float b1, float b2, float* ys) {
-  auto* act = reinterpret_cast<__nv_bfloat16*>(bf16_scratch(m, lt_state(m).act, size_t(k) * inter));
+  // The backend's own act scratch (not the fast-mode LtState's: a decode step may be recorded into
+  // a graph before anything has created that state, and creating it there would allocate).
+  auto* act = static_cast<__nv_bfloat16*>(m.scratch(m.act, size_t(k) * inter * sizeof(__nv_bfloat16)));
+  const size_t zs_bytes = size_t(io) * 2;  // z as BF16, next to the table's 32 KiB of static shared memory
+  if (zs_bytes + size_t(kLutWords) * 4 > 48 * 1024) {
+    static size_t opted = 0;  // the largest opt-in set so far (per process)
+    if (zs_bytes > opted) {
+      check_cuda(cudaFuncSetAttribute(decode_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(zs_bytes)),
+                 "cudaFuncSetAttribute (mxfp4 decode gate/up)");
+      opted = zs_bytes;
+    }
+  }
   const int per_block = kWarps * kRows;
-  decode_gate_up_kernel<<<dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), kThreads,
-                          size_t(io) * 2, m.stream>>>(table, ids, z, io, inter, b1, b2, act);
+  decode_gate_up_kernel<<<dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), kThreads, zs_bytes,
+                          m.stream>>>(table, ids, z, io, inter, b1, b2, act);
   m.launched("routed_moe (fast) mxfp4 decode gate/up kernel");
   decode_down_kernel<<<dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)), kThreads, 0, m.stream>>>(
       table, ids, act, io, inter, ys);
