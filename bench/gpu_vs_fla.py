@@ -102,6 +102,30 @@ def time_hf(model, lengths, repeat, vocab):
     return res
 
 
+def time_hf_decode(model, prompt, steps, vocab):
+    """transformers' greedy decode: seconds per token (median over `steps` single-token forwards
+    with the cache, after a `prompt`-token prefill and 2 warm-up tokens)."""
+    import torch
+    g = torch.Generator(device="cuda").manual_seed(2)
+    ids = torch.randint(0, vocab, (1, prompt), device="cuda", generator=g)
+    ts = []
+    with torch.no_grad():
+        out = model(input_ids=ids, use_cache=True)
+        cache = out.past_key_values
+        nxt = out.logits[:, -1:].argmax(-1)
+        for s in range(steps + 2):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = model(input_ids=nxt, past_key_values=cache, use_cache=True)
+            cache = out.past_key_values
+            nxt = out.logits[:, -1:].argmax(-1)
+            nxt.item()  # the token on the host, as a generation loop needs it
+            if s >= 2:
+                ts.append(time.perf_counter() - t0)
+    ts.sort()
+    return ts[len(ts) // 2]
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default="/tmp/kimi-linear-48b-6l")
@@ -109,6 +133,8 @@ def main():
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--wren", nargs="*", default=[], help="Wren command lines (each one string), run after transformers")
     ap.add_argument("--json", default="")
+    ap.add_argument("--decode-prompt", type=int, default=64, help="prompt before the timed decode tokens (0: no decode)")
+    ap.add_argument("--decode-steps", type=int, default=32)
     a = ap.parse_args()
     lengths = [int(x) for x in a.lengths.split(",")]
     import torch
@@ -130,12 +156,17 @@ def main():
     used = fla_status(model)
     log(f"fla kernels in the transformers model module: {used if used else 'none (PyTorch fallbacks)'}")
     hf = time_hf(model, lengths, a.repeat, CONFIG["vocab_size"])
+    hf_decode = None
+    if a.decode_prompt > 0:
+        hf_decode = time_hf_decode(model, a.decode_prompt, a.decode_steps, CONFIG["vocab_size"])
+        log(f"transformers decode after {a.decode_prompt} tokens: {hf_decode * 1e3:.2f} ms/token = {1 / hf_decode:.1f} tok/s")
     loaded = sorted(m for m in sys.modules if m.startswith("fla.ops") and m.count(".") == 2)
     log(f"fla kernel modules loaded after the transformers runs: {loaded if loaded else 'none'}")
     used = used or loaded
     del model
     torch.cuda.empty_cache()
     wren = {}
+    decode = {}
     for cmd in a.wren:
         log(f"running: {cmd}")
         t1 = time.time()
@@ -151,6 +182,12 @@ def main():
         for line in p.stdout.splitlines():
             if line.startswith("{"):
                 j = json.loads(line)
+                if "floor_ms" in j:  # bench batch: the one-sequence decode step against its floor
+                    for r in j.get("runs", []):
+                        if r.get("batch") == 1 and r.get("recorded", True):
+                            decode = {"ms": r["ms_per_step"], "floor_ms": j["floor_ms"], "vs_floor": r["vs_floor"],
+                                      "copy_GBps": j["copy_GBps"]}
+                    continue
                 key = j.get("gpu_precision", "?") + " " + j.get("backend", "")
                 wren[key] = {r["tokens"]: r["prefill_s"] for r in j["runs"]}
                 if "exact" in j:
@@ -164,9 +201,17 @@ def main():
             w = v.get(n)
             row += f" {n / w:.0f} | {h / w:.2f}x |" if (w and h) else (f" {n / w:.0f} | — |" if w else " — | — |")
         print(row)
+    if decode:
+        print(f"\n| decode (1 sequence, after {a.decode_prompt} tokens) | ms/token | tok/s | vs floor ({decode['floor_ms']:.3f} ms at "
+              f"{decode['copy_GBps']:.0f} GB/s) |")
+        print("|---|---|---|---|")
+        if hf_decode:
+            print(f"| transformers+fla | {hf_decode * 1e3:.2f} | {1 / hf_decode:.1f} | {hf_decode * 1e3 / decode['floor_ms']:.2f}x |")
+        print(f"| Wren fast | {decode['ms']:.3f} | {1e3 / decode['ms']:.1f} | {decode['vs_floor']:.2f}x |")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"transformers_s": hf, "wren_s": wren, "fla_kernels": used}, f, indent=1)
+            json.dump({"transformers_s": hf, "wren_s": wren, "fla_kernels": used, "transformers_decode_s": hf_decode,
+                       "wren_decode": decode}, f, indent=1)
     log(f"total {time.time() - t0:.1f} s")
 
 

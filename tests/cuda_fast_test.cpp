@@ -341,6 +341,82 @@ TEST_F(CudaFast, RoutedMoeMxfp4DecodeMatchesCpu) {
   std::printf("[ cuda fast ] mxfp4 decode experts: %d calls, worst rel-L2 %.3g\n", worst.cases, worst.rel);
 }
 
+// The routed dense (BF16) experts of one decode token in fast mode (moe_decode.cu's kernels without
+// the MXFP4 decode: Kimi Linear) against the CPU: widths inside and past the 128-column blocks up to
+// the Kimi-Linear-48B sizes (io 2304, inter 1024), top-1 … top-8, SiLU and SiTU, several routings;
+// the profile shows the decode kernels ran (no grouped launch), two runs give the same bits, and
+// shapes the kernels cannot take (io or inter not a multiple of 32) still go to the grouped kernels.
+TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
+  std::mt19937 g(41);
+  struct Case {
+    int E, k, io, inter;
+    float scale;
+    bool silu;
+  };
+  const Case cases[] = {{16, 4, 64, 32, 1.f, true},   {33, 1, 96, 64, 2.5f, false},  {12, 8, 256, 160, 2.446f, true},
+                        {8, 3, 544, 288, 1.f, false}, {9, 8, 2304, 1024, 2.446f, true}, {4, 2, 72, 40, 1.f, true}};
+  Worst worst;
+  be_->profile_begin();
+  int calls = 0, declined = 0;
+  for (const Case& c : cases) {
+    std::vector<std::unique_ptr<DenseExpert>> dne;
+    MoeWeights mw;
+    for (int e = 0; e < c.E; ++e) {
+      dne.push_back(std::make_unique<DenseExpert>(g, c.io, c.inter));
+      mw.experts.push_back(dne.back()->e);
+    }
+    HostWeight bias(rnd(g, c.E, -0.1f, 0.1f), 1, c.E);
+    mw.bias = bias.w;
+    be_->upload(bias.w);
+    for (const ExpertRef& e : mw.experts) be_->upload(e);
+    RoutedMoeParams p{5, c.E, c.k, c.io, c.scale, 4.f, 25.f};
+    p.format = ExpertFormat::Dense;
+    p.act = c.silu ? Activation::SiLU : Activation::SiTU;
+    p.inter = c.inter;
+    const bool takes = c.io % 32 == 0 && c.inter % 32 == 0;
+    for (int rep = 0; rep < 3; ++rep) {
+      const std::string sh = "E=" + std::to_string(c.E) + " k=" + std::to_string(c.k) + " io=" + std::to_string(c.io) +
+                             " inter=" + std::to_string(c.inter) + " routing " + std::to_string(rep);
+      const auto logits = rnd(g, size_t(c.E), -4.f, 4.f);
+      const auto z = rnd(g, size_t(c.io), -2.f, 2.f);
+      float* dl = dev(logits);
+      float* dz = dev(z);
+      float* dout = poisoned(size_t(c.io));
+      const CudaStats s0 = be_->stats();
+      be_->routed_moe(p, mw, dl, dz, 1, work(poisoned(size_t(c.k) * c.io), c.inter), dout);
+      ASSERT_EQ(be_->fallbacks(), 0u) << sh;
+      const CudaStats s1 = be_->stats();
+      (takes ? calls : declined) += 1;
+      if (takes) {  // the decode kernels count the token's k expert visits and their bytes
+        EXPECT_EQ(s1.device_expert_visits - s0.device_expert_visits, uint64_t(c.k)) << sh;
+        EXPECT_EQ(s1.device_expert_bytes - s0.device_expert_bytes, uint64_t(c.k) * 3 * c.io * c.inter * 2) << sh;
+      }
+      const auto got = host(dout, size_t(c.io));
+      const auto ref = cpu_routed(cpu_, mw, p, true, logits, z, 1);
+      EXPECT_EQ(nan_count(got), 0u) << sh;
+      const double r = test::rel_l2(got.data(), ref.data(), ref.size());
+      EXPECT_LE(r, 6e-3) << sh;  // BF16 weights, z and act; f32 sums (the grouped dense bound)
+      worst.add(r);
+      float* dout2 = poisoned(size_t(c.io));
+      be_->routed_moe(p, mw, dl, dz, 1, work(poisoned(size_t(c.k) * c.io), c.inter), dout2);
+      const auto again = host(dout2, size_t(c.io));
+      EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4)) << sh << ": not deterministic";
+    }
+  }
+  double total = 0;
+  uint64_t gate_up = 0, down = 0, grouped = 0;
+  for (const CudaOpTime& t : be_->profile_end(&total)) {
+    if (t.name == "routed_moe (fast) dense decode gate/up kernel") gate_up = t.launches;
+    if (t.name == "routed_moe (fast) dense decode down kernel") down = t.launches;
+    if (t.name.find("dense gate/up grouped") != std::string::npos) grouped += t.launches;
+  }
+  EXPECT_EQ(gate_up, uint64_t(2 * calls)) << "every fast T = 1 call on a 32-multiple shape took the decode kernels";
+  EXPECT_EQ(down, uint64_t(2 * calls));
+  EXPECT_EQ(grouped, uint64_t(2 * declined)) << "the other shapes kept the grouped kernels";
+  std::printf("[ cuda fast ] dense decode experts: %d calls, worst rel-L2 %.3g (%d calls on the grouped kernels)\n",
+              worst.cases, worst.rel, 2 * declined);
+}
+
 // The grouped products on Hopper warpgroup MMA (moe_wgmma.cu; on a compute capability 9.0 device
 // they must be the ones that run): dense and MXFP4 experts against the CPU with routings chosen
 // to give experts 0, 1, 63-65, 127-129 and 300 rows (one token's slot can pin an expert: logits of

@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "bench/bench.h"
+#include "bench/decode_floor.h"
 #include "core/error.h"
 #include "core/sizes.h"
 #include "model/forward.h"
@@ -44,6 +45,14 @@ void run_batch(BatchArgs a) {
                         {"load_s", load_s},   {"options", options},
                         {"chunk", e.chunk()}, {"prompt", a.prompt},
                         {"steps", a.steps}};
+  // The floor of a one-sequence step: its bytes (decode_floor.h) at this run's copy bandwidth.
+  const double bw = copy_bandwidth(e.backend(), gpu ? (size_t(1) << 28) : (size_t(1) << 24));
+  const DecodeBytes floor_bytes = decode_bytes(e.model(), a.prompt + a.steps / 2);
+  const double floor_s = floor_bytes.total() / bw;
+  std::printf("one-sequence decode floor: %.1f MB a token (%.1f MB outside the layers) at %.0f GB/s (copy, read+write, "
+              "this run) = %.3f ms\n",
+              floor_bytes.total() / 1e6, floor_bytes.outside / 1e6, bw / 1e9, floor_s * 1e3);
+  out["copy_GBps"] = bw / 1e9, out["floor_bytes_per_token"] = floor_bytes.total(), out["floor_ms"] = floor_s * 1e3;
   std::printf("%-6s %10s %10s %10s %10s %8s %10s %9s %8s %8s %12s\n", "batch", "ms/step", "forward",
               "draw", "tok/s", "vs 1st", "launches", "graphs", "syncs", "kernels", "expert MB/tok");
   // --eager: each size also through a forward pass that never records a step (op by op).
@@ -108,6 +117,11 @@ void run_batch(BatchArgs a) {
           {"host_syncs_per_step", (c1.host_syncs - c0.host_syncs) / n},
           {"expert_visits_per_step", double(c1.expert_visits - c0.expert_visits) / n},
           {"expert_mb_per_token", mb_tok}};
+      if (B == 1) {
+        row["vs_floor"] = per / floor_s;
+        std::printf("       batch 1%s: %.3f ms a token = %.2fx the floor (%.3f ms)\n", mode ? " (eager)" : "", per * 1e3,
+                    per / floor_s, floor_s * 1e3);
+      }
       if (a.profile && gpu &&
           mode == 0) {  // one more step, every launch followed by an event (same numerics)
         gpu_profile_begin(e.backend());

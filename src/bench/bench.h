@@ -81,7 +81,8 @@ void run_stream(const StreamArgs& a);
 /// random in-memory model.
 struct LayersArgs {
   std::string backend = "auto", preset = "k3";
-  int kda = 3, mla = 1, experts = 896, distinct = 64, vocab = 16384, prompt = 1024, decode = 16;
+  int kda = 3, mla = 1, experts = 0, distinct = 64, vocab = 16384, prompt = 1024, decode = 16;  ///< experts 0: the preset's
+  std::string quant = "exact";  ///< dense-weight preset (QuantPlan::preset): exact, bf16, q8, q4, ...
   int chunk = 0;  ///< 0 = the backend's default (runtime/engine.h default_chunk)
   uint64_t seed = 1;
   bool json = false;

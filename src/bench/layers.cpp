@@ -1,11 +1,13 @@
 // `wren bench layers`: decode time per layer against the memory floor, TTFT and prefill tok/s, on a
 // random-weight model built in memory at true K3 layer sizes (preset k3: hidden 7168, KDA 96×128,
-// MLA 96 heads / kv_lora 512, 896 MXFP4 experts top-16, latent 3584) or a tiny preset for tests.
+// MLA 96 heads / kv_lora 512, 896 MXFP4 experts top-16, latent 3584), at Kimi-Linear-48B-A3B sizes
+// (preset kimi-linear: hidden 2304, KDA 32×128, MLA 32 heads, 256 dense experts top-8 of 1024) or a
+// tiny preset for tests; the dense weights in the --quant preset's formats (default exact: f32).
 //
 // Per-layer decode time = t(first i+1 layers) − t(first i layers) for one decode token (median of
-// --decode tokens); the floor of layer i = bytes it must read per token (its dense f32 weights, its
-// top-k experts' MXFP4 bytes, its KDA state read + written or its MLA cache rows) / the backend's
-// measured copy bandwidth (bytes read + written by a 1 GiB device copy, over the time).
+// --decode tokens); the floor of layer i = bytes it must read per token (its dense weights in their
+// format, its top-k experts' bytes, its KDA state read + written or its MLA cache rows) / the
+// backend's measured copy bandwidth (bytes read + written by a 1 GiB device copy, over the time).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -14,6 +16,7 @@
 #include <random>
 
 #include "bench/bench.h"
+#include "bench/decode_floor.h"
 #include "bench/random_model.h"
 #include "core/error.h"
 #include "model/forward.h"
@@ -31,8 +34,34 @@ namespace {
 
 using clock_type = std::chrono::steady_clock;
 
+/// Kimi-Linear-48B-A3B's config (the keys of its published config.json; bench/gpu_vs_fla.py's
+/// sizes) with `kda` KDA layers then `mla` MLA layers, all MoE.
+nlohmann::json kimi_linear_config(const LayersArgs& a) {
+  const int L = a.kda + a.mla;
+  std::vector<int> kda, full;
+  std::vector<std::string> types, mlp(L, "sparse");
+  for (int i = 1; i <= L; ++i) {
+    (i <= a.kda ? kda : full).push_back(i);
+    types.push_back(i <= a.kda ? "linear_attention" : "full_attention");
+  }
+  return {{"model_type", "kimi_linear"}, {"bos_token_id", 1}, {"eos_token_id", 2}, {"pad_token_id", 0},
+          {"first_k_dense_replace", 0}, {"hidden_act", "silu"}, {"hidden_size", 2304}, {"intermediate_size", 9216},
+          {"kv_lora_rank", 512}, {"mla_use_nope", true}, {"moe_intermediate_size", 1024}, {"moe_layer_freq", 1},
+          {"moe_renormalize", true}, {"moe_router_activation_func", "sigmoid"}, {"num_attention_heads", 32},
+          {"num_expert_group", 1}, {"num_experts", a.experts > 0 ? a.experts : 256}, {"num_experts_per_token", 8},
+          {"num_hidden_layers", L}, {"num_key_value_heads", 32}, {"num_shared_experts", 1}, {"q_lora_rank", nullptr},
+          {"qk_nope_head_dim", 128}, {"qk_rope_head_dim", 64}, {"v_head_dim", 128}, {"head_dim", 192},
+          {"rms_norm_eps", 1e-5}, {"routed_scaling_factor", 2.446}, {"tie_word_embeddings", false}, {"topk_group", 1},
+          {"use_grouped_topk", true}, {"vocab_size", a.vocab},
+          {"linear_attn_config",
+           {{"full_attn_layers", full}, {"head_dim", 128}, {"kda_layers", kda}, {"num_heads", 32},
+            {"short_conv_kernel_size", 4}}},
+          {"layer_types", types}, {"mlp_layer_types", mlp}};
+}
+
 /// The K3 text config (docs/model.md#config) with `kda` KDA layers then `mla` MLA layers, all MoE.
 nlohmann::json bench_config(const LayersArgs& a) {
+  if (a.preset == "kimi-linear") return kimi_linear_config(a);
   const bool k3 = a.preset == "k3";
   const int L = a.kda + a.mla;
   std::vector<int> kda, full;
@@ -42,7 +71,7 @@ nlohmann::json bench_config(const LayersArgs& a) {
       {"vocab_size", a.vocab}, {"first_k_dense_replace", 0}, {"num_attention_heads", k3 ? 96 : 4},
       {"num_key_value_heads", k3 ? 96 : 4}, {"q_lora_rank", k3 ? 1536 : 64}, {"kv_lora_rank", k3 ? 512 : 32},
       {"qk_nope_head_dim", k3 ? 128 : 32}, {"qk_rope_head_dim", k3 ? 64 : 16}, {"v_head_dim", k3 ? 128 : 32},
-      {"num_experts", a.experts}, {"num_experts_per_token", k3 ? 16 : 4},
+      {"num_experts", a.experts > 0 ? a.experts : 896}, {"num_experts_per_token", k3 ? 16 : 4},
       {"moe_intermediate_size", k3 ? 3072 : 64}, {"routed_expert_hidden_size", k3 ? 3584 : 64},
       {"num_shared_experts", 2}, {"attn_res_block_size", 12}, {"activation_situ_beta", 4.0},
       {"activation_situ_linear_beta", 25.0}, {"rms_norm_eps", 1e-5}, {"hidden_act", "situ"},
@@ -59,25 +88,6 @@ nlohmann::json bench_config(const LayersArgs& a) {
                                                       {"input_activations", nullptr}}}}}};
   return {{"model_type", "kimi_k3"}, {"bos_token_id", 1}, {"eos_token_id", 2}, {"tie_word_embeddings", false},
           {"text_config", t}, {"quantization_config", q}};
-}
-
-/// Bytes one decode token must read in layer i (dense f32 weights + top-k experts + state).
-std::vector<double> layer_bytes(const Config& c, int position) {
-  std::vector<double> bytes(c.n_layers, 0.0);
-  ModelWeights shapes;
-  for_each_tensor(c, shapes, [&](const TensorSpec& s) {
-    if (s.is_expert() || s.layer < 0) return;
-    double n = 4;
-    for (int64_t d : s.shape) n *= double(d);
-    bytes[s.layer] += n;
-  });
-  for (int i = 0; i < c.n_layers; ++i) {
-    bytes[i] += 2.0 * c.hidden * 4;  // attn_mix + mlp_mix vectors (derived)
-    if (c.layers[i].ffn == Ffn::MoE) bytes[i] += double(c.top_k) * double(c.expert_bytes());
-    if (c.layers[i].mixer == Mixer::KDA) bytes[i] += 2.0 * c.kda_heads * c.kda_head_dim * c.kda_head_dim * 4;
-    else bytes[i] += double(position + 1) * c.mla_cache_width() * 4;
-  }
-  return bytes;
 }
 
 double seconds_since(clock_type::time_point t0) {
@@ -129,25 +139,6 @@ double decode_time(const Model& m, Backend& be, int layers, int tokens, bool gra
   return t[t.size() / 2];
 }
 
-/// Bandwidth of a large device copy: (bytes read + bytes written) / seconds, median of 5.
-double copy_bandwidth(Backend& be, size_t floats) {
-  float* a = be.alloc(floats);
-  float* b = be.alloc(floats);
-  std::vector<double> t;
-  float probe;
-  for (int i = 0; i < 6; ++i) {
-    be.to_host(a, 1, &probe);  // drain the queue
-    const auto t0 = clock_type::now();
-    be.copy(a, floats, b);
-    be.to_host(b, 1, &probe);
-    if (i) t.push_back(seconds_since(t0));
-  }
-  be.release(a);
-  be.release(b);
-  std::sort(t.begin(), t.end());
-  return 2.0 * floats * 4 / t[t.size() / 2];
-}
-
 /// A progress line on stderr with the seconds since `start` (long runs stay observable).
 void progress(clock_type::time_point start, const std::string& what) {
   std::fprintf(stderr, "wren bench: [%7.2f s] %s\n", seconds_since(start), what.c_str());
@@ -188,14 +179,17 @@ void op_table(const Model& m, Backend& be, double bw) {
   for (int T : {1, 32}) {
     const DenseWeight& q = l.kda.q;
     const double s = time_op(be, y, 10, [&](int) { be.gemm(q, x, T, y); });
-    row("gemm q_proj " + std::to_string(q.rows) + "x" + std::to_string(q.cols) + " T=" + std::to_string(T), s,
-        double(q.rows) * q.cols * 4);
+    row("gemm q_proj " + std::to_string(q.rows) + "x" + std::to_string(q.cols) + " " + wformat_name(q.format) +
+            " T=" + std::to_string(T),
+        s, weight_bytes(q));
   }
   for (const DenseWeight* w : {&l.kda.o, &l.moe.router, &l.moe.down, &l.moe.shared_gate, &l.kda.f_a}) {
+    if (!w->data) continue;  // (no latent projections outside K3)
     const double s = time_op(be, y, 10, [&](int) { be.gemm(*w, x, 1, y); });
-    row("gemm " + std::to_string(w->rows) + "x" + std::to_string(w->cols) + " T=1", s, double(w->rows) * w->cols * 4);
+    row("gemm " + std::to_string(w->rows) + "x" + std::to_string(w->cols) + " " + wformat_name(w->format) + " T=1", s,
+        weight_bytes(*w));
   }
-  {
+  if (c.expert_format == ExpertFormat::MXFP4) {
     const double s = time_op(be, y, 16, [&](int i) {
       be.expert_ffn(l.moe.experts[size_t(i * 37) % l.moe.experts.size()], x, c.situ_b1, c.situ_b2, y);
     });
@@ -207,16 +201,20 @@ void op_table(const Model& m, Backend& be, double bw) {
     const double s = time_op(be, y, 10, [&](int) { be.router_topk(y, l.moe.bias, 1, c.n_experts, c.top_k, ids.data(), w.data()); });
     row("router_topk (incl. host sync)", s, double(c.n_experts) * 8);
   }
-  if (c.expert_format == ExpertFormat::MXFP4) {  // the device-routed MoE (no host sync)
-    const RoutedMoeParams p{0, c.n_experts, c.top_k, c.expert_io(), c.routed_scale, c.situ_b1, c.situ_b2};
+  {  // the device-routed MoE (no host sync)
+    const RoutedMoeParams p{0,         c.n_experts, c.top_k, c.expert_io(), c.routed_scale, c.situ_b1, c.situ_b2,
+                            c.expert_format, c.act, c.moe_inter};
     float* ys = be.alloc(size_t(c.top_k) * c.expert_io());
     float* out = be.alloc(c.expert_io());
+    float* gua = be.alloc(3 * size_t(std::max(c.moe_inter, 1)));  // the host-routed dense path's g, u, act
     const uint64_t before = be.fallbacks();
-    const double s = time_op(be, y, 10, [&](int) { be.routed_moe(p, l.moe, y, x, 1, RoutedMoeWork{ys}, out); });
+    const RoutedMoeWork ws{ys, gua, gua + c.moe_inter, gua + 2 * size_t(c.moe_inter)};
+    const double s = time_op(be, y, 10, [&](int) { be.routed_moe(p, l.moe, y, x, 1, ws, out); });
     row(be.fallbacks() == before ? "routed_moe T=1 (router+top-k experts)" : "routed_moe T=1 (host-routed fallback)", s,
-        double(c.top_k) * c.expert_bytes());
+        double(c.top_k) * routed_expert_bytes(m));
     be.release(ys);
     be.release(out);
+    be.release(gua);
   }
   {
     SequenceState st(be, c, 8);
@@ -299,13 +297,15 @@ void prefill_table(const Model& m, Backend& be, double peak, int chunk) {
 }
 
 void bench_layers(const LayersArgs& a) {
-  check(a.preset == "k3" || a.preset == "tiny", "--preset: expected k3 or tiny");
+  check(a.preset == "k3" || a.preset == "kimi-linear" || a.preset == "tiny", "--preset: expected k3, kimi-linear or tiny");
+  const QuantPlan plan = QuantPlan::preset(a.quant);
   std::setvbuf(stdout, nullptr, _IOLBF, 0);
   const auto start = clock_type::now();
   check(a.kda >= 0 && a.mla >= 0 && a.kda + a.mla >= 1, "--kda/--mla: at least one layer");
   const std::string kind = resolve_backend(a.backend);
   auto t0 = clock_type::now();
-  auto model = make_random_model(bench_config(a), a.seed, std::min(a.distinct, a.experts));
+  const int experts = a.experts > 0 ? a.experts : a.preset == "kimi-linear" ? 256 : 896;
+  auto model = make_random_model(bench_config(a), a.seed, std::min(a.distinct, experts), plan);
   const double gen_s = seconds_since(t0);
   progress(start, "random model built");
   t0 = clock_type::now();
@@ -314,7 +314,7 @@ void bench_layers(const LayersArgs& a) {
   progress(start, std::string("backend ") + be->name() + " ready (weights uploaded)" +
                       (kind == "cuda" ? "; " + describe(a.cuda) : std::string()));
   const Config& c = model->config;
-  const double bw = copy_bandwidth(*be, a.preset == "k3" ? (size_t(1) << 28) : (size_t(1) << 22));
+  const double bw = copy_bandwidth(*be, a.preset == "tiny" ? (size_t(1) << 22) : (size_t(1) << 28));
   progress(start, "copy bandwidth " + std::to_string(bw / 1e9) + " GB/s");
   op_table(*model, *be, bw);
   const int chunk = a.chunk > 0 ? a.chunk : default_chunk(kind, a.cuda.precision, model->config, device_free_bytes(*be));
@@ -333,7 +333,8 @@ void bench_layers(const LayersArgs& a) {
   StepCounts plain;
   const double plain_s = decode_time(*model, *be, c.n_layers, a.decode, false, &plain);
   progress(start, "decode without graph: " + std::to_string(plain_s * 1e3) + " ms/token");
-  const std::vector<double> bytes = layer_bytes(c, 8 + a.decode / 2);
+  const DecodeBytes floor_bytes = decode_bytes(*model, 8 + a.decode / 2);
+  const std::vector<double>& bytes = floor_bytes.layer;
 
   // Prefill of a --prompt-token prompt: TTFT (prefill + the first token's logits) and tok/s.
   std::mt19937 g(a.seed);
@@ -350,7 +351,7 @@ void bench_layers(const LayersArgs& a) {
   }
   progress(start, "prefill done");
 
-  nlohmann::json out = {{"backend", be->name()}, {"preset", a.preset}, {"copy_GBps", bw / 1e9},
+  nlohmann::json out = {{"backend", be->name()}, {"preset", a.preset}, {"quant", plan.describe()}, {"copy_GBps", bw / 1e9},
                         {"model_gen_s", gen_s}, {"upload_s", upload_s}, {"decode_tokens", a.decode},
                         {"full_decode_ms", cum.back() * 1e3}, {"kernels_per_token", counts.back().kernels},
                         {"graph_launches_per_token", counts.back().graph_launches},
@@ -359,10 +360,11 @@ void bench_layers(const LayersArgs& a) {
                         {"no_graph_launches_per_token", plain.outside}, {"no_graph_host_syncs_per_token", plain.syncs},
                         {"prompt", a.prompt}, {"chunk", chunk}, {"bf16_peak_tflops", peak}, {"ttft_s", ttft}, {"prefill_tok_s", a.prompt / ttft}};
   if (kind == "cuda") out["options"] = describe(a.cuda);
-  std::printf("wren bench: backend %s, preset %s (hidden %d, %d KDA + %d MLA layers, %d experts top-%d, "
-              "%d distinct), copy bandwidth %.0f GB/s (read+write)\n",
-              be->name(), a.preset.c_str(), c.hidden, a.kda, a.mla, c.n_experts, c.top_k,
-              std::min(a.distinct, a.experts), bw / 1e9);
+  std::printf("wren bench: backend %s, preset %s (hidden %d, %d KDA + %d MLA layers, %d %s experts top-%d, "
+              "%d distinct), dense weights %s, copy bandwidth %.0f GB/s (read+write)\n",
+              be->name(), a.preset.c_str(), c.hidden, a.kda, a.mla, c.n_experts,
+              c.expert_format == ExpertFormat::MXFP4 ? "MXFP4" : "dense", c.top_k, std::min(a.distinct, experts),
+              plan.describe().c_str(), bw / 1e9);
   std::printf("%-6s %-4s %12s %12s %12s %8s %10s\n", "layer", "type", "decode_ms", "MB_read", "floor_ms", "ratio",
               "kernels");
   for (int i = 0; i < c.n_layers; ++i) {
@@ -375,10 +377,15 @@ void bench_layers(const LayersArgs& a) {
                              {"kernels", counts[i + 1].kernels - counts[i].kernels}});
   }
   const StepCounts& full = counts.back();
-  std::printf("embedding + final mix/norm + lm_head (vocab %d): %.3f ms; whole decode token %.3f ms: %llu graph "
-              "launches (%llu kernels), %llu kernel launches outside graphs, %llu host syncs\n",
-              c.vocab, cum[0] * 1e3, cum.back() * 1e3, (unsigned long long)full.graph_launches,
+  const double floor_all = floor_bytes.total() / bw;
+  std::printf("embedding + final mix/norm + lm_head (vocab %d): %.3f ms (floor %.3f ms); whole decode token %.3f ms "
+              "= %.2fx its floor %.3f ms (%.1f MB): %llu graph launches (%llu kernels), %llu kernel launches outside "
+              "graphs, %llu host syncs\n",
+              c.vocab, cum[0] * 1e3, floor_bytes.outside / bw * 1e3, cum.back() * 1e3, cum.back() / floor_all,
+              floor_all * 1e3, floor_bytes.total() / 1e6, (unsigned long long)full.graph_launches,
               (unsigned long long)full.kernels, (unsigned long long)full.outside, (unsigned long long)full.syncs);
+  out["floor_ms"] = floor_all * 1e3;
+  out["floor_ratio"] = cum.back() / floor_all;
   std::printf("same token without graph: %.3f ms, %llu kernel launches, %llu host syncs (graph speedup %.2fx)\n",
               plain_s * 1e3, (unsigned long long)plain.outside, (unsigned long long)plain.syncs,
               plain_s / cum.back());

@@ -104,10 +104,11 @@ void add_bench_layers(CLI::App* bench) {
   auto a = std::make_shared<bench::LayersArgs>();
   CLI::App* sub = bench->add_subcommand("layers", "Per-layer decode time vs the memory floor, TTFT and prefill tok/s on a random in-memory model");
   sub->add_option("--backend", a->backend, "cpu, cuda or auto (default)")->check(CLI::IsMember({"cpu", "cuda", "auto"}));
-  sub->add_option("--preset", a->preset, "k3 (true K3 layer sizes, default) or tiny");
+  sub->add_option("--preset", a->preset, "k3 (true K3 layer sizes, default), kimi-linear (48B-A3B sizes) or tiny");
+  sub->add_option("--quant", a->quant, "Dense weight formats: exact (f32, default), bf16, q8, default or q4");
   sub->add_option("--kda", a->kda, "KDA layers (default 3)")->check(non_negative());
   sub->add_option("--mla", a->mla, "MLA layers after them (default 1)")->check(non_negative());
-  sub->add_option("--experts", a->experts, "Routed experts per layer (default 896)")->check(positive());
+  sub->add_option("--experts", a->experts, "Routed experts per layer (default: k3 896, kimi-linear 256)")->check(positive());
   sub->add_option("--distinct-experts", a->distinct, "Distinct random experts backing them (default 64)")
       ->check(positive());
   sub->add_option("--vocab", a->vocab, "Vocabulary size (default 16384)")->check(positive());

@@ -13,7 +13,7 @@ namespace wren {
 namespace {
 
 constexpr const char* kClassNames[kWClasses] = {"vector", "attn",   "mla",  "dense", "shared",
-                                                "latent", "router", "head", "embed"};
+                                                "latent", "router", "head", "embed", "expert"};
 
 /// One row to Q8_ROW: scale = max|w| / 127, q = w / scale rounded to nearest (ties to even).
 void q8_row(const float* w, int64_t cols, int8_t* q, float* scale) {
@@ -85,6 +85,10 @@ QuantPlan QuantPlan::preset(const std::string& name) {
     }
     p.set(WClass::Router, WFormat::BF16);
     p.set(WClass::Embed, WFormat::BF16);
+    // Dense routed experts stay f32 here: the GPU's device-routed expert kernels read f32 or BF16
+    // experts only (q8/q4 experts would be routed on the host), and these presets' measured quality
+    // (docs/cpu-performance.md) was taken with f32 experts. --quant-expert q8|q4 chooses otherwise.
+    p.set(WClass::Expert, WFormat::F32);
     return p;
   }
   throw UsageError("--quant: '" + name + "' is not a preset (expected exact, stored, bf16, q8, default or q4)");

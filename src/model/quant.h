@@ -38,12 +38,13 @@ struct QuantPlan {
 
   /// Presets (docs/cpu-performance.md justifies them):
   ///   exact    every class f32 (the oracle; what the golden tests use)
-  ///   bf16     every matrix bf16 (lossless for the BF16 checkpoints)
-  ///   q8       every matrix q8, router and embedding bf16
+  ///   bf16     every matrix bf16 (lossless for the BF16 checkpoints), dense routed experts too
+  ///   q8       every matrix q8, router and embedding bf16, dense routed experts f32
   ///   default  colibri-like: q4 for attn/latent/shared/dense, q8 for mla and head, router and
-  ///            embedding bf16
-  ///   q4       every matrix q4, router and embedding bf16
-  ///   stored   the checkpoint's dtype: BF16 matrices stay BF16, the rest f32 (keep_bf16)
+  ///            embedding bf16, dense routed experts f32
+  ///   q4       every matrix q4, router and embedding bf16, dense routed experts f32
+  ///   stored   the checkpoint's dtype: BF16 matrices (dense routed experts too) stay BF16, the
+  ///            rest f32 (keep_bf16)
   /// Throws wren::Error on another name.
   static QuantPlan preset(const std::string& name);
 };

@@ -120,9 +120,9 @@ struct Table {
       } else {
         const std::string stem = "block_sparse_moe.experts." + std::to_string(e) + ".";
         expert = &x;
-        dense(stem + "w1.weight", x.d1, {c.moe_inter, io});
-        dense(stem + "w2.weight", x.d2, {io, c.moe_inter});
-        dense(stem + "w3.weight", x.d3, {c.moe_inter, io});
+        dense(stem + "w1.weight", x.d1, {c.moe_inter, io}, WClass::Expert);
+        dense(stem + "w2.weight", x.d2, {io, c.moe_inter}, WClass::Expert);
+        dense(stem + "w3.weight", x.d3, {c.moe_inter, io}, WClass::Expert);
         expert = nullptr;
       }
     }

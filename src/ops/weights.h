@@ -28,9 +28,10 @@ enum class WFormat : uint8_t { F32, BF16, Q8_ROW, Q4_G64 };
 constexpr int kWFormats = 4;
 
 /// Role of a dense tensor, the unit the --quant flags choose a format for. Vector = norms, biases,
-/// conv taps, A_log, AttnRes projections: always F32.
-enum class WClass : uint8_t { Vector, Attn, Mla, Dense, Shared, Latent, Router, Head, Embed };
-constexpr int kWClasses = 9;
+/// conv taps, A_log, AttnRes projections: always F32. Expert = the routed experts of a model whose
+/// experts are dense matrices (Kimi Linear; MXFP4 experts are never re-encoded).
+enum class WClass : uint8_t { Vector, Attn, Mla, Dense, Shared, Latent, Router, Head, Embed, Expert };
+constexpr int kWClasses = 10;
 
 /// A dense matrix [rows, cols] (or a vector: rows = 1) in a compute format. In the exact mode every
 /// dense weight is F32 (BF16/F16 upcast at load, which is exact). `data` and `scale` are host

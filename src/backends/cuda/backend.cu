@@ -55,6 +55,15 @@ const uint8_t* CudaBackend::Impl::bytes(const uint8_t* host, const char* op) con
   return static_cast<const uint8_t*>(it->second.ptr);
 }
 
+unsigned long long* CudaBackend::Impl::traffic_counters() {
+  if (!expert_traffic && !capturing) {
+    cuda::check_cuda(cudaMalloc(&expert_traffic, 2 * sizeof(unsigned long long)), "cudaMalloc (expert traffic counters)");
+    cuda::check_cuda(cudaMemsetAsync(expert_traffic, 0, 2 * sizeof(unsigned long long), stream),
+                     "cudaMemsetAsync (expert traffic counters)");
+  }
+  return expert_traffic;
+}
+
 void* CudaBackend::Impl::scratch(cuda::Scratch& s, size_t n) {
   if (s.bytes >= n) return s.ptr;
   // While recording a graph the old buffer may still be named by queued work and cudaFree would

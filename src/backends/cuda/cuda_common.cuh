@@ -169,6 +169,9 @@ struct CudaBackend::Impl {
   const uint8_t* bytes(const uint8_t* host, const char* op) const;
   /// Scratch `s` with at least `bytes` bytes.
   void* scratch(cuda::Scratch& s, size_t bytes);
+  /// expert_traffic, allocated and zeroed on first use outside a recording (null while recording
+  /// before any use: the kernels then count nothing).
+  unsigned long long* traffic_counters();
   /// Counts one launch and checks it (cudaGetLastError), naming `what` on failure.
   void launched(const char* what);
   /// Waits for the stream; counts the sync. Throws while recording a graph (a bug in the caller).

@@ -28,6 +28,7 @@ struct DenseTable {
   const void* first = nullptr;  ///< expert 0's host w1 when built (identity check: lesson 11)
   std::vector<DenseExpertPtrs> host;  ///< the same table in host memory (per-expert products)
   int E = 0, inter = 0, io = 0;
+  bool aligned16 = false;  ///< every matrix starts 16-byte aligned (moe_decode_dense's loads)
 };
 
 struct LtState {

@@ -492,7 +492,7 @@ void CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, con
   if (grouped && cuda::grouped_moe(m, p, mw, dense ? nullptr : tp->dev, dids, dw, z, T, ys, out)) return;
   if (dense) throw Error("CUDA backend: " + layer + ": the grouped dense-expert path declined after routing");
   const cuda::LayerTable& t = *tp;
-  if (cuda::moe_decode_ok(m, T, t.io, t.inter, z)) {  // fast mode, one token: tensor-core GEMVs (moe_decode.cu)
+  if (cuda::moe_decode_ok(m, T, t.io, t.inter, z, true)) {  // fast mode, one token: tensor-core GEMVs (moe_decode.cu)
     cuda::moe_decode(m, t.dev, dids, z, k, t.io, t.inter, p.b1, p.b2, ys);
     routed_sum_kernel<<<cuda::grid_for(size_t(t.io), 256), 256, 0, m.stream>>>(ys, dw, k, t.io, 1, out);
     m.launched("routed_moe weighted-sum kernel");

@@ -1,4 +1,6 @@
-// CUDA backend, fast precision mode: the routed MXFP4 experts of one decode token on tensor cores.
+// CUDA backend, fast precision mode: the routed experts of one decode token on tensor cores, MXFP4
+// (K3) or BF16 (Kimi Linear's dense experts: the same kernels without the decode, 64 bytes a row
+// per lane and column block).
 //
 // A decode token reads k whole experts (K3: 16 × 17.55 MB) and does 2 FLOPs per weight: the work is
 // the weight stream, so the kernels are built to keep DRAM busy and every SM's issue slots light.
@@ -34,6 +36,7 @@
 
 #include <cstdint>
 
+#include "backends/cuda/lt_state.cuh"
 #include "backends/cuda/mxfp4_decode.cuh"
 
 namespace wren::cuda {
@@ -48,7 +51,7 @@ struct Group {
   uint4 raw;
   uint32_t sb;
 };
-__device__ __forceinline__ Group fetch(const uint8_t* packed, const uint8_t* scale, int row, int rows, int col,
+__device__ __forceinline__ Group fetch_group(const uint8_t* packed, const uint8_t* scale, int row, int rows, int col,
                                        int cols) {
   if (row >= rows || col >= cols) return {make_uint4(0, 0, 0, 0), 127u};
   return {__ldg(reinterpret_cast<const uint4*>(packed + size_t(row) * (cols / 2) + col / 2)),
@@ -110,76 +113,147 @@ __device__ __forceinline__ void mma_block(float (&c)[4], const uint32_t (&lo)[16
   }
 }
 
-/// c += M[r0 + g, r0 + g + 8, :] · x for this warp's 16 rows of M (rows × cols MXFP4), x the token's
-/// values as BF16 pairs: kU column blocks' loads issued together, then decoded and multiplied.
-__device__ __forceinline__ void gemv_rows(const uint8_t* packed, const uint8_t* scale, int rows, int cols, int r0,
-                                          const uint32_t* x_pairs, float (&c)[4], const uint32_t* lut) {
-  constexpr int kU = 2;
+/// The MXFP4 matrix of one expert (rows × cols; codes [rows, cols/2], scales [rows, cols/32]) as a
+/// lane reads it: 16 code bytes + one scale per (row, 32-column group), decoded through the table.
+struct MxRows {
+  const uint8_t *packed, *scale;
+  int rows, cols;
+  const uint32_t* lut;
+  static constexpr int kUnroll = 2;  // column blocks whose loads are issued together (run 27c)
+  using Raw = Group;
+  __device__ __forceinline__ Raw fetch(int row, int col) const { return fetch_group(packed, scale, row, rows, col, cols); }
+  __device__ __forceinline__ void decode(const Raw& r, uint32_t (&v)[16]) const { decode_lut(r, lut, v); }
+};
+/// A BF16 matrix (rows × cols, row-major, 16-byte aligned rows) as a lane reads it: the 32 values
+/// (64 bytes, four 16-byte loads) of a (row, 32-column group), already BF16 pairs: no decode.
+struct Bf16Rows {
+  const uint16_t* w;
+  int rows, cols;
+  static constexpr int kUnroll = 1;  // 64 bytes a row per lane already in flight
+  struct Raw {
+    uint4 q[4];
+  };
+  __device__ __forceinline__ Raw fetch(int row, int col) const {
+    Raw r;
+    const bool in = row < rows && col < cols;
+    const uint4* src = reinterpret_cast<const uint4*>(w + size_t(in ? row : 0) * cols + (in ? col : 0));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) r.q[i] = in ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
+    return r;
+  }
+  __device__ __forceinline__ void decode(const Raw& r, uint32_t (&v)[16]) const {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) v[4 * i] = r.q[i].x, v[4 * i + 1] = r.q[i].y, v[4 * i + 2] = r.q[i].z, v[4 * i + 3] = r.q[i].w;
+  }
+};
+
+/// c += M[r0 + g, r0 + g + 8, :] · x for this warp's 16 rows of M (an MxRows or Bf16Rows), x the
+/// token's values as BF16 pairs: R::kUnroll column blocks' loads issued together, then decoded and
+/// multiplied.
+template <class R>
+__device__ __forceinline__ void gemv_rows(const R& W, int r0, const uint32_t* x_pairs, float (&c)[4]) {
+  constexpr int kU = R::kUnroll;
   const int lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
-  for (int c0 = 0; c0 < cols; c0 += kU * kCols) {
-    Group gr[kU][2];
+  for (int c0 = 0; c0 < W.cols; c0 += kU * kCols) {
+    typename R::Raw gr[kU][2];
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int col = c0 + u * kCols + 32 * t4;
-      gr[u][0] = fetch(packed, scale, r0 + g, rows, col, cols);
-      gr[u][1] = fetch(packed, scale, r0 + g + 8, rows, col, cols);
+      gr[u][0] = W.fetch(r0 + g, col);
+      gr[u][1] = W.fetch(r0 + g + 8, col);
     }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int col = c0 + u * kCols + 32 * t4;
       uint32_t x[16], lo[16], hi[16];
-      token_values(x_pairs + col / 2, g == 0 && col < cols, x);
-      decode_lut(gr[u][0], lut, lo);
-      decode_lut(gr[u][1], lut, hi);
+      token_values(x_pairs + col / 2, g == 0 && col < W.cols, x);
+      W.decode(gr[u][0], lo);
+      W.decode(gr[u][1], hi);
       mma_block(c, lo, hi, x);
     }
   }
 }
 
-/// Gate/up: act[j, r] = SiTU(W1[e]·z, W3[e]·z)[r] for the 16 rows of each warp (e = ids[j]).
-__global__ void __launch_bounds__(kThreads, 3) decode_gate_up_kernel(const ExpertPtrs* __restrict__ table,
-                                                                  const int* __restrict__ ids,
-                                                                  const float* __restrict__ z, int io, int inter,
-                                                                  float b1, float b2, __nv_bfloat16* __restrict__ act) {
+/// The three matrices of expert e, as MxRows (MX) or Bf16Rows: w1 (gate), w3 (up) [inter, io],
+/// w2 (down) [io, inter].
+template <bool MX>
+struct ExpertRows;
+template <>
+struct ExpertRows<true> {
+  using Table = ExpertPtrs;
+  MxRows w1, w3, w2;
+  __device__ ExpertRows(const Table& e, int io, int inter, const uint32_t* lut)
+      : w1{e.p1, e.s1, inter, io, lut}, w3{e.p3, e.s3, inter, io, lut}, w2{e.p2, e.s2, io, inter, lut} {}
+};
+template <>
+struct ExpertRows<false> {
+  using Table = DenseExpertPtrs;
+  Bf16Rows w1, w3, w2;
+  __device__ ExpertRows(const Table& e, int io, int inter, const uint32_t*)
+      : w1{e.w1, inter, io}, w3{e.w3, inter, io}, w2{e.w2, io, inter} {}
+};
+
+/// Counts the token's expert visits and bytes into CudaStats::device_expert_* (block 0 of each
+/// slot; traffic may be null).
+__device__ __forceinline__ void count_visit(unsigned long long* traffic, unsigned long long ebytes) {
+  if (traffic && blockIdx.x == 0 && threadIdx.x == 0) {
+    atomicAdd(traffic, 1ull);
+    atomicAdd(traffic + 1, ebytes);
+  }
+}
+
+/// Gate/up: act[j, r] = GLU(W1[e]·z, W3[e]·z)[r] for the 16 rows of each warp (e = ids[j]; GLU:
+/// SiTU, or SiLU(g)·u when silu).
+template <bool MX>
+__global__ void __launch_bounds__(kThreads, 3) decode_gate_up_kernel(
+    const typename ExpertRows<MX>::Table* __restrict__ table, const int* __restrict__ ids, const float* __restrict__ z,
+    int io, int inter, float b1, float b2, int silu, __nv_bfloat16* __restrict__ act,
+    unsigned long long* __restrict__ traffic, unsigned long long ebytes) {
   extern __shared__ __align__(16) uint32_t zs[];  // z as BF16 pairs [io / 2]
-  __shared__ uint32_t lut[kLutWords];
-  fill_lut(lut);
+  __shared__ uint32_t lut[MX ? kLutWords : 1];
+  if constexpr (MX) fill_lut(lut);
   const int j = int(blockIdx.y), lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+  count_visit(traffic, ebytes);
   for (int i = int(threadIdx.x); i < io / 2; i += kThreads) {
     const float2 v = reinterpret_cast<const float2*>(z)[i];
     const __nv_bfloat162 b = __floats2bfloat162_rn(v.x, v.y);
     zs[i] = *reinterpret_cast<const uint32_t*>(&b);
   }
   __syncthreads();
-  const ExpertPtrs e = table[ids[j]];
+  const ExpertRows<MX> e(table[ids[j]], io, inter, lut);
   const int r0 = (int(blockIdx.x) * kWarps + int(threadIdx.x) / kWarp) * kRows;
   if (r0 >= inter) return;
   float cg[4] = {0.f, 0.f, 0.f, 0.f}, cu[4] = {0.f, 0.f, 0.f, 0.f};
-  gemv_rows(e.p1, e.s1, inter, io, r0, zs, cg, lut);
-  gemv_rows(e.p3, e.s3, inter, io, r0, zs, cu, lut);
+  gemv_rows(e.w1, r0, zs, cg);
+  gemv_rows(e.w3, r0, zs, cu);
   if (t4 != 0) return;  // column 0 of the product: c0 (row g) and c2 (row g + 8) of lanes t4 = 0
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = r0 + g + 8 * h;
-    if (r < inter) act[size_t(j) * inter + r] = __float2bfloat16_rn(situ_f(cg[2 * h], cu[2 * h], b1, b2));
+    const float gv = cg[2 * h], uv = cu[2 * h];
+    if (r < inter)
+      act[size_t(j) * inter + r] = __float2bfloat16_rn(silu ? gv / (1.f + __expf(-gv)) * uv : situ_f(gv, uv, b1, b2));
   }
 }
 
 /// Down: ys[j, r] = (W2[e] · act[j])[r] for the 16 rows of each warp.
-__global__ void __launch_bounds__(kThreads, 3) decode_down_kernel(const ExpertPtrs* __restrict__ table,
+template <bool MX>
+__global__ void __launch_bounds__(kThreads, 3) decode_down_kernel(const typename ExpertRows<MX>::Table* __restrict__ table,
                                                                const int* __restrict__ ids,
                                                                const __nv_bfloat16* __restrict__ act, int io, int inter,
                                                                float* __restrict__ ys) {
   const int j = int(blockIdx.y), lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
-  __shared__ uint32_t lut[kLutWords];
-  fill_lut(lut);
-  __syncthreads();
-  const ExpertPtrs e = table[ids[j]];
+  __shared__ uint32_t lut[MX ? kLutWords : 1];
+  if constexpr (MX) {
+    fill_lut(lut);
+    __syncthreads();
+  }
+  const ExpertRows<MX> e(table[ids[j]], io, inter, lut);
   const int r0 = (int(blockIdx.x) * kWarps + int(threadIdx.x) / kWarp) * kRows;
   if (r0 >= io) return;
   const __nv_bfloat16* a = act + size_t(j) * inter;
   float c[4] = {0.f, 0.f, 0.f, 0.f};
-  gemv_rows(e.p2, e.s2, io, inter, r0, reinterpret_cast<const uint32_t*>(a), c, lut);
+  gemv_rows(e.w2, r0, reinterpret_cast<const uint32_t*>(a), c);
   if (t4 != 0) return;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -188,34 +262,49 @@ __global__ void __launch_bounds__(kThreads, 3) decode_down_kernel(const ExpertPt
   }
 }
 
+template <bool MX>
+void launch_decode(CudaBackend::Impl& m, const typename ExpertRows<MX>::Table* table, const int* ids, const float* z,
+                   int k, int io, int inter, float b1, float b2, bool silu, float* ys) {
+  // The backend's own act scratch (not the fast-mode LtState's: a decode step may be recorded into
+  // a graph before anything has created that state, and creating it there would allocate).
+  auto* act = static_cast<__nv_bfloat16*>(m.scratch(m.act, size_t(k) * inter * sizeof(__nv_bfloat16)));
+  const size_t zs_bytes = size_t(io) * 2;  // z as BF16, next to the table's 32 KiB of static shared memory (MX)
+  const size_t static_bytes = MX ? size_t(kLutWords) * 4 : 4;
+  if (zs_bytes + static_bytes > 48 * 1024) {
+    static size_t opted = 0;  // the largest opt-in set so far (per process and instance)
+    if (zs_bytes > opted) {
+      check_cuda(cudaFuncSetAttribute(decode_gate_up_kernel<MX>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(zs_bytes)),
+                 "cudaFuncSetAttribute (expert decode gate/up)");
+      opted = zs_bytes;
+    }
+  }
+  const unsigned long long ebytes =
+      MX ? 3ull * (size_t(inter) * io / 2 + size_t(inter) * io / 32) : 3ull * size_t(inter) * io * 2;
+  const int per_block = kWarps * kRows;
+  decode_gate_up_kernel<MX><<<dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), kThreads, zs_bytes,
+                              m.stream>>>(table, ids, z, io, inter, b1, b2, silu ? 1 : 0, act, m.traffic_counters(), ebytes);
+  m.launched(MX ? "routed_moe (fast) mxfp4 decode gate/up kernel" : "routed_moe (fast) dense decode gate/up kernel");
+  decode_down_kernel<MX><<<dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)), kThreads, 0, m.stream>>>(
+      table, ids, act, io, inter, ys);
+  m.launched(MX ? "routed_moe (fast) mxfp4 decode down kernel" : "routed_moe (fast) dense decode down kernel");
+}
+
 }  // namespace
 
-bool moe_decode_ok(const CudaBackend::Impl& m, int T, int io, int inter, const float* z) {
+bool moe_decode_ok(const CudaBackend::Impl& m, int T, int io, int inter, const float* z, bool mx) {
+  const size_t static_bytes = mx ? size_t(kLutWords) * 4 : 4;
   return m.opts.precision == GpuPrecision::Fast && T == 1 && io > 0 && inter > 0 && io % 32 == 0 && inter % 32 == 0 &&
-         reinterpret_cast<uintptr_t>(z) % 8 == 0 && size_t(kLutWords) * 4 + size_t(io) * 2 <= size_t(m.max_smem_optin);
+         reinterpret_cast<uintptr_t>(z) % 8 == 0 && static_bytes + size_t(io) * 2 <= size_t(m.max_smem_optin);
 }
 
 void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, const float* z, int k, int io,
                 int inter, float b1, float b2, float* ys) {
-  // The backend's own act scratch (not the fast-mode LtState's: a decode step may be recorded into
-  // a graph before anything has created that state, and creating it there would allocate).
-  auto* act = static_cast<__nv_bfloat16*>(m.scratch(m.act, size_t(k) * inter * sizeof(__nv_bfloat16)));
-  const size_t zs_bytes = size_t(io) * 2;  // z as BF16, next to the table's 32 KiB of static shared memory
-  if (zs_bytes + size_t(kLutWords) * 4 > 48 * 1024) {
-    static size_t opted = 0;  // the largest opt-in set so far (per process)
-    if (zs_bytes > opted) {
-      check_cuda(cudaFuncSetAttribute(decode_gate_up_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(zs_bytes)),
-                 "cudaFuncSetAttribute (mxfp4 decode gate/up)");
-      opted = zs_bytes;
-    }
-  }
-  const int per_block = kWarps * kRows;
-  decode_gate_up_kernel<<<dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), kThreads, zs_bytes,
-                          m.stream>>>(table, ids, z, io, inter, b1, b2, act);
-  m.launched("routed_moe (fast) mxfp4 decode gate/up kernel");
-  decode_down_kernel<<<dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)), kThreads, 0, m.stream>>>(
-      table, ids, act, io, inter, ys);
-  m.launched("routed_moe (fast) mxfp4 decode down kernel");
+  launch_decode<true>(m, table, ids, z, k, io, inter, b1, b2, false, ys);
+}
+
+void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const int* ids, const float* z, int k, int io,
+                      int inter, float b1, float b2, bool silu, float* ys) {
+  launch_decode<false>(m, table, ids, z, k, io, inter, b1, b2, silu, ys);
 }
 
 }  // namespace wren::cuda

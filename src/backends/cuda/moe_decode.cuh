@@ -1,14 +1,16 @@
-// CUDA backend, fast precision mode: the routed MXFP4 experts of one decode token (T = 1) on tensor
-// cores (moe_decode.cu). Private to src/backends/cuda/*.cu.
+// CUDA backend, fast precision mode: the routed experts (MXFP4 or BF16) of one decode token (T = 1)
+// on tensor cores (moe_decode.cu). Private to src/backends/cuda/*.cu.
 #pragma once
 #include "backends/cuda/cuda_common.cuh"
+#include "backends/cuda/lt_state.cuh"
 
 namespace wren::cuda {
 
-/// True when moe_decode takes a routed_moe call: fast mode, T == 1, MXFP4 experts with io and inter
-/// multiples of the 32-value group, z 8-byte aligned, and io small enough for z's BF16 copy in
-/// shared memory beside the decode table.
-bool moe_decode_ok(const CudaBackend::Impl& m, int T, int io, int inter, const float* z);
+/// True when moe_decode (mx) or moe_decode_dense takes a routed_moe call: fast mode, T == 1, io and
+/// inter multiples of 32 (the MXFP4 group; a lane's column span), z 8-byte aligned, and io small
+/// enough for z's BF16 copy in shared memory (beside the 32 KiB decode table for MXFP4). Dense
+/// tables must also hold 16-byte aligned matrices (DenseTable::aligned16).
+bool moe_decode_ok(const CudaBackend::Impl& m, int T, int io, int inter, const float* z, bool mx);
 
 /// One token's top-k MXFP4 experts after the router: act[j] = SiTU(W1[e_j]·z, W3[e_j]·z) (BF16,
 /// [k, inter] scratch), ys[j] = W2[e_j]·act[j] ([k, io] f32; the caller adds them up with the
@@ -16,5 +18,10 @@ bool moe_decode_ok(const CudaBackend::Impl& m, int T, int io, int inter, const f
 /// device. Two launches (gate/up, down), no host sync (graph-capturable).
 void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, const float* z, int k, int io,
                 int inter, float b1, float b2, float* ys);
+
+/// moe_decode for dense BF16 experts (DenseExpertPtrs [E] device, every matrix 16-byte aligned);
+/// the GLU is SiLU(g)·u when silu, else SiTU(b1, b2). Counts the visits into device_expert_*.
+void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const int* ids, const float* z, int k, int io,
+                      int inter, float b1, float b2, bool silu, float* ys);
 
 }  // namespace wren::cuda

@@ -44,6 +44,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/lt_state.cuh"
+#include "backends/cuda/moe_decode.cuh"
 #include "backends/cuda/moe_wgmma.cuh"
 #include "core/mxfp4.h"
 
@@ -548,6 +549,9 @@ const DenseTable* dense_table(CudaBackend::Impl& m, const MoeWeights& mw, int io
              "cudaMemcpyAsync (dense expert table)");
   m.sync("dense expert table");
   t.E = E, t.inter = inter, t.io = io;
+  t.aligned16 = true;
+  for (const DenseExpertPtrs& d : host)
+    for (const uint16_t* w : {d.w1, d.w3, d.w2}) t.aligned16 = t.aligned16 && reinterpret_cast<uintptr_t>(w) % 16 == 0;
   t.host = std::move(host);
   return &t;
 }
@@ -576,6 +580,15 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
   const DenseTable* dt = table ? nullptr : dense_table(m, mw, io);
   if (!table && !dt) return false;
   const int inter = table ? int(mw.experts[0].w1.rows) : dt->inter;
+  // One token, dense experts: the decode kernels (moe_decode.cu; MXFP4 tokens never come here, T = 1
+  // goes to moe_decode from moe.cu), reading each chosen expert's rows once at a stream's pace.
+  if (T == 1 && dt && dt->aligned16 && moe_decode_ok(m, T, io, inter, z, false) && io % 4 == 0) {
+    moe_decode_dense(m, dt->dev, dids, z, k, io, inter, p.b1, p.b2, p.act == Activation::SiLU, ys);
+    slot_sum_kernel<<<grid_for(size_t(io) / 4, 256), 256, 0, m.stream>>>(ys, dw, k, io, 1, out);
+    m.launched("routed_moe (fast) weighted-sum kernel");
+    ++m.stats.grouped_moe_calls;
+    return true;
+  }
   // Hopper warpgroup MMA (moe_wgmma.cu) where its sm_90a code loads: dense and MXFP4 experts, one
   // launch per matrix, no host sync, also while a graph is recorded; tiles of kWgTileRows rows.
   const bool wg = wgmma_grouped_available(m);
@@ -589,11 +602,7 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
   if (sort_smem > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(sort_pairs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sort_smem)),
                "cudaFuncSetAttribute (grouped MoE sort)");
-  if (!m.expert_traffic && !m.capturing) {  // the device counters of CudaStats::device_expert_*
-    check_cuda(cudaMalloc(&m.expert_traffic, 2 * sizeof(unsigned long long)), "cudaMalloc (expert traffic counters)");
-    check_cuda(cudaMemsetAsync(m.expert_traffic, 0, 2 * sizeof(unsigned long long), m.stream),
-               "cudaMemsetAsync (expert traffic counters)");
-  }
+  m.traffic_counters();  // the device counters of CudaStats::device_expert_*
   const unsigned long long ebytes =
       table ? 3ull * (size_t(inter) * io / 2 + size_t(inter) * io / mxfp4::kGroup) : 3ull * size_t(inter) * io * 2;
   sort_pairs_kernel<<<1, 1024, sort_smem, m.stream>>>(dids, pairs, E, rows, order, ebase, tile_e, tile_m0, n_tiles,
