@@ -258,9 +258,9 @@ TEST_F(CudaFast, RoutedMoeGroupedMatchesCpu) {
               mx.cases, mx.rel, dn.cases, dn.rel);
 }
 
-// The routed MXFP4 experts of one decode token (T = 1) in fast mode (moe_decode.cu: tensor-core
-// GEMVs, weights decoded in registers) against the CPU: widths past and inside the 128-column
-// blocks (io 64 … 8448, inter 32 … 1056; not all multiples of 128), top-1 … top-16, routed scales, many
+// The routed MXFP4 experts of one decode token (T = 1) in fast mode (moe_decode.cu: e4m3 tensor-core
+// GEMVs, weights moved into e4m3 in registers) against the CPU: widths past and inside the 128-column
+// spans (io 64 … 8448, inter 32 … 1056; not all multiples of 128), top-1 … top-16, routed scales, many
 // random routings; the profile shows the decode kernels ran (no grouped or exact-order launch), two
 // runs of a call give the same bits, and exact mode keeps the CPU-order kernels (bit-for-bit path).
 TEST_F(CudaFast, RoutedMoeMxfp4DecodeMatchesCpu) {
@@ -271,7 +271,8 @@ TEST_F(CudaFast, RoutedMoeMxfp4DecodeMatchesCpu) {
   };
   const Case cases[] = {{16, 4, 64, 32, 1.f},   {33, 1, 96, 64, 2.5f},     {64, 8, 256, 128, 2.827f},
                         {8, 8, 512, 96, 1.f},   {24, 16, 544, 288, 1.f},   {20, 6, 160, 1056, 0.5f},
-                        {6, 2, 1024, 512, 1.f},  {4, 2, 8448, 64, 1.f}};  // io past 8192: z's copy opts in to > 48 KiB
+                        {6, 2, 1024, 512, 1.f},  {4, 2, 8448, 64, 1.f},  // io past 8192: more than 48 KiB of staged token
+                        {6, 4, 3584, 384, 2.827f}};  // K3's latent width
   Worst worst;
   be_->profile_begin();
   int calls = 0;

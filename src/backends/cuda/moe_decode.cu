@@ -1,43 +1,45 @@
 // CUDA backend, fast precision mode: the routed experts of one decode token on tensor cores, MXFP4
-// (K3) or BF16 (Kimi Linear's dense experts: the same kernels without the decode, 64 bytes a row
-// per lane and column block).
+// (K3) or BF16 (Kimi Linear's dense experts).
 //
 // A decode token reads k whole experts (K3: 16 × 17.55 MB) and does 2 FLOPs per weight: the work is
-// the weight stream, so the kernels are built to keep DRAM busy and every SM's issue slots light.
-// The exact-order kernels (moe.cu: one warp per row, lane 0 adding 112 group terms in order) reach
-// under a quarter of the copy bandwidth; here a matrix-vector product is an mma.sync m16n8k16 with
-// the weights as the 16-row A operand and the token as column 0 of the 8-column B operand (the
-// tensor core's spare columns cost nothing in a bandwidth-bound kernel):
+// the weight stream, so the kernels are built to keep DRAM busy with as few instructions per weight
+// byte as the decode allows. A warp owns 16 rows of a matrix; lane (g, t4) = (lane / 4, lane % 4)
+// holds rows g and g + 8; the sum over a row's columns may run in any order, so the k index of each
+// MMA is a permutation of the columns, the same for the weights (A) and the token (B).
 //
-// - one warp = 16 rows (gate/up: the same 16 rows of W1, then of W3, so the GLU is done in
-//   registers); lane (g, t4) = (lane / 4, lane % 4) loads, per 128-column block C, the 16 code
-//   bytes (one 32-value group) and the scale of columns C + 32·t4 .. +31 of rows g and g + 8, two
-//   column blocks' loads issued together;
-// - a code byte (two e2m1 values) becomes a BF16 pair through a table in shared memory, 256 entries
-//   × 32 copies (lane l reads copy l: one bank per lane, no conflicts), then one bf16x2 multiply by
-//   the group's scale 2^(s−127) (exact for scales 2 .. 252; other scales take mxfp4_decode.cuh's
-//   path through f32). Measured on the H200 (run 27), the table took the routed experts of a K3
-//   token from 227 µs (byte permutes, ~3.5 instructions a value) to 170 µs;
-// - the sum over columns may run in any order, so the k index of the MMA is a permutation of the
-//   columns: MMA step i (0..7) takes, from lane (g, t4), columns C + 32·t4 + 4i .. 4i + 3 as its
-//   k slots 2·t4, 2·t4 + 1, 2·t4 + 8, 2·t4 + 9 for A (rows g, g + 8) and for B (the token's values,
-//   BF16, in lanes g = 0; lanes g > 0 give the unused columns zeros). One 16-byte load of each row
-//   feeds 8 MMAs; no shuffles;
-// - the f32 accumulator's column 0 (lanes t4 = 0: rows g and g + 8) is the product.
-// Gate/up: grid (ceil(inter / 128), k): 8 warps of 16 rows; act[j] = SiTU(g, u) as BF16 (the down
-// product's B operand). Down: grid (ceil(io / 128), k); ys[j] in f32. 80 registers: 3 blocks (24
-// warps) an SM, so K3's 16 × 192 gate/up warps run as one wave. Numerics: BF16 inputs (z and act
-// rounded once), exact BF16 weights, f32 accumulation in the tensor core's order, the fast mode's
-// class (docs/gpu-method.md#modes); each (slot, row) is one fixed loop, so a token's result does not
-// depend on its slot order or on the other slots.
+// MXFP4 (mma.sync m16n8k32, e4m3 × e4m3 → f32; docs/gpu-method.md "MXFP4 experts of one decode
+// token"):
+// - an e2m1 code is an e4m3 value exactly once moved into place: sign to bit 7, its exponent and
+//   mantissa bits (E1 E0 m) to bits 4..2 give 2^-6 · e2m1 for every code, zero and 0.5 (an e4m3
+//   subnormal) included. Per 4 code bytes: 7 integer operations make two e4m3 words (the low
+//   nibbles, then the high ones), against ~16 for a BF16 decode through a table (run 27's kernel);
+// - the token is staged in shared memory as two e4m3 words per value, hi = e4m3(x · 2^σ) and
+//   lo = e4m3(x · 2^σ − hi) (σ: a power of two putting max|x| in [128, 256)), together about as
+//   precise as BF16;
+// - the group scale cannot go into the operands (a k32 step spans 4 groups), so it goes into the
+//   columns: lane t4 loads the 16 code bytes of group t4 of a 128-column span (rows g, g + 8), and
+//   B's column t4 holds the token's hi values on lane t4's k slots only, column t4 + 4 its lo
+//   values, all else zero. After the span's 4 MMAs, C's column c is the partial dot product of one
+//   group (c < 4: hi, c >= 4: lo) of each row, which the lane holding it scales in f32 by
+//   2^(s−127) and adds up (the f32 promotion every 128 values that FP8 MMA accumulation wants);
+//   the 4 lanes' sums of a row are added at the end and scaled by 2^(6−σ);
+// - gate/up: grid (ceil(inter / 128), k), 8 warps of 16 rows, act[j] = SiTU(g, u) in f32 (the down
+//   kernel stages it as the token); down: grid (ceil(io / 128), k); ys[j] in f32.
+// BF16 (dense experts, mma.sync m16n8k16): lane (g, t4) loads the 32 values (64 bytes) at columns
+// C + 32·t4 .. + 31 of rows g and g + 8 for each 128-column block C; MMA step i (0..7) takes its
+// columns C + 32·t4 + 4i .. + 3 as k slots 2·t4, 2·t4 + 1, 2·t4 + 8, 2·t4 + 9 of A and of B (the
+// token in BF16 as B's column 0, lanes g = 0; the other columns zero); C's column 0 is the product.
+//
+// Numerics: the fast mode's class (docs/gpu-method.md#modes): exact weights, a token rounded to
+// ~8 bits (BF16, or e4m3 hi + lo), f32 accumulation in the tensor core's order; each (slot, row) is
+// one fixed loop, so a token's result does not depend on its slot order or on the other slots.
 #include "backends/cuda/moe_decode.cuh"
 
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 
+#include <algorithm>
 #include <cstdint>
-
-#include "backends/cuda/lt_state.cuh"
-#include "backends/cuda/mxfp4_decode.cuh"
 
 namespace wren::cuda {
 
@@ -45,55 +47,157 @@ namespace {
 
 constexpr int kWarps = 8, kThreads = kWarps * kWarp, kRows = 16, kCols = 128;
 
-/// One lane's group of one row: its 16 code bytes and scale byte (zeros, scale 2^0, where the group
-/// lies past the row (col ≥ cols) or the row past the matrix: they decode to zeros).
-struct Group {
-  uint4 raw;
-  uint32_t sb;
-};
-__device__ __forceinline__ Group fetch_group(const uint8_t* packed, const uint8_t* scale, int row, int rows, int col,
-                                       int cols) {
-  if (row >= rows || col >= cols) return {make_uint4(0, 0, 0, 0), 127u};
-  return {__ldg(reinterpret_cast<const uint4*>(packed + size_t(row) * (cols / 2) + col / 2)),
-          uint32_t(__ldg(scale + size_t(row) * (cols / 32) + col / 32))};
+/// c += A · B on m16n8k32 e4m3 operands (f32 accumulators).
+__device__ __forceinline__ void mma_e4m3(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
 }
-/// The group's 32 values as 16 BF16 pairs (columns 2i, 2i + 1 in pair i), by mxfp4_decode.cuh's
-/// byte permutes (decode_lut's path for scales outside 2 .. 252).
-__device__ __forceinline__ void decode(const Group& gr, uint32_t (&r)[16]) {
-  uint4 o[4];
-  decode16(gr.raw, gr.sb, o);
+
+// ---- MXFP4 experts: e4m3 operands ----
+
+/// The 4 low nibbles of a word of 4 code bytes (values 2b of byte b) as 4 e4m3 bytes = 2^-6 · e2m1.
+__device__ __forceinline__ uint32_t e4m3_low(uint32_t q) { return ((q << 4) & 0x80808080u) | ((q << 2) & 0x1C1C1C1Cu); }
+/// The 4 high nibbles (values 2b + 1) as e4m3 bytes = 2^-6 · e2m1.
+__device__ __forceinline__ uint32_t e4m3_high(uint32_t q) { return (q & 0x80808080u) | ((q >> 2) & 0x1C1C1C1Cu); }
+
+/// 2^(s−127) in f32 (a ue8m0 scale byte; 0 → 2^-127, a subnormal; 255 never passes the load checks).
+__device__ __forceinline__ float ue8m0(uint32_t s) { return s ? __uint_as_float(s << 23) : 0x1p-127f; }
+
+/// The token x[n] (n % 32 == 0) staged for the e4m3 MMAs: for group G (32 values) and word j (0..3)
+/// hi[4G + j] = the e4m3 bytes of x' = x · 2^σ at values 8j + {0, 2, 4, 6} (.x) and 8j + {1, 3, 5, 7}
+/// (.y), lo[4G + j] the same of x' − hi; returns σ (max|x'| in [128, 256); 0 for an all-zero x).
+/// Whole block; `red` is 32 floats of shared memory; ends with a barrier.
+__device__ int stage_token(const float* __restrict__ x, int n, uint2* hi, uint2* lo, float* red) {
+  float m = 0.f;
+  for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) m = fmaxf(m, fabsf(x[i]));
+  for (int o = kWarp / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, o));
+  if (threadIdx.x % kWarp == 0) red[threadIdx.x / kWarp] = m;
+  __syncthreads();
+  m = 0.f;
+  for (int w = 0; w < int(blockDim.x) / kWarp; ++w) m = fmaxf(m, red[w]);
+  int e = 0;
+  frexpf(m, &e);                         // m = f · 2^e, f in [0.5, 1)
+  const int sigma = m > 0.f ? 8 - e : 0;  // m · 2^σ in [128, 256)
+  const float mul = ldexpf(1.f, sigma);
+  for (int w = int(threadIdx.x); w < n / 8; w += int(blockDim.x)) {
+    const float4 a = reinterpret_cast<const float4*>(x)[2 * w], b = reinterpret_cast<const float4*>(x)[2 * w + 1];
+    const float v[8] = {a.x * mul, a.y * mul, a.z * mul, a.w * mul, b.x * mul, b.y * mul, b.z * mul, b.w * mul};
+    uint32_t h[2] = {0, 0}, l[2] = {0, 0};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) r[4 * i] = o[i].x, r[4 * i + 1] = o[i].y, r[4 * i + 2] = o[i].z, r[4 * i + 3] = o[i].w;
-}
-/// 256 entries (one per code byte: bf16x2 (e2m1(low nibble), e2m1(high nibble)), unscaled) × 32
-/// copies, entry b of copy l at word 32·b + l: lane l reads only its copy, one bank, no conflicts.
-constexpr int kLutWords = 256 * 32;
-__device__ __forceinline__ void fill_lut(uint32_t* lut) {
-  for (int i = int(threadIdx.x); i < kLutWords; i += int(blockDim.x)) {
-    const int b = i / 32;
-    const __nv_bfloat162 v = __floats2bfloat162_rn(mxfp4::e2m1_value(uint8_t(b & 15)), mxfp4::e2m1_value(uint8_t(b >> 4)));
-    lut[i] = *reinterpret_cast<const uint32_t*>(&v);
+    for (int p = 0; p < 4; ++p) {  // values 2p (even word, byte p) and 2p + 1 (odd word, byte p)
+      const __nv_fp8x2_storage_t hh = __nv_cvt_float2_to_fp8x2(make_float2(v[2 * p], v[2 * p + 1]), __NV_SATFINITE, __NV_E4M3);
+      const float2 back = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(hh, __NV_E4M3)));
+      const __nv_fp8x2_storage_t ll =
+          __nv_cvt_float2_to_fp8x2(make_float2(v[2 * p] - back.x, v[2 * p + 1] - back.y), __NV_SATFINITE, __NV_E4M3);
+      h[0] |= uint32_t(hh & 0xFF) << (8 * p), h[1] |= uint32_t(hh >> 8) << (8 * p);
+      l[0] |= uint32_t(ll & 0xFF) << (8 * p), l[1] |= uint32_t(ll >> 8) << (8 * p);
+    }
+    hi[w] = make_uint2(h[0], h[1]);
+    lo[w] = make_uint2(l[0], l[1]);
   }
+  __syncthreads();
+  return sigma;
 }
-/// decode through the table: per code byte one shared load and one bf16x2 multiply by the scale.
-__device__ __forceinline__ void decode_lut(const Group& gr, const uint32_t* lut, uint32_t (&r)[16]) {
-  if (gr.sb < 2 || gr.sb > 252) {
-    decode(gr, r);
-    return;
-  }
-  const unsigned char* base = reinterpret_cast<const unsigned char*>(lut);
-  const uint32_t lane4 = (threadIdx.x % 32) * 4, sc = (gr.sb << 7) | (gr.sb << 23);
-  const uint32_t w[4] = {gr.raw.x, gr.raw.y, gr.raw.z, gr.raw.w};
+
+/// (row g, row g + 8) sums of this lane's groups over a warp's 16 rows of an MXFP4 matrix (rows ×
+/// cols, cols % 32 == 0) against the staged token; the caller adds the 4 lanes of a row.
+__device__ __forceinline__ void gemv_mx(const uint8_t* __restrict__ packed, const uint8_t* __restrict__ scale, int rows,
+                                        int cols, int r0, const uint2* xhi, const uint2* xlo, float& sg, float& sh) {
+  constexpr int kU = 2;  // spans whose loads are issued together
+  const int lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4, groups = cols / 32;
+  const int ga = 2 * (t4 & 1);  // this lane's C columns 2·t4, 2·t4 + 1 hold groups ga, ga + 1 of a span
+  const uint2* xs = g == t4 ? xhi : xlo;
+  const bool feeds = g == t4 || g == t4 + 4;  // this lane's B column carries its k slots' values
+  const int ra = r0 + g, rb = r0 + g + 8;
+  for (int s0 = 0; s0 < groups; s0 += 4 * kU) {
+    uint4 ca[kU], cb[kU];
+    uint32_t sa[kU][2], sb[kU][2];
 #pragma unroll
-  for (int j = 0; j < 16; ++j) {
-    const uint32_t word = w[j / 4], k = j % 4;
-    const uint32_t t = k == 0 ? word << 7 : word >> (8 * k - 7);
-    const uint32_t v = *reinterpret_cast<const uint32_t*>(base + ((t & 0x7F80u) | lane4));
-    const __nv_bfloat162 p = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&v),
-                                     *reinterpret_cast<const __nv_bfloat162*>(&sc));
-    r[j] = *reinterpret_cast<const uint32_t*>(&p);
+    for (int u = 0; u < kU; ++u) {
+      const int G = s0 + 4 * u + t4, Gs = s0 + 4 * u + ga;
+      const bool in = G < groups;
+      ca[u] = ra < rows && in ? __ldg(reinterpret_cast<const uint4*>(packed + size_t(ra) * (cols / 2)) + G) : make_uint4(0, 0, 0, 0);
+      cb[u] = rb < rows && in ? __ldg(reinterpret_cast<const uint4*>(packed + size_t(rb) * (cols / 2)) + G) : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        sa[u][h] = ra < rows && Gs + h < groups ? __ldg(scale + size_t(ra) * groups + Gs + h) : 127u;
+        sb[u][h] = rb < rows && Gs + h < groups ? __ldg(scale + size_t(rb) * groups + Gs + h) : 127u;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int G = s0 + 4 * u + t4;
+      const bool use = feeds && G < groups;
+      const uint32_t wa[4] = {ca[u].x, ca[u].y, ca[u].z, ca[u].w}, wb[4] = {cb[u].x, cb[u].y, cb[u].z, cb[u].w};
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint2 b = use ? xs[4 * G + i] : make_uint2(0, 0);
+        mma_e4m3(c, e4m3_low(wa[i]), e4m3_low(wb[i]), e4m3_high(wa[i]), e4m3_high(wb[i]), b.x, b.y);
+      }
+      sg = fmaf(c[0], ue8m0(sa[u][0]), fmaf(c[1], ue8m0(sa[u][1]), sg));
+      sh = fmaf(c[2], ue8m0(sb[u][0]), fmaf(c[3], ue8m0(sb[u][1]), sh));
+    }
   }
 }
+
+/// Adds a row's 4 lane sums (lanes t4 = 0..3 of a quad); every lane of the quad gets the total.
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(kFull, v, 1);
+  return v + __shfl_xor_sync(kFull, v, 2);
+}
+
+/// Gate/up: act[j, r] = SiTU(W1[e]·z, W3[e]·z)[r] in f32 for the 16 rows of each warp (e = ids[j]).
+__global__ void __launch_bounds__(kThreads) mx_gate_up_kernel(const ExpertPtrs* __restrict__ table,
+                                                              const int* __restrict__ ids, const float* __restrict__ z,
+                                                              int io, int inter, float b1, float b2,
+                                                              float* __restrict__ act,
+                                                              unsigned long long* __restrict__ traffic,
+                                                              unsigned long long ebytes) {
+  extern __shared__ __align__(16) uint2 xst[];  // hi [io / 8], lo [io / 8]
+  __shared__ float red[kWarps];
+  const int j = int(blockIdx.y), lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+  if (traffic && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(traffic, 1ull), atomicAdd(traffic + 1, ebytes);
+  const int sigma = stage_token(z, io, xst, xst + io / 8, red);
+  const ExpertPtrs e = table[ids[j]];
+  const int r0 = (int(blockIdx.x) * kWarps + int(threadIdx.x) / kWarp) * kRows;
+  if (r0 >= inter) return;
+  float ga = 0.f, gb = 0.f, ua = 0.f, ub = 0.f;
+  gemv_mx(e.p1, e.s1, inter, io, r0, xst, xst + io / 8, ga, gb);
+  gemv_mx(e.p3, e.s3, inter, io, r0, xst, xst + io / 8, ua, ub);
+  const float back = ldexpf(1.f, 6 - sigma);
+  ga = quad_sum(ga) * back, gb = quad_sum(gb) * back, ua = quad_sum(ua) * back, ub = quad_sum(ub) * back;
+  if (t4 != 0) return;
+  if (r0 + g < inter) act[size_t(j) * inter + r0 + g] = situ_f(ga, ua, b1, b2);
+  if (r0 + g + 8 < inter) act[size_t(j) * inter + r0 + g + 8] = situ_f(gb, ub, b1, b2);
+}
+
+/// Down: ys[j, r] = (W2[e] · act[j])[r] for the 16 rows of each warp.
+__global__ void __launch_bounds__(kThreads) mx_down_kernel(const ExpertPtrs* __restrict__ table,
+                                                           const int* __restrict__ ids, const float* __restrict__ act,
+                                                           int io, int inter, float* __restrict__ ys) {
+  extern __shared__ __align__(16) uint2 xst[];  // hi [inter / 8], lo [inter / 8]
+  __shared__ float red[kWarps];
+  const int j = int(blockIdx.y), lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+  const int sigma = stage_token(act + size_t(j) * inter, inter, xst, xst + inter / 8, red);
+  const ExpertPtrs e = table[ids[j]];
+  const int r0 = (int(blockIdx.x) * kWarps + int(threadIdx.x) / kWarp) * kRows;
+  if (r0 >= io) return;
+  float a = 0.f, b = 0.f;
+  gemv_mx(e.p2, e.s2, io, inter, r0, xst, xst + inter / 8, a, b);
+  const float back = ldexpf(1.f, 6 - sigma);
+  a = quad_sum(a) * back, b = quad_sum(b) * back;
+  if (t4 != 0) return;
+  if (r0 + g < io) ys[size_t(j) * io + r0 + g] = a;
+  if (r0 + g + 8 < io) ys[size_t(j) * io + r0 + g + 8] = b;
+}
+
+// ---- dense experts: BF16 operands ----
+
 /// The token's 32 BF16 values at columns col .. col + 31 (lanes g = 0), else zeros.
 __device__ __forceinline__ void token_values(const uint32_t* pairs, bool mine, uint32_t (&x)[16]) {
 #pragma unroll
@@ -103,129 +207,60 @@ __device__ __forceinline__ void token_values(const uint32_t* pairs, bool mine, u
   }
 }
 
-/// c += M[rows r0 + g, r0 + g + 8] · x over one 128-column block: the 8 MMA steps of the file comment.
-__device__ __forceinline__ void mma_block(float (&c)[4], const uint32_t (&lo)[16], const uint32_t (&hi)[16],
-                                          const uint32_t (&x)[16]) {
+/// The 32 BF16 values (four 16-byte loads) of a row at columns col .. col + 31, zeros past the
+/// matrix; pair i = columns 2i, 2i + 1.
+__device__ __forceinline__ void load_bf16(const uint16_t* __restrict__ w, int row, int rows, int col, int cols,
+                                          uint32_t (&v)[16]) {
+  const bool in = row < rows && col < cols;
+  const uint4* src = reinterpret_cast<const uint4*>(w + size_t(in ? row : 0) * cols + (in ? col : 0));
 #pragma unroll
-  for (int i = 0; i < 8; ++i) {
-    const unsigned a[4] = {lo[2 * i], hi[2 * i], lo[2 * i + 1], hi[2 * i + 1]};
-    mma_bf16(c, a, x[2 * i], x[2 * i + 1]);
+  for (int i = 0; i < 4; ++i) {
+    const uint4 q = in ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
+    v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
   }
 }
 
-/// The MXFP4 matrix of one expert (rows × cols; codes [rows, cols/2], scales [rows, cols/32]) as a
-/// lane reads it: 16 code bytes + one scale per (row, 32-column group), decoded through the table.
-struct MxRows {
-  const uint8_t *packed, *scale;
-  int rows, cols;
-  const uint32_t* lut;
-  static constexpr int kUnroll = 2;  // column blocks whose loads are issued together (run 27c)
-  using Raw = Group;
-  __device__ __forceinline__ Raw fetch(int row, int col) const { return fetch_group(packed, scale, row, rows, col, cols); }
-  __device__ __forceinline__ void decode(const Raw& r, uint32_t (&v)[16]) const { decode_lut(r, lut, v); }
-};
-/// A BF16 matrix (rows × cols, row-major, 16-byte aligned rows) as a lane reads it: the 32 values
-/// (64 bytes, four 16-byte loads) of a (row, 32-column group), already BF16 pairs: no decode.
-struct Bf16Rows {
-  const uint16_t* w;
-  int rows, cols;
-  static constexpr int kUnroll = 1;  // 64 bytes a row per lane already in flight
-  struct Raw {
-    uint4 q[4];
-  };
-  __device__ __forceinline__ Raw fetch(int row, int col) const {
-    Raw r;
-    const bool in = row < rows && col < cols;
-    const uint4* src = reinterpret_cast<const uint4*>(w + size_t(in ? row : 0) * cols + (in ? col : 0));
-#pragma unroll
-    for (int i = 0; i < 4; ++i) r.q[i] = in ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
-    return r;
-  }
-  __device__ __forceinline__ void decode(const Raw& r, uint32_t (&v)[16]) const {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) v[4 * i] = r.q[i].x, v[4 * i + 1] = r.q[i].y, v[4 * i + 2] = r.q[i].z, v[4 * i + 3] = r.q[i].w;
-  }
-};
-
-/// c += M[r0 + g, r0 + g + 8, :] · x for this warp's 16 rows of M (an MxRows or Bf16Rows), x the
-/// token's values as BF16 pairs: R::kUnroll column blocks' loads issued together, then decoded and
-/// multiplied.
-template <class R>
-__device__ __forceinline__ void gemv_rows(const R& W, int r0, const uint32_t* x_pairs, float (&c)[4]) {
-  constexpr int kU = R::kUnroll;
+/// c += M[r0 + g, r0 + g + 8, :] · x for this warp's 16 rows of a BF16 matrix (rows × cols, cols %
+/// 32 == 0, 16-byte aligned), x the token's values as BF16 pairs: the 8 MMA steps of a 128-column
+/// block per iteration.
+__device__ __forceinline__ void gemv_bf16(const uint16_t* __restrict__ w, int rows, int cols, int r0,
+                                          const uint32_t* x_pairs, float (&c)[4]) {
   const int lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
-  for (int c0 = 0; c0 < W.cols; c0 += kU * kCols) {
-    typename R::Raw gr[kU][2];
+  for (int c0 = 0; c0 < cols; c0 += kCols) {
+    const int col = c0 + 32 * t4;
+    uint32_t lo[16], hi[16], x[16];
+    load_bf16(w, r0 + g, rows, col, cols, lo);
+    load_bf16(w, r0 + g + 8, rows, col, cols, hi);
+    token_values(x_pairs + col / 2, g == 0 && col < cols, x);
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int col = c0 + u * kCols + 32 * t4;
-      gr[u][0] = W.fetch(r0 + g, col);
-      gr[u][1] = W.fetch(r0 + g + 8, col);
-    }
-#pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int col = c0 + u * kCols + 32 * t4;
-      uint32_t x[16], lo[16], hi[16];
-      token_values(x_pairs + col / 2, g == 0 && col < W.cols, x);
-      W.decode(gr[u][0], lo);
-      W.decode(gr[u][1], hi);
-      mma_block(c, lo, hi, x);
+    for (int i = 0; i < 8; ++i) {
+      const unsigned a[4] = {lo[2 * i], hi[2 * i], lo[2 * i + 1], hi[2 * i + 1]};
+      mma_bf16(c, a, x[2 * i], x[2 * i + 1]);
     }
   }
 }
 
-/// The three matrices of expert e, as MxRows (MX) or Bf16Rows: w1 (gate), w3 (up) [inter, io],
-/// w2 (down) [io, inter].
-template <bool MX>
-struct ExpertRows;
-template <>
-struct ExpertRows<true> {
-  using Table = ExpertPtrs;
-  MxRows w1, w3, w2;
-  __device__ ExpertRows(const Table& e, int io, int inter, const uint32_t* lut)
-      : w1{e.p1, e.s1, inter, io, lut}, w3{e.p3, e.s3, inter, io, lut}, w2{e.p2, e.s2, io, inter, lut} {}
-};
-template <>
-struct ExpertRows<false> {
-  using Table = DenseExpertPtrs;
-  Bf16Rows w1, w3, w2;
-  __device__ ExpertRows(const Table& e, int io, int inter, const uint32_t*)
-      : w1{e.w1, inter, io}, w3{e.w3, inter, io}, w2{e.w2, io, inter} {}
-};
-
-/// Counts the token's expert visits and bytes into CudaStats::device_expert_* (block 0 of each
-/// slot; traffic may be null).
-__device__ __forceinline__ void count_visit(unsigned long long* traffic, unsigned long long ebytes) {
-  if (traffic && blockIdx.x == 0 && threadIdx.x == 0) {
-    atomicAdd(traffic, 1ull);
-    atomicAdd(traffic + 1, ebytes);
-  }
-}
-
-/// Gate/up: act[j, r] = GLU(W1[e]·z, W3[e]·z)[r] for the 16 rows of each warp (e = ids[j]; GLU:
-/// SiTU, or SiLU(g)·u when silu).
-template <bool MX>
-__global__ void __launch_bounds__(kThreads, 3) decode_gate_up_kernel(
-    const typename ExpertRows<MX>::Table* __restrict__ table, const int* __restrict__ ids, const float* __restrict__ z,
-    int io, int inter, float b1, float b2, int silu, __nv_bfloat16* __restrict__ act,
-    unsigned long long* __restrict__ traffic, unsigned long long ebytes) {
+/// Gate/up: act[j, r] = GLU(W1[e]·z, W3[e]·z)[r] (BF16) for the 16 rows of each warp (GLU: SiLU(g)·u
+/// when silu, else SiTU).
+__global__ void __launch_bounds__(kThreads, 2) dense_gate_up_kernel(
+    const DenseExpertPtrs* __restrict__ table, const int* __restrict__ ids, const float* __restrict__ z, int io,
+    int inter, float b1, float b2, int silu, __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ traffic,
+    unsigned long long ebytes) {
   extern __shared__ __align__(16) uint32_t zs[];  // z as BF16 pairs [io / 2]
-  __shared__ uint32_t lut[MX ? kLutWords : 1];
-  if constexpr (MX) fill_lut(lut);
   const int j = int(blockIdx.y), lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
-  count_visit(traffic, ebytes);
+  if (traffic && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(traffic, 1ull), atomicAdd(traffic + 1, ebytes);
   for (int i = int(threadIdx.x); i < io / 2; i += kThreads) {
     const float2 v = reinterpret_cast<const float2*>(z)[i];
     const __nv_bfloat162 b = __floats2bfloat162_rn(v.x, v.y);
     zs[i] = *reinterpret_cast<const uint32_t*>(&b);
   }
   __syncthreads();
-  const ExpertRows<MX> e(table[ids[j]], io, inter, lut);
+  const DenseExpertPtrs e = table[ids[j]];
   const int r0 = (int(blockIdx.x) * kWarps + int(threadIdx.x) / kWarp) * kRows;
   if (r0 >= inter) return;
   float cg[4] = {0.f, 0.f, 0.f, 0.f}, cu[4] = {0.f, 0.f, 0.f, 0.f};
-  gemv_rows(e.w1, r0, zs, cg);
-  gemv_rows(e.w3, r0, zs, cu);
+  gemv_bf16(e.w1, inter, io, r0, zs, cg);
+  gemv_bf16(e.w3, inter, io, r0, zs, cu);
   if (t4 != 0) return;  // column 0 of the product: c0 (row g) and c2 (row g + 8) of lanes t4 = 0
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -237,23 +272,16 @@ __global__ void __launch_bounds__(kThreads, 3) decode_gate_up_kernel(
 }
 
 /// Down: ys[j, r] = (W2[e] · act[j])[r] for the 16 rows of each warp.
-template <bool MX>
-__global__ void __launch_bounds__(kThreads, 3) decode_down_kernel(const typename ExpertRows<MX>::Table* __restrict__ table,
-                                                               const int* __restrict__ ids,
-                                                               const __nv_bfloat16* __restrict__ act, int io, int inter,
-                                                               float* __restrict__ ys) {
+__global__ void __launch_bounds__(kThreads, 2) dense_down_kernel(const DenseExpertPtrs* __restrict__ table,
+                                                              const int* __restrict__ ids,
+                                                              const __nv_bfloat16* __restrict__ act, int io, int inter,
+                                                              float* __restrict__ ys) {
   const int j = int(blockIdx.y), lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
-  __shared__ uint32_t lut[MX ? kLutWords : 1];
-  if constexpr (MX) {
-    fill_lut(lut);
-    __syncthreads();
-  }
-  const ExpertRows<MX> e(table[ids[j]], io, inter, lut);
+  const DenseExpertPtrs e = table[ids[j]];
   const int r0 = (int(blockIdx.x) * kWarps + int(threadIdx.x) / kWarp) * kRows;
   if (r0 >= io) return;
-  const __nv_bfloat16* a = act + size_t(j) * inter;
   float c[4] = {0.f, 0.f, 0.f, 0.f};
-  gemv_rows(e.w2, r0, reinterpret_cast<const uint32_t*>(a), c);
+  gemv_bf16(e.w2, io, inter, r0, reinterpret_cast<const uint32_t*>(act + size_t(j) * inter), c);
   if (t4 != 0) return;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -262,49 +290,56 @@ __global__ void __launch_bounds__(kThreads, 3) decode_down_kernel(const typename
   }
 }
 
-template <bool MX>
-void launch_decode(CudaBackend::Impl& m, const typename ExpertRows<MX>::Table* table, const int* ids, const float* z,
-                   int k, int io, int inter, float b1, float b2, bool silu, float* ys) {
-  // The backend's own act scratch (not the fast-mode LtState's: a decode step may be recorded into
-  // a graph before anything has created that state, and creating it there would allocate).
-  auto* act = static_cast<__nv_bfloat16*>(m.scratch(m.act, size_t(k) * inter * sizeof(__nv_bfloat16)));
-  const size_t zs_bytes = size_t(io) * 2;  // z as BF16, next to the table's 32 KiB of static shared memory (MX)
-  const size_t static_bytes = MX ? size_t(kLutWords) * 4 : 4;
-  if (zs_bytes + static_bytes > 48 * 1024) {
-    static size_t opted = 0;  // the largest opt-in set so far (per process and instance)
-    if (zs_bytes > opted) {
-      check_cuda(cudaFuncSetAttribute(decode_gate_up_kernel<MX>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(zs_bytes)),
-                 "cudaFuncSetAttribute (expert decode gate/up)");
-      opted = zs_bytes;
-    }
-  }
-  const unsigned long long ebytes =
-      MX ? 3ull * (size_t(inter) * io / 2 + size_t(inter) * io / 32) : 3ull * size_t(inter) * io * 2;
-  const int per_block = kWarps * kRows;
-  decode_gate_up_kernel<MX><<<dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), kThreads, zs_bytes,
-                              m.stream>>>(table, ids, z, io, inter, b1, b2, silu ? 1 : 0, act, m.traffic_counters(), ebytes);
-  m.launched(MX ? "routed_moe (fast) mxfp4 decode gate/up kernel" : "routed_moe (fast) dense decode gate/up kernel");
-  decode_down_kernel<MX><<<dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)), kThreads, 0, m.stream>>>(
-      table, ids, act, io, inter, ys);
-  m.launched(MX ? "routed_moe (fast) mxfp4 decode down kernel" : "routed_moe (fast) dense decode down kernel");
+/// Opts `kernel` in to `bytes` of dynamic shared memory when past the default 48 KiB (once per
+/// kernel and size: `opted` keeps the largest set so far, per process).
+template <class K>
+void opt_in_smem(K kernel, size_t bytes, size_t& opted, const char* what) {
+  if (bytes <= 48 * 1024 || bytes <= opted) return;
+  check_cuda(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), what);
+  opted = bytes;
 }
 
 }  // namespace
 
 bool moe_decode_ok(const CudaBackend::Impl& m, int T, int io, int inter, const float* z, bool mx) {
-  const size_t static_bytes = mx ? size_t(kLutWords) * 4 : 4;
+  // Shared memory: MXFP4 stages the token as 2 bytes a value (hi, lo), dense as BF16 (2 bytes).
   return m.opts.precision == GpuPrecision::Fast && T == 1 && io > 0 && inter > 0 && io % 32 == 0 && inter % 32 == 0 &&
-         reinterpret_cast<uintptr_t>(z) % 8 == 0 && static_bytes + size_t(io) * 2 <= size_t(m.max_smem_optin);
+         reinterpret_cast<uintptr_t>(z) % (mx ? 16 : 8) == 0 && size_t(std::max(io, mx ? inter : 0)) * 2 + 64 <= size_t(m.max_smem_optin);
 }
 
 void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, const float* z, int k, int io,
                 int inter, float b1, float b2, float* ys) {
-  launch_decode<true>(m, table, ids, z, k, io, inter, b1, b2, false, ys);
+  // The backend's own act scratch (not the fast-mode LtState's: a decode step may be recorded into
+  // a graph before anything has created that state, and creating it there would allocate).
+  auto* act = static_cast<float*>(m.scratch(m.act, size_t(k) * inter * sizeof(float)));
+  static size_t opted_gu = 0, opted_dn = 0;
+  const size_t gu_smem = size_t(io) * 2, dn_smem = size_t(inter) * 2;
+  opt_in_smem(mx_gate_up_kernel, gu_smem, opted_gu, "cudaFuncSetAttribute (mxfp4 decode gate/up)");
+  opt_in_smem(mx_down_kernel, dn_smem, opted_dn, "cudaFuncSetAttribute (mxfp4 decode down)");
+  const unsigned long long ebytes = 3ull * (size_t(inter) * io / 2 + size_t(inter) * io / 32);
+  const int per_block = kWarps * kRows;
+  mx_gate_up_kernel<<<dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), kThreads, gu_smem, m.stream>>>(
+      table, ids, z, io, inter, b1, b2, act, m.traffic_counters(), ebytes);
+  m.launched("routed_moe (fast) mxfp4 decode gate/up kernel");
+  mx_down_kernel<<<dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)), kThreads, dn_smem, m.stream>>>(
+      table, ids, act, io, inter, ys);
+  m.launched("routed_moe (fast) mxfp4 decode down kernel");
 }
 
 void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const int* ids, const float* z, int k, int io,
                       int inter, float b1, float b2, bool silu, float* ys) {
-  launch_decode<false>(m, table, ids, z, k, io, inter, b1, b2, silu, ys);
+  auto* act = static_cast<__nv_bfloat16*>(m.scratch(m.act, size_t(k) * inter * sizeof(__nv_bfloat16)));
+  static size_t opted = 0;
+  const size_t zs_bytes = size_t(io) * 2;  // z as BF16
+  opt_in_smem(dense_gate_up_kernel, zs_bytes, opted, "cudaFuncSetAttribute (dense decode gate/up)");
+  const unsigned long long ebytes = 3ull * size_t(inter) * io * 2;
+  const int per_block = kWarps * kRows;
+  dense_gate_up_kernel<<<dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), kThreads, zs_bytes,
+                         m.stream>>>(table, ids, z, io, inter, b1, b2, silu ? 1 : 0, act, m.traffic_counters(), ebytes);
+  m.launched("routed_moe (fast) dense decode gate/up kernel");
+  dense_down_kernel<<<dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)), kThreads, 0, m.stream>>>(
+      table, ids, act, io, inter, ys);
+  m.launched("routed_moe (fast) dense decode down kernel");
 }
 
 }  // namespace wren::cuda

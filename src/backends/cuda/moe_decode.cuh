@@ -7,20 +7,22 @@
 namespace wren::cuda {
 
 /// True when moe_decode (mx) or moe_decode_dense takes a routed_moe call: fast mode, T == 1, io and
-/// inter multiples of 32 (the MXFP4 group; a lane's column span), z 8-byte aligned, and io small
-/// enough for z's BF16 copy in shared memory (beside the 32 KiB decode table for MXFP4). Dense
-/// tables must also hold 16-byte aligned matrices (DenseTable::aligned16).
+/// inter multiples of 32 (the MXFP4 group; a lane's column span), z 16-byte (MXFP4) or 8-byte
+/// (dense) aligned, and the staged token (2 bytes a value of io, and of inter for MXFP4) within the
+/// device's shared memory. Dense tables must also hold 16-byte aligned matrices
+/// (DenseTable::aligned16).
 bool moe_decode_ok(const CudaBackend::Impl& m, int T, int io, int inter, const float* z, bool mx);
 
-/// One token's top-k MXFP4 experts after the router: act[j] = SiTU(W1[e_j]·z, W3[e_j]·z) (BF16,
+/// One token's top-k MXFP4 experts after the router: act[j] = SiTU(W1[e_j]·z, W3[e_j]·z) (f32,
 /// [k, inter] scratch), ys[j] = W2[e_j]·act[j] ([k, io] f32; the caller adds them up with the
 /// router weights). table: ExpertPtrs [E] device; ids: the router's device output [k]; z [io]
-/// device. Two launches (gate/up, down), no host sync (graph-capturable).
+/// device. Two launches (gate/up, down), no host sync (graph-capturable). Counts the visits into
+/// device_expert_*.
 void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, const float* z, int k, int io,
                 int inter, float b1, float b2, float* ys);
 
-/// moe_decode for dense BF16 experts (DenseExpertPtrs [E] device, every matrix 16-byte aligned);
-/// the GLU is SiLU(g)·u when silu, else SiTU(b1, b2). Counts the visits into device_expert_*.
+/// moe_decode for dense BF16 experts (DenseExpertPtrs [E] device, every matrix 16-byte aligned;
+/// act BF16); the GLU is SiLU(g)·u when silu, else SiTU(b1, b2).
 void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const int* ids, const float* z, int k, int io,
                       int inter, float b1, float b2, bool silu, float* ys);
 
