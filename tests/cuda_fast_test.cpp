@@ -73,14 +73,18 @@ class CudaFast : public ::testing::Test, protected test::BackendBuffers {
 };
 
 // cuBLASLt GEMM (rows % 4 == 0 and cols % 8 == 0 take it; the others the f32 kernel), f32 and
-// BF16 weights, T = 1 (GEMV, exact path) through 1000; then the chunk rule: the first rows of a
+// BF16 weights, T = 1 (GEMV: the tensor-core kernel for BF16 with cols % 32 == 0, deterministic;
+// else the exact path) through 1000; then the chunk rule: the first rows of a
 // large-T call equal a small-T call on those rows bit for bit.
 TEST_F(CudaFast, GemmMatchesCpu) {
   std::mt19937 g(31);
   const int cases[][3] = {{8, 8, 2},     {64, 128, 3},   {100, 256, 17}, {4352, 128, 33}, {12, 12288, 2},
                           {300, 3584, 64}, {1024, 2304, 300}, {2304, 1024, 1000}, {33, 31, 5}, {7, 96, 9},
-                          {96, 7168, 1}, {128, 7168, 257}};
-  Worst lt, f32;
+                          {96, 7168, 1}, {128, 7168, 257},
+                          // T = 1, BF16: the tensor-core GEMV (gemv_tc.cu), one tile a block or
+                          // column-split; rows past a 16-row tile, columns past a 128-column span
+                          {4100, 2304, 1}, {17, 3584, 1}, {2048, 512, 1}, {1, 7168, 1}, {300, 160, 1}, {40, 12288, 1}};
+  Worst lt, tc, f32;
   for (const auto& c : cases) {
     const int rows = c[0], cols = c[1], T = c[2];
     for (WFormat f : {WFormat::F32, WFormat::BF16}) {
@@ -95,9 +99,9 @@ TEST_F(CudaFast, GemmMatchesCpu) {
       be_->upload(W);
       const auto x = rnd(g, size_t(T) * cols);
       float* dy = poisoned(size_t(T) * rows);
-      const uint64_t before = be_->stats().lt_gemms;
+      const uint64_t before = be_->stats().lt_gemms, tc_before = be_->stats().tc_gemvs;
       be_->gemm(W, dev(x), T, dy);
-      const bool took_lt = be_->stats().lt_gemms > before;
+      const bool took_lt = be_->stats().lt_gemms > before, took_tc = be_->stats().tc_gemvs > tc_before;
       std::vector<float> ref(size_t(T) * rows);
       cpu_.gemm(w.w, x.data(), T, ref.data());  // the f32 weight: the bf16 rounding is part of the error
       const auto got = host(dy, ref.size());
@@ -107,7 +111,14 @@ TEST_F(CudaFast, GemmMatchesCpu) {
       const double r = test::rel_l2(got.data(), ref.data(), ref.size());
       EXPECT_LE(r, 6e-3) << sh;
       EXPECT_EQ(took_lt, T >= 2 && rows % 4 == 0 && cols % 8 == 0) << sh;
-      (took_lt ? lt : f32).add(r);
+      EXPECT_EQ(took_tc, T == 1 && f == WFormat::BF16 && cols % 32 == 0) << sh;
+      (took_lt ? lt : took_tc ? tc : f32).add(r);
+      if (took_tc) {  // the same call twice: the same bits (every sum in a fixed order)
+        float* d2 = poisoned(size_t(rows));
+        be_->gemm(W, dev(x), 1, d2);
+        const auto again = host(d2, size_t(rows));
+        EXPECT_EQ(0, std::memcmp(again.data(), got.data(), again.size() * 4)) << sh << ": not deterministic";
+      }
       if (took_lt && T >= 4) {  // chunk rule: rows of a T-token call = a (T/2)-token call on them
         const int h = T / 2;
         float* dh = poisoned(size_t(h) * rows);
@@ -117,8 +128,9 @@ TEST_F(CudaFast, GemmMatchesCpu) {
       }
     }
   }
-  std::printf("[ cuda fast ] gemm cuBLASLt: %d cases, worst rel-L2 %.3g; f32 path: %d cases, worst %.3g\n", lt.cases,
-              lt.rel, f32.cases, f32.rel);
+  std::printf("[ cuda fast ] gemm cuBLASLt: %d cases, worst rel-L2 %.3g; tensor-core gemv: %d cases, worst %.3g; "
+              "f32 path: %d cases, worst %.3g\n",
+              lt.cases, lt.rel, tc.cases, tc.rel, f32.cases, f32.rel);
 }
 
 /// A random MXFP4 expert (scales near 2^0 so the products stay in range).

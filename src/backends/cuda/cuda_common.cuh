@@ -124,6 +124,7 @@ struct CudaBackend::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;
   int max_smem_optin = 0;  ///< bytes of dynamic shared memory a block may opt into
+  int sm_count = 0;        ///< streaming multiprocessors of the device
   int kda_decode_optin = 0;  ///< dynamic shared memory opted into for the KDA decode kernel so far
   KdaDecodeForm kda_decode_form = KdaDecodeForm::Split;  ///< set_kda_decode_form
   bool kda_decode_pdl = true;   ///< set_kda_decode_pdl: decode steps as programmatic dependent launches
@@ -145,6 +146,7 @@ struct CudaBackend::Impl {
   std::unordered_map<const MoeWeights*, cuda::LayerTable> tables;  ///< routed_moe expert tables
   cuda::ExpertTier tier;        ///< VRAM expert tier (expert_tier.cu)
   cuda::Scratch pair_table;     ///< device per-pair expert table (tier)
+  cuda::Scratch gemv_part;      ///< column-split partial row sums of the tensor-core GEMV (gemv_tc.cu)
   cuda::LtState* lt = nullptr;  ///< fast mode state, created on first use (owned; cuda::lt_destroy)
   cuda::Placer* placer = nullptr;  ///< load-time placement state (owned; cuda::placer_destroy)
   // Decode graphs (graph.cu).

@@ -15,6 +15,7 @@
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/gemm_quant.cuh"
+#include "backends/cuda/gemv_tc.cuh"
 
 namespace wren {
 
@@ -171,6 +172,7 @@ void CudaBackend::gemm(const DenseWeight& W, const float* x, int T, float* y) {
   Impl& m = *impl_;
   if (T <= 0 || W.rows == 0) return;
   if (cuda::lt_gemm(m, W, x, T, y)) return;  // fast mode, T >= 2: tensor cores (gemm_lt.cu)
+  if (cuda::gemv_tc(m, W, x, T, y)) return;  // fast mode, T = 1, BF16: tensor cores (gemv_tc.cu)
   if (W.format != WFormat::F32) {
     cuda::launch_gemm_quant(cuda::quant_view(m, W, "gemm"), x, T, y, m.stream);
     m.launched("gemm (packed weight) kernel");

@@ -1,0 +1,111 @@
+// CUDA backend, fast precision mode: y = W · x for one token (T = 1) and a BF16 weight, on tensor
+// cores: the decode GEMV of every BF16 dense matrix (docs/gpu-method.md "BF16 GEMV of a decode
+// token").
+//
+// A decode GEMV is a weight stream: the exact-mode kernels (gemm_quant.cu: a warp per row, f32
+// FMAs, 8 rows a block) keep few bytes in flight per SM. Here a warp owns 16 rows and runs the
+// product as mma.sync m16n8k16 with the weights as A and the token (BF16) as column 0 of B, as the
+// dense decode experts do (moe_decode.cu): per 128-column span, lane (g, t4) loads the 64 bytes at
+// columns S + 32·t4 .. + 31 of rows g and g + 8, and MMA step i takes its columns 4i .. 4i + 3 as
+// k slots 2·t4, 2·t4 + 1, 2·t4 + 8, 2·t4 + 9 of A and B. A block is 8 warps on one 16-row tile,
+// each warp summing every 8th span of the block's share of the columns; the 8 warp sums are added
+// in warp order through shared memory. Matrices with few row tiles also split the columns over
+// blockIdx.y (kb blocks a tile, chosen so that the grid covers the SMs twice): each block writes
+// its partial row sums and a second launch adds the kb partials in order. Every sum has a fixed
+// order: the result does not depend on anything but the inputs.
+#include "backends/cuda/gemv_tc.cuh"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+
+#include "backends/cuda/gemm_quant.cuh"
+
+namespace wren::cuda {
+
+namespace {
+
+constexpr int kWarps = 8, kThreads = kWarps * kWarp, kRows = 16, kSpan = 128;
+
+/// Partial (kb > 1) or final (kb == 1) row sums of one 16-row tile over the block's column spans.
+__global__ void __launch_bounds__(kThreads, 2) gemv_tc_kernel(const uint16_t* __restrict__ w, const float* __restrict__ x,
+                                                              int rows, int cols, int spans_per_block,
+                                                              float* __restrict__ out) {
+  __shared__ float red[kWarps][kWarp][2];
+  const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+  const int r0 = int(blockIdx.x) * kRows, spans = cols / kSpan + (cols % kSpan ? 1 : 0);
+  const int s_begin = int(blockIdx.y) * spans_per_block, s_end = min(spans, s_begin + spans_per_block);
+  const int ra = r0 + g, rb = r0 + g + 8;
+  float c[4] = {0.f, 0.f, 0.f, 0.f};
+  for (int s = s_begin + warp; s < s_end; s += kWarps) {
+    const int col = s * kSpan + 32 * t4;
+    const bool in = col < cols;
+    uint32_t lo[16], hi[16], xv[16];
+    const uint4* pa = reinterpret_cast<const uint4*>(w + size_t(ra < rows && in ? ra : 0) * cols + (in ? col : 0));
+    const uint4* pb = reinterpret_cast<const uint4*>(w + size_t(rb < rows && in ? rb : 0) * cols + (in ? col : 0));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const uint4 qa = ra < rows && in ? __ldg(pa + i) : make_uint4(0, 0, 0, 0);
+      const uint4 qb = rb < rows && in ? __ldg(pb + i) : make_uint4(0, 0, 0, 0);
+      lo[4 * i] = qa.x, lo[4 * i + 1] = qa.y, lo[4 * i + 2] = qa.z, lo[4 * i + 3] = qa.w;
+      hi[4 * i] = qb.x, hi[4 * i + 1] = qb.y, hi[4 * i + 2] = qb.z, hi[4 * i + 3] = qb.w;
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {  // the token's 32 values as BF16 pairs (lanes g = 0), else zeros
+      const float4 v = g == 0 && in ? __ldg(reinterpret_cast<const float4*>(x + col) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      const __nv_bfloat162 p0 = __floats2bfloat162_rn(v.x, v.y), p1 = __floats2bfloat162_rn(v.z, v.w);
+      xv[2 * i] = *reinterpret_cast<const uint32_t*>(&p0), xv[2 * i + 1] = *reinterpret_cast<const uint32_t*>(&p1);
+    }
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      const unsigned a[4] = {lo[2 * i], hi[2 * i], lo[2 * i + 1], hi[2 * i + 1]};
+      mma_bf16(c, a, xv[2 * i], xv[2 * i + 1]);
+    }
+  }
+  red[warp][lane][0] = c[0], red[warp][lane][1] = c[2];  // column 0 (lanes t4 = 0 hold the product)
+  __syncthreads();
+  if (warp != 0 || t4 != 0) return;
+  float a = 0.f, b = 0.f;
+  for (int v = 0; v < kWarps; ++v) a += red[v][lane][0], b += red[v][lane][1];
+  float* o = out + size_t(blockIdx.y) * rows;
+  if (ra < rows) o[ra] = a;
+  if (rb < rows) o[rb] = b;
+}
+
+/// y[r] = Σ_b part[b][r] in b order.
+__global__ void gemv_tc_sum_kernel(const float* __restrict__ part, int kb, int rows, float* __restrict__ y) {
+  for (int r = int(blockIdx.x * blockDim.x + threadIdx.x); r < rows; r += int(gridDim.x * blockDim.x)) {
+    float s = 0.f;
+    for (int b = 0; b < kb; ++b) s += part[size_t(b) * rows + r];
+    y[r] = s;
+  }
+}
+
+}  // namespace
+
+bool gemv_tc(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, float* y) {
+  if (m.opts.precision != GpuPrecision::Fast || T != 1 || W.format != WFormat::BF16) return false;
+  const int rows = int(W.rows), cols = int(W.cols);
+  if (rows <= 0 || cols <= 0 || cols % 32 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
+  const QuantView v = quant_view(m, W, "gemm (fast, tensor-core gemv)");
+  if (reinterpret_cast<uintptr_t>(v.data) % 16 != 0) return false;
+  const int tiles = (rows + kRows - 1) / kRows, spans = (cols + kSpan - 1) / kSpan;
+  // Column splits: enough blocks for two per SM, each warp at least one span.
+  const int want = (2 * std::max(m.sm_count, 1) + tiles - 1) / tiles;
+  const int kb = std::clamp(want, 1, std::max(1, spans / kWarps));
+  const int per = (spans + kb - 1) / kb;
+  const int blocks_y = (spans + per - 1) / per;
+  float* out = y;
+  if (blocks_y > 1) out = static_cast<float*>(m.scratch(m.gemv_part, size_t(blocks_y) * rows * sizeof(float)));
+  gemv_tc_kernel<<<dim3(unsigned(tiles), unsigned(blocks_y)), kThreads, 0, m.stream>>>(
+      static_cast<const uint16_t*>(v.data), x, rows, cols, per, out);
+  m.launched("gemm (fast) bf16 tensor-core gemv kernel");
+  if (blocks_y > 1) {
+    gemv_tc_sum_kernel<<<grid_for(size_t(rows), 256), 256, 0, m.stream>>>(out, blocks_y, rows, y);
+    m.launched("gemm (fast) bf16 tensor-core gemv column-split sum");
+  }
+  ++m.stats.tc_gemvs;
+  return true;
+}
+
+}  // namespace wren::cuda
