@@ -316,7 +316,7 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
   const size_t gu_smem = size_t(io) * 2, dn_smem = size_t(inter) * 2;
   opt_in_smem(mx_gate_up_kernel, gu_smem, opted_gu, "cudaFuncSetAttribute (mxfp4 decode gate/up)");
   opt_in_smem(mx_down_kernel, dn_smem, opted_dn, "cudaFuncSetAttribute (mxfp4 decode down)");
-  const unsigned long long ebytes = 3ull * (size_t(inter) * io / 2 + size_t(inter) * io / 32);
+  const unsigned long long ebytes = device_expert_bytes(true, io, inter);
   const int per_block = kWarps * kRows;
   mx_gate_up_kernel<<<dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), kThreads, gu_smem, m.stream>>>(
       table, ids, z, io, inter, b1, b2, act, m.traffic_counters(), ebytes);
@@ -332,7 +332,7 @@ void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const 
   static size_t opted = 0;
   const size_t zs_bytes = size_t(io) * 2;  // z as BF16
   opt_in_smem(dense_gate_up_kernel, zs_bytes, opted, "cudaFuncSetAttribute (dense decode gate/up)");
-  const unsigned long long ebytes = 3ull * size_t(inter) * io * 2;
+  const unsigned long long ebytes = device_expert_bytes(false, io, inter);
   const int per_block = kWarps * kRows;
   dense_gate_up_kernel<<<dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), kThreads, zs_bytes,
                          m.stream>>>(table, ids, z, io, inter, b1, b2, silu ? 1 : 0, act, m.traffic_counters(), ebytes);

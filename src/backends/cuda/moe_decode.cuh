@@ -6,6 +6,13 @@
 
 namespace wren::cuda {
 
+/// Device bytes of one routed expert (w1, w3, w2 of [inter, io]): MXFP4 codes + ue8m0 scales, or
+/// BF16 (the device_expert_bytes counters of the decode and grouped paths).
+inline unsigned long long device_expert_bytes(bool mx, int io, int inter) {
+  const unsigned long long n = (unsigned long long)inter * (unsigned long long)io;
+  return mx ? 3ull * (n / 2 + n / 32) : 3ull * n * 2;
+}
+
 /// True when moe_decode (mx) or moe_decode_dense takes a routed_moe call: fast mode, T == 1, io and
 /// inter multiples of 32 (the MXFP4 group; a lane's column span), z 16-byte (MXFP4) or 8-byte
 /// (dense) aligned, and the staged token (2 bytes a value of io, and of inter for MXFP4) within the

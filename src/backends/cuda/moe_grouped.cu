@@ -582,7 +582,7 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
   const int inter = table ? int(mw.experts[0].w1.rows) : dt->inter;
   // One token, dense experts: the decode kernels (moe_decode.cu; MXFP4 tokens never come here, T = 1
   // goes to moe_decode from moe.cu), reading each chosen expert's rows once at a stream's pace.
-  if (T == 1 && dt && dt->aligned16 && moe_decode_ok(m, T, io, inter, z, false) && io % 4 == 0) {
+  if (T == 1 && dt && dt->aligned16 && moe_decode_ok(m, T, io, inter, z, false)) {  // (io % 32: slot_sum's io % 4)
     moe_decode_dense(m, dt->dev, dids, z, k, io, inter, p.b1, p.b2, p.act == Activation::SiLU, ys);
     slot_sum_kernel<<<grid_for(size_t(io) / 4, 256), 256, 0, m.stream>>>(ys, dw, k, io, 1, out);
     m.launched("routed_moe (fast) weighted-sum kernel");
@@ -603,8 +603,7 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
     check_cuda(cudaFuncSetAttribute(sort_pairs_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(sort_smem)),
                "cudaFuncSetAttribute (grouped MoE sort)");
   m.traffic_counters();  // the device counters of CudaStats::device_expert_*
-  const unsigned long long ebytes =
-      table ? 3ull * (size_t(inter) * io / 2 + size_t(inter) * io / mxfp4::kGroup) : 3ull * size_t(inter) * io * 2;
+  const unsigned long long ebytes = device_expert_bytes(table != nullptr, io, inter);
   sort_pairs_kernel<<<1, 1024, sort_smem, m.stream>>>(dids, pairs, E, rows, order, ebase, tile_e, tile_m0, n_tiles,
                                                       m.expert_traffic, ebytes);
   m.launched("routed_moe (fast) sort kernel");
