@@ -62,6 +62,7 @@ struct CudaStats {
   uint64_t expert_calls = 0;     ///< expert_ffn calls
   uint64_t lt_gemms = 0;         ///< fast mode: dense GEMMs run through cuBLASLt (gemm_lt.cu)
   uint64_t tc_gemvs = 0;         ///< fast mode: one-token BF16 GEMVs on tensor cores (gemv_tc.cu)
+  uint64_t mla_kvb_decodes = 0;  ///< MLA: packed kv_b matrices decoded to f32 (once per layer and upload)
   uint64_t grouped_moe_calls = 0;  ///< fast mode: routed_moe calls run as one grouped GEMM (moe_grouped.cu)
   uint64_t bf16_weight_bytes = 0;  ///< fast mode: device bytes of BF16 weight copies made from f32
   uint64_t kda_decode_calls = 0;   ///< kda_core calls run by the fused decode kernel (kda_decode.cu)
@@ -183,6 +184,12 @@ class CudaBackend final : public Backend {
   /// it may start while the kernel before it drains and reads its state S and conv windows
   /// before waiting for that kernel (never when the previous launches touched the same state).
   void set_kda_decode_pdl(bool on);
+  /// Benchmark/test hook: whether the decode weight streams of fast mode (the tensor-core GEMV,
+  /// the routed experts of a decode token) are programmatic dependent launches (default on: their
+  /// blocks start while the kernel before them drains), and how many 128-byte lines of each row a
+  /// warp asks of L2 before waiting for that kernel (default 0). Changes timing only, never a
+  /// result. Throws wren::Error for prefetch_lines outside 0..64.
+  void set_decode_streams(bool pdl, int prefetch_lines);
   /// One KDA decode step (T = 1) for each of B sequences, sequence b on its own state
   /// *states[b] (shapes as kda_core: q, k, v, z, gate, out [B, P], beta [B, H], P = heads ·
   /// head_dim; device pointers). The same arithmetic, per sequence, as B kda_core calls with T = 1

@@ -112,9 +112,11 @@ void CudaBackend::mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& 
   // A packed kv_b (BF16 / Q8_ROW / Q4_G64 under --quant) is decoded to f32 (dequant_row's values,
   // as the CPU's absorb reads them; the CPU's value GEMV multiplies by the scale after summing, so
   // the two agree to rounding, not bit for bit) once, into a device copy kept until the next upload
-  // (Impl::kvb_f32), so a batched decode step does not decode it once per sequence. Where that copy
-  // cannot be made (no device memory left, or a graph being recorded) a stream-ordered temporary
-  // of this call holds the same values.
+  // (Impl::kvb_f32), so neither a batched step (once per sequence) nor a recorded decode step (once
+  // per token) decodes it again. While a step is being recorded the copy is decoded on a side
+  // stream and waited for (it is complete before any graph names it; until run 29 a recorded
+  // first use decoded into a temporary inside the graph, so every later token did it again). Where
+  // no device memory is left for the copy a stream-ordered temporary of this call holds the values.
   float* kvb_tmp = nullptr;
   if (w.kv_b.format != WFormat::F32) {
     const cuda::QuantView qv = cuda::quant_view(m, w.kv_b, "mla_attend (kv_b)");
@@ -124,22 +126,33 @@ void CudaBackend::mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& 
       a.kvb = it->second;
     } else {
       float* kept = nullptr;
-      if (!m.capturing) {
-        if (cudaMalloc(reinterpret_cast<void**>(&kept), bytes) != cudaSuccess) {
-          cudaGetLastError();  // out of memory is not sticky: the temporary below is tried
-          kept = nullptr;
-        }
+      if (cudaMalloc(reinterpret_cast<void**>(&kept), bytes) != cudaSuccess) {
+        cudaGetLastError();  // out of memory is not sticky: the temporary below is tried
+        kept = nullptr;
       }
-      if (kept) {
+      ++m.stats.mla_kvb_decodes;
+      if (kept && m.capturing) {
+        cudaStream_t side = nullptr;
+        cuda::check_cuda(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking), "cudaStreamCreate (mla kv_b decode)");
+        cuda::launch_decode_rows(qv, nullptr, qv.rows, kept, side);
+        const cudaError_t err = cudaGetLastError();
+        const cudaError_t done = err == cudaSuccess ? cudaStreamSynchronize(side) : err;
+        cudaStreamDestroy(side);
+        if (done != cudaSuccess) cudaFree(kept);
+        cuda::check_cuda(done, "mla kv_b decode kernel (side stream, while recording)");
+        ++m.stats.launches, ++m.stats.host_syncs;
         m.kvb_f32[&w.kv_b] = kept;
+        a.kvb = kept;
       } else {
-        cuda::check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&kvb_tmp), bytes, m.stream),
-                         "cudaMallocAsync (mla kv_b decode)");
+        if (kept) m.kvb_f32[&w.kv_b] = kept;
+        else
+          cuda::check_cuda(cudaMallocAsync(reinterpret_cast<void**>(&kvb_tmp), bytes, m.stream),
+                           "cudaMallocAsync (mla kv_b decode)");
+        float* dst = kept ? kept : kvb_tmp;
+        cuda::launch_decode_rows(qv, nullptr, qv.rows, dst, m.stream);
+        m.launched("mla kv_b decode kernel");
+        a.kvb = dst;
       }
-      float* dst = kept ? kept : kvb_tmp;
-      cuda::launch_decode_rows(qv, nullptr, qv.rows, dst, m.stream);
-      m.launched("mla kv_b decode kernel");
-      a.kvb = dst;
     }
   } else {
     a.kvb = m.dense(w.kv_b, "mla_attend (kv_b)");
