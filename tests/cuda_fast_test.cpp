@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <random>
 #include <string>
@@ -116,8 +117,9 @@ TEST_F(CudaFast, GemmMatchesCpu) {
       EXPECT_EQ(took_lt, T >= 2 && rows % 4 == 0 && cols % 8 == 0) << sh;
       EXPECT_EQ(took_tc, T == 1 && f == WFormat::BF16 && cols % 32 == 0) << sh;
       (took_lt ? lt : took_tc ? tc : f32).add(r);
-      if (took_tc) {  // the same call twice: the same bits (every sum in a fixed order)
+      if (took_tc) {  // the same call twice: the same bits (every sum in a fixed order; any L2 prefetch)
         float* d2 = poisoned(size_t(rows));
+        be_->set_decode_streams(rows % 2 == 0, rows % 2 ? 0 : 12);
         be_->gemm(W, dev(x), 1, d2);
         const auto again = host(d2, size_t(rows));
         EXPECT_EQ(0, std::memcmp(again.data(), got.data(), again.size() * 4)) << sh << ": not deterministic";
@@ -329,6 +331,7 @@ TEST_F(CudaFast, RoutedMoeMxfp4DecodeMatchesCpu) {
       EXPECT_LE(r, c.io > 4096 ? 2e-2 : 8e-3) << sh;
       worst.add(r);
       float* dout2 = poisoned(size_t(c.io));
+      be_->set_decode_streams(rep % 2 == 0, rep % 2 ? 0 : 12);  // the same bits however launched
       be_->routed_moe(p, mw, dl, dz, 1, work(poisoned(size_t(c.k) * c.io), c.inter), dout2);
       const auto again = host(dout2, size_t(c.io));
       EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4)) << sh << ": not deterministic";
@@ -414,6 +417,7 @@ TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
       EXPECT_LE(r, 6e-3) << sh;  // BF16 weights, z and act; f32 sums (the grouped dense bound)
       worst.add(r);
       float* dout2 = poisoned(size_t(c.io));
+      be_->set_decode_streams(rep % 2 == 0, rep % 2 ? 0 : 12);  // the same bits however launched
       be_->routed_moe(p, mw, dl, dz, 1, work(poisoned(size_t(c.k) * c.io), c.inter), dout2);
       const auto again = host(dout2, size_t(c.io));
       EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4)) << sh << ": not deterministic";
@@ -431,6 +435,121 @@ TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
   EXPECT_EQ(grouped, uint64_t(2 * declined)) << "the other shapes kept the grouped kernels";
   std::printf("[ cuda fast ] dense decode experts: %d calls, worst rel-L2 %.3g (%d calls on the grouped kernels)\n",
               worst.cases, worst.rel, 2 * declined);
+}
+
+// Not a correctness test (its name keeps it out of the suite; run on the GPU machine): the decode
+// weight streams of fast mode at K3 and Kimi-Linear sizes, graph-timed (one CUDA graph of R calls)
+// over weights that do not fit the 50 MB L2, beside a 512 MB copy timed the same way in this run,
+// launched ordinarily and as programmatic dependent launches with 0, 2 and 8 lines a row asked of L2
+// before the wait (set_decode_streams): the BF16 tensor-core GEMV, the MXFP4
+// experts of one token (K3: 16 of io 3584 × inter 3072, consecutive calls on disjoint experts) and
+// the dense BF16 experts of one token (Kimi Linear: 8 of 2304 × 1024); then one profiled call of
+// each MoE at the default distance (where its time goes, launch by launch).
+TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
+  std::mt19937 g(53);
+  const size_t big = size_t(1) << 27;  // floats: 512 MB each way
+  float* bsrc = be_->alloc(big);
+  float* bdst = be_->alloc(big);
+  const double t_big = be_->time_recorded([&](int) { be_->copy_kernel(bsrc, big, bdst); }, 4, 5);
+  const double copy = 2.0 * big * 4 / t_big;  // bytes/s, read + written
+  be_->release(bsrc);
+  be_->release(bdst);
+  std::printf("[ decode streams ] copy kernel 512 MB -> 512 MB: %.0f GB/s (read + written)\n", copy / 1e9);
+  const struct {
+    bool pdl;
+    int lines;
+    const char* name;
+  } variants[] = {{false, 0, "plain"}, {true, 0, "pdl"}, {true, 2, "pdl+2"}, {true, 8, "pdl+8"}};
+  auto report = [&](const std::string& what, double bytes, const std::function<double()>& timed) {
+    std::string line = "[ decode streams ] " + what + ":";
+    for (const auto& v : variants) {
+      be_->set_decode_streams(v.pdl, v.lines);
+      const double t = timed();
+      char buf[96];
+      std::snprintf(buf, sizeof buf, "  %s %7.2f us %5.0f GB/s %3.0f%%", v.name, t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy);
+      line += buf;
+    }
+    std::printf("%s\n", line.c_str());
+    be_->set_decode_streams(true, 0);
+  };
+  struct Shape {
+    const char* name;
+    int rows, cols;
+  };
+  const Shape shapes[] = {{"K3", 3584, 7168}, {"K3", 6144, 7168},  {"K3", 12288, 7168}, {"K3", 7168, 12288},
+                          {"K3", 896, 7168},  {"K3", 128, 7168},   {"KL", 4096, 2304},  {"KL", 2304, 4096},
+                          {"KL", 256, 2304},  {"KL", 32, 2304},    {"KL lm_head", 163840, 2304}};
+  for (const Shape& sh : shapes) {
+    const double bytes = 2.0 * sh.rows * sh.cols;
+    const int R = std::max(2, int(std::ceil(150e6 / bytes)));
+    const auto src = rnd(g, size_t(sh.rows) * sh.cols);
+    std::vector<uint8_t> first(static_cast<size_t>(bytes));
+    quantize_matrix(src.data(), sh.rows, sh.cols, WFormat::BF16, first.data(), nullptr);
+    std::vector<std::vector<uint8_t>> copies(R, first);  // distinct host bytes: distinct device copies
+    std::vector<DenseWeight> ws(R);
+    for (int i = 0; i < R; ++i) {
+      ws[i].rows = size_t(sh.rows), ws[i].cols = size_t(sh.cols);
+      ws[i].format = WFormat::BF16, ws[i].dtype = DType::BF16, ws[i].data = copies[i].data();
+      be_->upload(ws[i]);
+    }
+    float* dx = dev(rnd(g, size_t(sh.cols)));
+    float* dy = be_->alloc(size_t(sh.rows));
+    const uint64_t tc0 = be_->stats().tc_gemvs;
+    char name[64];
+    std::snprintf(name, sizeof name, "%s bf16 gemv %5d x %5d (%d copies)", sh.name, sh.rows, sh.cols, R);
+    report(name, bytes, [&] { return be_->time_recorded([&](int i) { be_->gemm(ws[i], dx, 1, dy); }, R, 10); });
+    EXPECT_GT(be_->stats().tc_gemvs, tc0) << name << ": the tensor-core GEMV ran";
+    be_->release(dy);
+  }
+  auto moe = [&](const std::string& what, bool mx, int E, int k, int io, int inter, std::vector<ExpertRef> experts) {
+    MoeWeights mw;
+    mw.experts = std::move(experts);
+    HostWeight bias(std::vector<float>(size_t(E), 0.f), 1, E);
+    mw.bias = bias.w;
+    be_->upload(bias.w);
+    for (const ExpertRef& e : mw.experts) be_->upload(e);
+    RoutedMoeParams p{5, E, k, io, 2.827f, 4.f, 25.f};
+    p.format = mx ? ExpertFormat::MXFP4 : ExpertFormat::Dense;
+    p.act = mx ? Activation::SiTU : Activation::SiLU;
+    p.inter = inter;
+    const int sets = E / k;  // call i routes to experts (i % sets)·k … + k − 1: no weight read twice in a row
+    std::vector<float*> logits;
+    for (int s = 0; s < sets; ++s) {
+      std::vector<float> l(size_t(E), -4.f);
+      for (int j = 0; j < k; ++j) l[size_t(s * k + j)] = 12.f + 0.01f * j;
+      logits.push_back(dev(l));
+    }
+    float* dz = dev(rnd(g, size_t(io), -2.f, 2.f));
+    float* dys = be_->alloc(size_t(k) * io);
+    float* dout = be_->alloc(size_t(io));
+    const RoutedMoeWork ws = work(dys, inter);
+    const double bytes = double(k) * (mx ? 3.0 * (double(io) * inter / 2 + double(io) * inter / 32) : 6.0 * io * inter);
+    const int R = 2 * sets;
+    for (float* l : logits) be_->routed_moe(p, mw, l, dz, 1, ws, dout);  // tables built before any recording
+    report(what, bytes, [&] {
+      return be_->time_recorded([&](int i) { be_->routed_moe(p, mw, logits[size_t(i % sets)], dz, 1, ws, dout); }, R, 10);
+    });
+    ASSERT_EQ(be_->fallbacks(), 0u) << what;
+    be_->profile_begin();
+    be_->routed_moe(p, mw, logits[0], dz, 1, ws, dout);
+    double total = 0;
+    for (const CudaOpTime& t : be_->profile_end(&total))
+      std::printf("[ decode streams ]   %s profiled: %-52s %8.1f us\n", what.c_str(), t.name.c_str(), t.ms * 1e3);
+    be_->release(dys);
+    be_->release(dout);
+  };
+  {
+    std::vector<std::unique_ptr<MxExpert>> mxe;
+    std::vector<ExpertRef> refs;
+    for (int e = 0; e < 32; ++e) refs.push_back(mxe.emplace_back(std::make_unique<MxExpert>(g, 3584, 3072))->e);
+    moe("K3 mxfp4 experts, 16 of 3584 x 3072", true, 32, 16, 3584, 3072, refs);
+  }
+  {
+    std::vector<std::unique_ptr<DenseExpert>> dne;
+    std::vector<ExpertRef> refs;
+    for (int e = 0; e < 24; ++e) refs.push_back(dne.emplace_back(std::make_unique<DenseExpert>(g, 2304, 1024))->e);
+    moe("KL dense experts, 8 of 2304 x 1024", false, 24, 8, 2304, 1024, refs);
+  }
 }
 
 // The grouped products on Hopper warpgroup MMA (moe_wgmma.cu; on a compute capability 9.0 device

@@ -333,6 +333,17 @@ void bench_layers(const LayersArgs& a) {
   StepCounts plain;
   const double plain_s = decode_time(*model, *be, c.n_layers, a.decode, false, &plain);
   progress(start, "decode without graph: " + std::to_string(plain_s * 1e3) + " ms/token");
+  // The whole model once more with the decode weight streams launched ordinarily (no programmatic
+  // dependent launches), side by side with the default above.
+  double ordinary_s = 0;
+#ifdef WREN_HAVE_CUDA
+  if (auto* cu = dynamic_cast<CudaBackend*>(be.get()); cu && a.cuda.precision == GpuPrecision::Fast) {
+    cu->set_decode_streams(false, 0);
+    ordinary_s = decode_time(*model, *be, c.n_layers, a.decode, true, nullptr);
+    cu->set_decode_streams(true, 0);
+    progress(start, "decode, streams launched ordinarily: " + std::to_string(ordinary_s * 1e3) + " ms/token");
+  }
+#endif
   const DecodeBytes floor_bytes = decode_bytes(*model, 8 + a.decode / 2);
   const std::vector<double>& bytes = floor_bytes.layer;
 
@@ -389,6 +400,11 @@ void bench_layers(const LayersArgs& a) {
   std::printf("same token without graph: %.3f ms, %llu kernel launches, %llu host syncs (graph speedup %.2fx)\n",
               plain_s * 1e3, (unsigned long long)plain.outside, (unsigned long long)plain.syncs,
               plain_s / cum.back());
+  if (ordinary_s > 0) {
+    std::printf("same token with the decode weight streams launched ordinarily (no programmatic dependent launch): "
+                "%.3f ms (%.2fx)\n", ordinary_s * 1e3, ordinary_s / cum.back());
+    out["ordinary_launch_decode_ms"] = ordinary_s * 1e3;
+  }
   std::printf("prefill %d tokens (chunk %d, gpu precision %s): TTFT %.3f s, %.1f tok/s\n", a.prompt, chunk,
               gpu_precision_name(a.cuda.precision), ttft, a.prompt / ttft);
   if (a.json) std::printf("%s\n", out.dump().c_str());

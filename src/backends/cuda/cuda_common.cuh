@@ -10,6 +10,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "backends/cuda/cuda_backend.h"
@@ -128,6 +129,8 @@ struct CudaBackend::Impl {
   int kda_decode_optin = 0;  ///< dynamic shared memory opted into for the KDA decode kernel so far
   KdaDecodeForm kda_decode_form = KdaDecodeForm::Split;  ///< set_kda_decode_form
   bool kda_decode_pdl = true;   ///< set_kda_decode_pdl: decode steps as programmatic dependent launches
+  bool stream_pdl = true;       ///< set_decode_streams: decode weight streams as programmatic dependent launches
+  int stream_prefetch = 0;      ///< set_decode_streams: lines a row asked of L2 before their pdl_wait
   /// KDA kernels launched back to back (kda_decode.cu): the launch count right after the last
   /// one, and the states (S) of the run of decode steps since the last ordinary launch, which may
   /// still be running when the next step reads its state early (docs/gpu-method.md#kda-decode).
@@ -147,6 +150,7 @@ struct CudaBackend::Impl {
   cuda::ExpertTier tier;        ///< VRAM expert tier (expert_tier.cu)
   cuda::Scratch pair_table;     ///< device per-pair expert table (tier)
   cuda::Scratch gemv_part;      ///< column-split partial row sums of the tensor-core GEMV (gemv_tc.cu)
+  cuda::Scratch gemv_count;     ///< per-tile arrival counters of the column-split GEMV (zero between launches)
   cuda::LtState* lt = nullptr;  ///< fast mode state, created on first use (owned; cuda::lt_destroy)
   cuda::Placer* placer = nullptr;  ///< load-time placement state (owned; cuda::placer_destroy)
   // Decode graphs (graph.cu).
@@ -230,6 +234,32 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/// Programmatic dependent launch (docs/gpu-method.md#programmatic-dependent-launch): lets the
+/// kernel launched behind this one with launch_pdl start its blocks now. Ordinary kernels call it
+/// first thing; kernels launched with launch_pdl only after pdl_wait (so that when a dependent
+/// starts, every kernel before this one has completed). No effect without such a dependent.
+__device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
+/// Programmatic dependent launch: returns once the kernel before this one has completed and its
+/// writes are visible (at once for a kernel launched ordinarily). A kernel launched with
+/// launch_pdl reads nothing but weights (and what was written before the kernel before it began)
+/// until it has called this.
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+/// Asks L2 for the 128-byte line holding `p` (global memory) without waiting for it.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+/// Prefetches (prefetch_l2) `per_row` 128-byte lines from byte b0 of rows r0 .. r0 + 15 (< rows)
+/// of a row-major matrix of `row_bytes` bytes a row (nothing past a row's end): lane l takes row
+/// l % 16, lines l / 16, l / 16 + 2, … One warp, all lanes. Used before pdl_wait, when the
+/// weights a kernel will stream are known but its input is not yet.
+__device__ __forceinline__ void prefetch_rows(const uint8_t* base, size_t row_bytes, int rows, int r0, size_t b0,
+                                              int per_row) {
+  const int lane = int(threadIdx.x) % 32, r = r0 + lane % 16;
+  if (r >= rows) return;
+  const uint8_t* row = base + size_t(r) * row_bytes;
+  for (int q = lane / 16; q < per_row && b0 + size_t(q) * 128 < row_bytes; q += 2) prefetch_l2(row + b0 + size_t(q) * 128);
+}
+
 /// Single-thread f32 dot in cpu::dot's order: 8 partial sums over i ≡ j (mod 8), then the tree
 /// ((a0+a1)+(a2+a3))+((a4+a5)+(a6+a7)). Bit-identical to the CPU without FMA contraction.
 __device__ __forceinline__ float dot8(const float* a, const float* b, int n) {
@@ -294,6 +324,26 @@ bool mla_fast(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, con
 inline unsigned grid_for(size_t n, int threads, unsigned cap = 65535u * 4) {
   const size_t b = (n + threads - 1) / threads;
   return unsigned(b == 0 ? 1 : (b > cap ? cap : b));
+}
+
+/// Launches `kern` on the compute stream; when `pdl`, as a programmatic dependent launch
+/// (cudaLaunchAttributeProgrammaticStreamSerialization: its blocks may start once the kernel
+/// before it has called pdl_trigger, and must pdl_wait before reading that kernel's outputs).
+/// Throws DeviceError naming `what` when the launch fails; the caller then calls launched().
+template <class... Exp, class... Act>
+void launch_pdl(CudaBackend::Impl& m, bool pdl, void (*kern)(Exp...), dim3 grid, dim3 block, size_t smem,
+                const char* what, Act&&... args) {
+  cudaLaunchConfig_t cfg{};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = m.stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl ? 1 : 0;
+  check_cuda(cudaLaunchKernelEx(&cfg, kern, std::forward<Act>(args)...), what);
 }
 
 }  // namespace cuda

@@ -9,23 +9,27 @@ namespace {
 constexpr int kThreads = 256;
 
 __global__ void add_kernel(float* __restrict__ y, const float* __restrict__ x, size_t n) {
+  cuda::pdl_trigger();  // an ordinary launch: a programmatic dependent behind it may start now
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     y[i] += x[i];
 }
 
 __global__ void situ_glu_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t n, float b1,
                                 float b2, float* __restrict__ out) {
+  cuda::pdl_trigger();  // an ordinary launch: a programmatic dependent behind it may start now
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     out[i] = cuda::situ_f(g[i], u[i], b1, b2);
 }
 
 __global__ void silu_glu_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t n,
                                 float* __restrict__ out) {
+  cuda::pdl_trigger();  // an ordinary launch: a programmatic dependent behind it may start now
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     out[i] = g[i] * cuda::sigmoid_f(g[i]) * u[i];
 }
 
 __global__ void sigmoid_gate_kernel(float* __restrict__ y, const float* __restrict__ gate, size_t n) {
+  cuda::pdl_trigger();  // an ordinary launch: a programmatic dependent behind it may start now
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
     y[i] *= cuda::sigmoid_f(gate[i]);
 }

@@ -27,9 +27,9 @@ constexpr int kRowsPerBlock = kGemmThreads / 8;
 template <int TT>
 __global__ void gemm_kernel(const float* __restrict__ W, const float* __restrict__ x, int T, int rows,
                             int cols, float* __restrict__ y) {
-  // Lets a programmatic dependent launch behind this kernel (the KDA decode step) start its
-  // blocks and state loads now; it still waits for this kernel's completion before reading y.
-  asm volatile("griddepcontrol.launch_dependents;");
+  // Lets a programmatic dependent launch behind this kernel (the KDA decode step, a decode weight
+  // stream) start its blocks and state or weight loads now; it waits for this kernel before reading y.
+  cuda::pdl_trigger();
   const int lane8 = threadIdx.x & 7;
   const int row = blockIdx.x * kRowsPerBlock + (threadIdx.x >> 3);
   const int t0 = blockIdx.y * TT;
@@ -68,9 +68,9 @@ constexpr int kMaxDevices = 64;  ///< devices whose shared-memory opt-in is reme
 
 __global__ void __launch_bounds__(kGemmThreads) gemv_row_kernel(const float* __restrict__ W, const float* __restrict__ x,
                                                                 int cols, bool vec, float* __restrict__ y) {
-  // Lets a programmatic dependent launch behind this kernel (the KDA decode step) start its
-  // blocks and state loads now; it still waits for this kernel's completion before reading y.
-  asm volatile("griddepcontrol.launch_dependents;");
+  // Lets a programmatic dependent launch behind this kernel (the KDA decode step, a decode weight
+  // stream) start its blocks and state or weight loads now; it waits for this kernel before reading y.
+  cuda::pdl_trigger();
   extern __shared__ __align__(16) float sm[];
   const int row = blockIdx.x, pad = (cols + 3) & ~3;
   float* ws = sm;

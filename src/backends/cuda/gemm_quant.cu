@@ -142,9 +142,9 @@ __device__ void row_partials(const QuantView& v, int row, const float* x, int nt
 template <int TT>
 __global__ void __launch_bounds__(kThreads) gemm_quant_kernel(QuantView v, const float* __restrict__ x, int T,
                                                                 float* __restrict__ y) {
-  // Lets a programmatic dependent launch behind this kernel (the KDA decode step) start its
-  // blocks and state loads now; it still waits for this kernel's completion before reading y.
-  asm volatile("griddepcontrol.launch_dependents;");
+  // Lets a programmatic dependent launch behind this kernel (the KDA decode step, a decode weight
+  // stream) start its blocks and state or weight loads now; it waits for this kernel before reading y.
+  cuda::pdl_trigger();
   const int lane = threadIdx.x & (kWarp - 1);
   const int row = blockIdx.x * kRows + (threadIdx.x >> 5);
   const int t0 = blockIdx.y * TT;
@@ -169,9 +169,9 @@ __global__ void __launch_bounds__(kThreads) gemm_quant_kernel(QuantView v, const
 template <int TT>
 __global__ void __launch_bounds__(kThreads) gemm_quant_row_block_kernel(QuantView v, const float* __restrict__ x,
                                                                           int T, float* __restrict__ y) {
-  // Lets a programmatic dependent launch behind this kernel (the KDA decode step) start its
-  // blocks and state loads now; it still waits for this kernel's completion before reading y.
-  asm volatile("griddepcontrol.launch_dependents;");
+  // Lets a programmatic dependent launch behind this kernel (the KDA decode step, a decode weight
+  // stream) start its blocks and state or weight loads now; it waits for this kernel before reading y.
+  cuda::pdl_trigger();
   __shared__ float red[kRows][TT];
   const int lane = threadIdx.x & (kWarp - 1), warp = threadIdx.x >> 5;
   const int row = blockIdx.x, t0 = blockIdx.y * TT;

@@ -109,9 +109,6 @@ __device__ __forceinline__ void store_conv(float* conv, int P, int m, int ch, in
     if (j < K - 1) win[j] = wi[j];
 }
 
-/// Programmatic dependent launch: waits until the kernel before this one has completed and its
-/// writes are visible (a no-op when the launch was an ordinary one).
-__device__ __forceinline__ void wait_prior_kernel() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
 /// One block = 32 value columns of head blockIdx.y (the cluster, along x, is the head), as NW warps:
 /// warp w keeps rows [w·RW, (w+1)·RW) of those columns of S_h in registers (RW·NW >= d). The sums
@@ -482,7 +479,7 @@ __global__ void __launch_bounds__(kKdaDecodeMaxDim) kda_decode_split_kernel(KdaD
     load_conv(a.v_conv, conv, P, 2, vch, K, wv, iv);
     onv = __ldg(a.o_norm + c);
   }
-  wait_prior_kernel();
+  pdl_wait();
   float xq = 0, xk = 0, zc = 0, xv = 0, gv = 0;
   const float braw = a.beta[size_t(seq) * a.H + h];
   if (live) xq = a.q[io + ch], xk = a.k[io + ch], zc = a.z[io + ch] + dtb;
@@ -577,7 +574,7 @@ __global__ void __launch_bounds__(kKdaDecodeMaxDim) kda_decode_split_kernel(KdaD
 }
 
 /// Launches `kern` with a cluster of `cluster_x` blocks along x and, when `pdl`, as a
-/// programmatic dependent launch (the kernel calls wait_prior_kernel before reading its inputs).
+/// programmatic dependent launch (the kernel calls pdl_wait before reading its inputs).
 template <class... Exp, class... Act>
 void launch_ex(CudaBackend::Impl& m, void (*kern)(Exp...), dim3 grid, dim3 block, size_t smem, unsigned cluster_x,
                bool pdl, Act&&... args) {

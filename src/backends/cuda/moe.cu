@@ -46,6 +46,7 @@ __device__ __forceinline__ bool better(const Best& a, const Best& b) {
 /// scale: routed_scale applied after the renormalization (1 = none), as the forward pass does.
 __global__ void router_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int E, int k,
                               float scale, int* __restrict__ ids, float* __restrict__ weights) {
+  cuda::pdl_trigger();  // an ordinary launch: a programmatic dependent behind it may start now
   extern __shared__ float rs[];
   float* s = rs;                                         // [E] σ(logit)
   float* biased = s + E;                                 // [E]
@@ -191,6 +192,7 @@ __global__ void mx_batch_kernel(MxBatchArgs b) {
 /// out[t, i] = Σ_j w[t, j] · ys[t·k + j, i] in slot order (weights on the device).
 __global__ void routed_sum_kernel(const float* __restrict__ ys, const float* __restrict__ w, int k, int io, int T,
                                   float* __restrict__ out) {
+  cuda::pdl_trigger();  // an ordinary launch: a programmatic dependent behind it may start now
   const size_t n = size_t(T) * io;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const size_t t = i / io, c = i % io;

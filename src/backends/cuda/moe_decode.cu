@@ -103,11 +103,21 @@ __device__ int stage_token(const float* __restrict__ x, int n, uint2* hi, uint2*
   return sigma;
 }
 
+constexpr int kU = 4;  // MXFP4: 128-column spans whose loads are issued together (4 · 64 bytes a row)
+
+/// The first `pf` code lines and the first scale line of each of a warp's 16 rows of an MXFP4
+/// matrix, asked of L2 (prefetch_rows); nothing when pf == 0.
+__device__ __forceinline__ void prefetch_mx_head(const uint8_t* packed, const uint8_t* scale, int rows, int cols, int r0,
+                                                 int pf) {
+  if (pf <= 0) return;
+  prefetch_rows(packed, size_t(cols) / 2, rows, r0, 0, pf);
+  prefetch_rows(scale, size_t(cols) / 32, rows, r0, 0, 1);
+}
+
 /// (row g, row g + 8) sums of this lane's groups over a warp's 16 rows of an MXFP4 matrix (rows ×
 /// cols, cols % 32 == 0) against the staged token; the caller adds the 4 lanes of a row.
 __device__ __forceinline__ void gemv_mx(const uint8_t* __restrict__ packed, const uint8_t* __restrict__ scale, int rows,
                                         int cols, int r0, const uint2* xhi, const uint2* xlo, float& sg, float& sh) {
-  constexpr int kU = 2;  // spans whose loads are issued together
   const int lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4, groups = cols / 32;
   const int ga = 2 * (t4 & 1);  // this lane's C columns 2·t4, 2·t4 + 1 hold groups ga, ga + 1 of a span
   const uint2* xs = g == t4 ? xhi : xlo;
@@ -157,14 +167,18 @@ __global__ void __launch_bounds__(kThreads) mx_gate_up_kernel(const ExpertPtrs* 
                                                               int io, int inter, float b1, float b2,
                                                               float* __restrict__ act,
                                                               unsigned long long* __restrict__ traffic,
-                                                              unsigned long long ebytes) {
+                                                              unsigned long long ebytes, int pf) {
   extern __shared__ __align__(16) uint2 xst[];  // hi [io / 8], lo [io / 8]
   __shared__ float red[kWarps];
   const int j = int(blockIdx.y), lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+  pdl_wait();  // ids come from the router kernel just before
+  pdl_trigger();
   if (traffic && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(traffic, 1ull), atomicAdd(traffic + 1, ebytes);
-  const int sigma = stage_token(z, io, xst, xst + io / 8, red);
   const ExpertPtrs e = table[ids[j]];
   const int r0 = (int(blockIdx.x) * kWarps + int(threadIdx.x) / kWarp) * kRows;
+  prefetch_mx_head(e.p1, e.s1, inter, io, r0, pf);  // in flight while the token is staged
+  prefetch_mx_head(e.p3, e.s3, inter, io, r0, pf);
+  const int sigma = stage_token(z, io, xst, xst + io / 8, red);
   if (r0 >= inter) return;
   float ga = 0.f, gb = 0.f, ua = 0.f, ub = 0.f;
   gemv_mx(e.p1, e.s1, inter, io, r0, xst, xst + io / 8, ga, gb);
@@ -179,13 +193,18 @@ __global__ void __launch_bounds__(kThreads) mx_gate_up_kernel(const ExpertPtrs* 
 /// Down: ys[j, r] = (W2[e] · act[j])[r] for the 16 rows of each warp.
 __global__ void __launch_bounds__(kThreads) mx_down_kernel(const ExpertPtrs* __restrict__ table,
                                                            const int* __restrict__ ids, const float* __restrict__ act,
-                                                           int io, int inter, float* __restrict__ ys) {
+                                                           int io, int inter, float* __restrict__ ys, int pf) {
   extern __shared__ __align__(16) uint2 xst[];  // hi [inter / 8], lo [inter / 8]
   __shared__ float red[kWarps];
   const int j = int(blockIdx.y), lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
-  const int sigma = stage_token(act + size_t(j) * inter, inter, xst, xst + inter / 8, red);
+  // ids were written before the gate/up kernel passed its pdl_wait, so before this kernel could
+  // start: the expert is known now, its act only after the wait.
   const ExpertPtrs e = table[ids[j]];
   const int r0 = (int(blockIdx.x) * kWarps + int(threadIdx.x) / kWarp) * kRows;
+  prefetch_mx_head(e.p2, e.s2, io, inter, r0, pf);
+  pdl_wait();
+  pdl_trigger();
+  const int sigma = stage_token(act + size_t(j) * inter, inter, xst, xst + inter / 8, red);
   if (r0 >= io) return;
   float a = 0.f, b = 0.f;
   gemv_mx(e.p2, e.s2, io, inter, r0, xst, xst + inter / 8, a, b);
@@ -220,22 +239,39 @@ __device__ __forceinline__ void load_bf16(const uint16_t* __restrict__ w, int ro
   }
 }
 
+/// The first `pf` lines of each of a warp's 16 rows of a BF16 matrix (rows × cols), asked of L2;
+/// nothing when pf == 0.
+__device__ __forceinline__ void prefetch_bf16_head(const uint16_t* w, int rows, int cols, int r0, int pf) {
+  if (pf > 0) prefetch_rows(reinterpret_cast<const uint8_t*>(w), size_t(cols) * 2, rows, r0, 0, pf);
+}
+
 /// c += M[r0 + g, r0 + g + 8, :] · x for this warp's 16 rows of a BF16 matrix (rows × cols, cols %
 /// 32 == 0, 16-byte aligned), x the token's values as BF16 pairs: the 8 MMA steps of a 128-column
 /// block per iteration.
 __device__ __forceinline__ void gemv_bf16(const uint16_t* __restrict__ w, int rows, int cols, int r0,
                                           const uint32_t* x_pairs, float (&c)[4]) {
   const int lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
-  for (int c0 = 0; c0 < cols; c0 += kCols) {
-    const int col = c0 + 32 * t4;
-    uint32_t lo[16], hi[16], x[16];
-    load_bf16(w, r0 + g, rows, col, cols, lo);
-    load_bf16(w, r0 + g + 8, rows, col, cols, hi);
-    token_values(x_pairs + col / 2, g == 0 && col < cols, x);
+  // Two 128-column blocks a step: both blocks' loads are issued before the first MMA (twice the
+  // bytes in flight; the MMAs still run block after block: the same sums).
+  for (int c0 = 0; c0 < cols; c0 += 2 * kCols) {
+    uint32_t lo[2][16], hi[2][16];
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
-      const unsigned a[4] = {lo[2 * i], hi[2 * i], lo[2 * i + 1], hi[2 * i + 1]};
-      mma_bf16(c, a, x[2 * i], x[2 * i + 1]);
+    for (int u = 0; u < 2; ++u) {
+      const int col = c0 + u * kCols + 32 * t4;
+      load_bf16(w, r0 + g, rows, col, cols, lo[u]);
+      load_bf16(w, r0 + g + 8, rows, col, cols, hi[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int col = c0 + u * kCols + 32 * t4;
+      if (c0 + u * kCols >= cols) break;
+      uint32_t x[16];
+      token_values(x_pairs + col / 2, g == 0 && col < cols, x);
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const unsigned a[4] = {lo[u][2 * i], hi[u][2 * i], lo[u][2 * i + 1], hi[u][2 * i + 1]};
+        mma_bf16(c, a, x[2 * i], x[2 * i + 1]);
+      }
     }
   }
 }
@@ -245,18 +281,22 @@ __device__ __forceinline__ void gemv_bf16(const uint16_t* __restrict__ w, int ro
 __global__ void __launch_bounds__(kThreads, 2) dense_gate_up_kernel(
     const DenseExpertPtrs* __restrict__ table, const int* __restrict__ ids, const float* __restrict__ z, int io,
     int inter, float b1, float b2, int silu, __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ traffic,
-    unsigned long long ebytes) {
+    unsigned long long ebytes, int pf) {
   extern __shared__ __align__(16) uint32_t zs[];  // z as BF16 pairs [io / 2]
   const int j = int(blockIdx.y), lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+  pdl_wait();  // ids come from the router kernel just before
+  pdl_trigger();
   if (traffic && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(traffic, 1ull), atomicAdd(traffic + 1, ebytes);
+  const DenseExpertPtrs e = table[ids[j]];
+  const int r0 = (int(blockIdx.x) * kWarps + int(threadIdx.x) / kWarp) * kRows;
+  prefetch_bf16_head(e.w1, inter, io, r0, pf);  // in flight while the token is staged
+  prefetch_bf16_head(e.w3, inter, io, r0, pf);
   for (int i = int(threadIdx.x); i < io / 2; i += kThreads) {
     const float2 v = reinterpret_cast<const float2*>(z)[i];
     const __nv_bfloat162 b = __floats2bfloat162_rn(v.x, v.y);
     zs[i] = *reinterpret_cast<const uint32_t*>(&b);
   }
   __syncthreads();
-  const DenseExpertPtrs e = table[ids[j]];
-  const int r0 = (int(blockIdx.x) * kWarps + int(threadIdx.x) / kWarp) * kRows;
   if (r0 >= inter) return;
   float cg[4] = {0.f, 0.f, 0.f, 0.f}, cu[4] = {0.f, 0.f, 0.f, 0.f};
   gemv_bf16(e.w1, inter, io, r0, zs, cg);
@@ -275,10 +315,13 @@ __global__ void __launch_bounds__(kThreads, 2) dense_gate_up_kernel(
 __global__ void __launch_bounds__(kThreads, 2) dense_down_kernel(const DenseExpertPtrs* __restrict__ table,
                                                               const int* __restrict__ ids,
                                                               const __nv_bfloat16* __restrict__ act, int io, int inter,
-                                                              float* __restrict__ ys) {
+                                                              float* __restrict__ ys, int pf) {
   const int j = int(blockIdx.y), lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
-  const DenseExpertPtrs e = table[ids[j]];
+  const DenseExpertPtrs e = table[ids[j]];  // known before the wait, as in mx_down_kernel
   const int r0 = (int(blockIdx.x) * kWarps + int(threadIdx.x) / kWarp) * kRows;
+  prefetch_bf16_head(e.w2, io, inter, r0, pf);
+  pdl_wait();
+  pdl_trigger();
   if (r0 >= io) return;
   float c[4] = {0.f, 0.f, 0.f, 0.f};
   gemv_bf16(e.w2, io, inter, r0, reinterpret_cast<const uint32_t*>(act + size_t(j) * inter), c);
@@ -318,12 +361,15 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
   opt_in_smem(mx_down_kernel, dn_smem, opted_dn, "cudaFuncSetAttribute (mxfp4 decode down)");
   const unsigned long long ebytes = device_expert_bytes(true, io, inter);
   const int per_block = kWarps * kRows;
-  mx_gate_up_kernel<<<dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), kThreads, gu_smem, m.stream>>>(
-      table, ids, z, io, inter, b1, b2, act, m.traffic_counters(), ebytes);
-  m.launched("routed_moe (fast) mxfp4 decode gate/up kernel");
-  mx_down_kernel<<<dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)), kThreads, dn_smem, m.stream>>>(
-      table, ids, act, io, inter, ys);
-  m.launched("routed_moe (fast) mxfp4 decode down kernel");
+  const char* gu = "routed_moe (fast) mxfp4 decode gate/up kernel";
+  launch_pdl(m, m.stream_pdl, mx_gate_up_kernel, dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)),
+             dim3(kThreads), gu_smem, gu, table, ids, z, io, inter, b1, b2, act, m.traffic_counters(), ebytes,
+             m.stream_prefetch);
+  m.launched(gu);
+  const char* dn = "routed_moe (fast) mxfp4 decode down kernel";
+  launch_pdl(m, m.stream_pdl, mx_down_kernel, dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)),
+             dim3(kThreads), dn_smem, dn, table, ids, static_cast<const float*>(act), io, inter, ys, m.stream_prefetch);
+  m.launched(dn);
 }
 
 void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const int* ids, const float* z, int k, int io,
@@ -334,12 +380,16 @@ void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const 
   opt_in_smem(dense_gate_up_kernel, zs_bytes, opted, "cudaFuncSetAttribute (dense decode gate/up)");
   const unsigned long long ebytes = device_expert_bytes(false, io, inter);
   const int per_block = kWarps * kRows;
-  dense_gate_up_kernel<<<dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), kThreads, zs_bytes,
-                         m.stream>>>(table, ids, z, io, inter, b1, b2, silu ? 1 : 0, act, m.traffic_counters(), ebytes);
-  m.launched("routed_moe (fast) dense decode gate/up kernel");
-  dense_down_kernel<<<dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)), kThreads, 0, m.stream>>>(
-      table, ids, act, io, inter, ys);
-  m.launched("routed_moe (fast) dense decode down kernel");
+  const char* gu = "routed_moe (fast) dense decode gate/up kernel";
+  launch_pdl(m, m.stream_pdl, dense_gate_up_kernel, dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)),
+             dim3(kThreads), zs_bytes, gu, table, ids, z, io, inter, b1, b2, silu ? 1 : 0, act, m.traffic_counters(),
+             ebytes, m.stream_prefetch);
+  m.launched(gu);
+  const char* dn = "routed_moe (fast) dense decode down kernel";
+  launch_pdl(m, m.stream_pdl, dense_down_kernel, dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)),
+             dim3(kThreads), 0, dn, table, ids, static_cast<const __nv_bfloat16*>(act), io, inter, ys,
+             m.stream_prefetch);
+  m.launched(dn);
 }
 
 }  // namespace wren::cuda

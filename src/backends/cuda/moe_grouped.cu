@@ -228,6 +228,7 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(GroupArgs a) {
 /// out[t, i] = Σ_j w[t·k + j] · ys[(t·k + j), i] in slot order, 4 columns a thread (io % 4 == 0).
 __global__ void slot_sum_kernel(const float* __restrict__ ys, const float* __restrict__ w, int k, int io, int T,
                                 float* __restrict__ out) {
+  pdl_trigger();  // an ordinary launch: a programmatic dependent behind it may start now
   const int per_row = io / 4;
   const size_t n = size_t(T) * per_row;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {

@@ -23,6 +23,7 @@ constexpr int kMaxMix = 32;  ///< AttnRes entries per mix (K3 needs <= 9: ceil(9
 template <int kPer>
 __global__ void rms_norm_kernel(const float* __restrict__ x, int n, const float* __restrict__ w, float eps,
                                 float* __restrict__ y) {
+  cuda::pdl_trigger();  // an ordinary launch: a programmatic dependent behind it may start now
   __shared__ double red[32];
   const float* xr = x + size_t(blockIdx.x) * n;
   float* yr = y + size_t(blockIdx.x) * n;
@@ -59,6 +60,7 @@ struct MixEntries {
 
 __global__ void attnres_mix_kernel(MixEntries entries, int n_entries, int D, const float* __restrict__ w,
                                    float eps, float* __restrict__ out) {
+  cuda::pdl_trigger();  // an ordinary launch: a programmatic dependent behind it may start now
   __shared__ double red[32];
   __shared__ float prob[kMaxMix];
   __shared__ double score[kMaxMix];
