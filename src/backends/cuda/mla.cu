@@ -138,7 +138,7 @@ void CudaBackend::mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& 
         const cudaError_t err = cudaGetLastError();
         const cudaError_t done = err == cudaSuccess ? cudaStreamSynchronize(side) : err;
         cudaStreamDestroy(side);
-        if (done != cudaSuccess) cudaFree(kept);
+        if (done != cudaSuccess) m.deferred_free.push_back(kept);  // cudaFree would sync while recording
         cuda::check_cuda(done, "mla kv_b decode kernel (side stream, while recording)");
         ++m.stats.launches, ++m.stats.host_syncs;
         m.kvb_f32[&w.kv_b] = kept;
