@@ -36,6 +36,22 @@ void CudaBackend::copy_kernel(const float* src, size_t n, float* dst) {
   m.launched("copy_kernel");
 }
 
+double CudaBackend::copy_bandwidth(size_t floats) {
+  float* src = alloc(floats);
+  float* dst = alloc(floats);
+  double t = 0;
+  try {
+    t = time_recorded([&](int) { copy_kernel(src, floats, dst); }, 4, 5);
+  } catch (...) {
+    release(src);
+    release(dst);
+    throw;
+  }
+  release(src);
+  release(dst);
+  return 2.0 * double(floats) * sizeof(float) / t;
+}
+
 double CudaBackend::time_recorded(const std::function<void(int)>& op, int n, int reps) {
   Impl& m = *impl_;
   check(n >= 1 && reps >= 1, "CUDA backend: time_recorded: n and reps must be >= 1");

@@ -177,6 +177,10 @@ class CudaBackend final : public Backend {
   /// stores, one wave of grid-stride blocks), one launch on the compute stream; buffers 16-byte
   /// aligned (alloc()'s are). Ratios in docs/gpu-results.md are taken against it.
   void copy_kernel(const float* src, size_t n, float* dst);
+  /// Benchmark helper: bytes per second read + written by copy_kernel between two device buffers
+  /// of `floats` floats (default 512 MB each, beyond the L2), graph-timed as time_recorded (4
+  /// copies a graph, median of 5 launches): the copy bandwidth the CUDA speed tests' ratios use.
+  double copy_bandwidth(size_t floats = size_t(1) << 27);
   /// Benchmark/test hook: the form of the fused KDA decode step (default: KdaDecodeForm::Bulk's
   /// rule), so one run can time the forms side by side.
   void set_kda_decode_form(KdaDecodeForm f);

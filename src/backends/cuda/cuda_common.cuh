@@ -234,14 +234,28 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const unsigned (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+/// The 32 BF16 values (four 16-byte loads) of a row at columns col .. col + 31, zeros past the
+/// matrix (the BF16 decode GEMVs: gemv_tc.cu, moe_decode.cu); pair i = columns 2i, 2i + 1.
+__device__ __forceinline__ void load_bf16(const uint16_t* __restrict__ w, int row, int rows, int col, int cols,
+                                          uint32_t (&v)[16]) {
+  const bool in = row < rows && col < cols;
+  const uint4* src = reinterpret_cast<const uint4*>(w + size_t(in ? row : 0) * cols + (in ? col : 0));
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const uint4 q = in ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
+    v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
+  }
+}
+
 /// Programmatic dependent launch (docs/gpu-method.md#programmatic-dependent-launch): lets the
-/// kernel launched behind this one with launch_pdl start its blocks now. Ordinary kernels call it
-/// first thing; kernels launched with launch_pdl only after pdl_wait (so that when a dependent
-/// starts, every kernel before this one has completed). No effect without such a dependent.
+/// kernel launched behind this one as a programmatic dependent launch (launch_ex) start its blocks
+/// now. Ordinary kernels call it first thing; kernels launched that way only after pdl_wait (so
+/// that when a dependent starts, every kernel before this one has completed). No effect without
+/// such a dependent.
 __device__ __forceinline__ void pdl_trigger() { asm volatile("griddepcontrol.launch_dependents;"); }
 /// Programmatic dependent launch: returns once the kernel before this one has completed and its
-/// writes are visible (at once for a kernel launched ordinarily). A kernel launched with
-/// launch_pdl reads nothing but weights (and what was written before the kernel before it began)
+/// writes are visible (at once for a kernel launched ordinarily). A programmatic dependent
+/// launch reads nothing but weights (and what was written before the kernel before it began)
 /// until it has called this.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 
@@ -326,23 +340,36 @@ inline unsigned grid_for(size_t n, int threads, unsigned cap = 65535u * 4) {
   return unsigned(b == 0 ? 1 : (b > cap ? cap : b));
 }
 
-/// Launches `kern` on the compute stream; when `pdl`, as a programmatic dependent launch
-/// (cudaLaunchAttributeProgrammaticStreamSerialization: its blocks may start once the kernel
-/// before it has called pdl_trigger, and must pdl_wait before reading that kernel's outputs).
-/// Throws DeviceError naming `what` when the launch fails; the caller then calls launched().
+/// Launches `kern` on the compute stream through cudaLaunchKernelEx: with a thread-block cluster
+/// of `cluster_x` blocks along x when cluster_x > 0, and when `pdl` as a programmatic dependent
+/// launch (cudaLaunchAttributeProgrammaticStreamSerialization: its blocks may start once the
+/// kernel before it has called pdl_trigger, and must pdl_wait before reading that kernel's
+/// outputs). Throws DeviceError naming `what` when the launch fails; the caller then calls
+/// launched().
 template <class... Exp, class... Act>
-void launch_pdl(CudaBackend::Impl& m, bool pdl, void (*kern)(Exp...), dim3 grid, dim3 block, size_t smem,
-                const char* what, Act&&... args) {
+void launch_ex(CudaBackend::Impl& m, void (*kern)(Exp...), dim3 grid, dim3 block, size_t smem, unsigned cluster_x,
+               bool pdl, const char* what, Act&&... args) {
   cudaLaunchConfig_t cfg{};
   cfg.gridDim = grid;
   cfg.blockDim = block;
   cfg.dynamicSmemBytes = smem;
   cfg.stream = m.stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchAttribute attr[2];
+  unsigned n = 0;
+  if (cluster_x > 0) {
+    attr[n].id = cudaLaunchAttributeClusterDimension;
+    attr[n].val.clusterDim.x = cluster_x;
+    attr[n].val.clusterDim.y = 1;
+    attr[n].val.clusterDim.z = 1;
+    ++n;
+  }
+  if (pdl) {
+    attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[n].val.programmaticStreamSerializationAllowed = 1;
+    ++n;
+  }
   cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 1 : 0;
+  cfg.numAttrs = n;
   check_cuda(cudaLaunchKernelEx(&cfg, kern, std::forward<Act>(args)...), what);
 }
 

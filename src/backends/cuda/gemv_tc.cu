@@ -56,17 +56,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tc_kernel(const uint16_t* __
     uint32_t lo[2][16], hi[2][16];
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      const int col = (s + u * kWarps) * kSpan + 32 * t4;
-      const bool in = s + u * kWarps < s_end && col < cols;
-      const uint4* pa = reinterpret_cast<const uint4*>(w + size_t(ra < rows && in ? ra : 0) * cols + (in ? col : 0));
-      const uint4* pb = reinterpret_cast<const uint4*>(w + size_t(rb < rows && in ? rb : 0) * cols + (in ? col : 0));
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint4 qa = ra < rows && in ? __ldg(pa + i) : make_uint4(0, 0, 0, 0);
-        const uint4 qb = rb < rows && in ? __ldg(pb + i) : make_uint4(0, 0, 0, 0);
-        lo[u][4 * i] = qa.x, lo[u][4 * i + 1] = qa.y, lo[u][4 * i + 2] = qa.z, lo[u][4 * i + 3] = qa.w;
-        hi[u][4 * i] = qb.x, hi[u][4 * i + 1] = qb.y, hi[u][4 * i + 2] = qb.z, hi[u][4 * i + 3] = qb.w;
-      }
+      // A span past the block's share loads nothing (col = cols: zeros).
+      const int col = s + u * kWarps < s_end ? (s + u * kWarps) * kSpan + 32 * t4 : cols;
+      load_bf16(w, ra, rows, col, cols, lo[u]);
+      load_bf16(w, rb, rows, col, cols, hi[u]);
     }
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
@@ -137,8 +130,8 @@ bool gemv_tc(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, 
       check_cuda(cudaMemsetAsync(count, 0, m.gemv_count.bytes, m.stream), "cudaMemsetAsync (tensor-core gemv counters)");
   }
   const char* what = "gemm (fast) bf16 tensor-core gemv kernel";
-  launch_pdl(m, m.stream_pdl, gemv_tc_kernel, dim3(unsigned(tiles), unsigned(blocks_y)), dim3(kThreads), 0, what,
-             static_cast<const uint16_t*>(v.data), x, rows, cols, per, m.stream_prefetch, part, count, y);
+  launch_ex(m, gemv_tc_kernel, dim3(unsigned(tiles), unsigned(blocks_y)), dim3(kThreads), 0, 0, m.stream_pdl, what,
+            static_cast<const uint16_t*>(v.data), x, rows, cols, per, m.stream_prefetch, part, count, y);
   m.launched(what);
   ++m.stats.tc_gemvs;
   return true;

@@ -573,27 +573,8 @@ __global__ void __launch_bounds__(kKdaDecodeMaxDim) kda_decode_split_kernel(KdaD
   }
 }
 
-/// Launches `kern` with a cluster of `cluster_x` blocks along x and, when `pdl`, as a
-/// programmatic dependent launch (the kernel calls pdl_wait before reading its inputs).
-template <class... Exp, class... Act>
-void launch_ex(CudaBackend::Impl& m, void (*kern)(Exp...), dim3 grid, dim3 block, size_t smem, unsigned cluster_x,
-               bool pdl, Act&&... args) {
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = grid;
-  cfg.blockDim = block;
-  cfg.dynamicSmemBytes = smem;
-  cfg.stream = m.stream;
-  cudaLaunchAttribute attr[2];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = cluster_x;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attr[1].val.programmaticStreamSerializationAllowed = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = pdl ? 2 : 1;
-  check_cuda(cudaLaunchKernelEx(&cfg, kern, std::forward<Act>(args)...), "cudaLaunchKernelEx (kda_core decode)");
-}
+
+constexpr const char* kLaunchWhat = "cudaLaunchKernelEx (kda_core decode)";
 
 uint64_t launch_count(const CudaBackend::Impl& m) { return m.stats.launches + m.stats.graph_kernels; }
 
@@ -628,8 +609,8 @@ bool split_applies(const KdaDecodeArgs& a) { return a.T == 1 && a.d >= 1 && a.d 
 template <int KC, bool FIXED>
 void launch_split_k(CudaBackend::Impl& m, const KdaDecodeArgs& a, const KdaDecodeStates& st, int B, dim3 grid,
                     dim3 block, unsigned blocks, bool pdl) {
-  if (a.fast) launch_ex(m, kda_decode_split_kernel<KC, FIXED, true>, grid, block, 0, blocks, pdl, a, st);
-  else launch_ex(m, kda_decode_split_kernel<KC, FIXED, false>, grid, block, 0, blocks, pdl, a, st);
+  if (a.fast) launch_ex(m, kda_decode_split_kernel<KC, FIXED, true>, grid, block, 0, blocks, pdl, kLaunchWhat, a, st);
+  else launch_ex(m, kda_decode_split_kernel<KC, FIXED, false>, grid, block, 0, blocks, pdl, kLaunchWhat, a, st);
 }
 
 template <bool FIXED>
@@ -659,19 +640,8 @@ void launch_split(CudaBackend::Impl& m, const KdaDecodeArgs& a, const KdaDecodeS
 template <int RW, int NW, bool FIXED>
 void launch(CudaBackend::Impl& m, const KdaDecodeArgs& a) {
   const unsigned blocks = unsigned((a.d + kWarp - 1) / kWarp);
-  cudaLaunchConfig_t cfg{};
-  cfg.gridDim = dim3(blocks, unsigned(a.H));
-  cfg.blockDim = dim3(kWarp * NW);
-  cfg.dynamicSmemBytes = 0;
-  cfg.stream = m.stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = blocks;
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
-  cfg.attrs = attr;
-  cfg.numAttrs = 1;
-  check_cuda(cudaLaunchKernelEx(&cfg, kda_decode_kernel<RW, NW, FIXED>, a), "cudaLaunchKernelEx (kda_core decode)");
+  launch_ex(m, kda_decode_kernel<RW, NW, FIXED>, dim3(blocks, unsigned(a.H)), dim3(kWarp * NW), 0, blocks, false,
+            kLaunchWhat, a);
 }
 
 }  // namespace

@@ -226,19 +226,6 @@ __device__ __forceinline__ void token_values(const uint32_t* pairs, bool mine, u
   }
 }
 
-/// The 32 BF16 values (four 16-byte loads) of a row at columns col .. col + 31, zeros past the
-/// matrix; pair i = columns 2i, 2i + 1.
-__device__ __forceinline__ void load_bf16(const uint16_t* __restrict__ w, int row, int rows, int col, int cols,
-                                          uint32_t (&v)[16]) {
-  const bool in = row < rows && col < cols;
-  const uint4* src = reinterpret_cast<const uint4*>(w + size_t(in ? row : 0) * cols + (in ? col : 0));
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint4 q = in ? __ldg(src + i) : make_uint4(0, 0, 0, 0);
-    v[4 * i] = q.x, v[4 * i + 1] = q.y, v[4 * i + 2] = q.z, v[4 * i + 3] = q.w;
-  }
-}
-
 /// The first `pf` lines of each of a warp's 16 rows of a BF16 matrix (rows × cols), asked of L2;
 /// nothing when pf == 0.
 __device__ __forceinline__ void prefetch_bf16_head(const uint16_t* w, int rows, int cols, int r0, int pf) {
@@ -362,13 +349,13 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
   const unsigned long long ebytes = device_expert_bytes(true, io, inter);
   const int per_block = kWarps * kRows;
   const char* gu = "routed_moe (fast) mxfp4 decode gate/up kernel";
-  launch_pdl(m, m.stream_pdl, mx_gate_up_kernel, dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)),
-             dim3(kThreads), gu_smem, gu, table, ids, z, io, inter, b1, b2, act, m.traffic_counters(), ebytes,
-             m.stream_prefetch);
+  launch_ex(m, mx_gate_up_kernel, dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), dim3(kThreads),
+            gu_smem, 0, m.stream_pdl, gu, table, ids, z, io, inter, b1, b2, act, m.traffic_counters(), ebytes,
+            m.stream_prefetch);
   m.launched(gu);
   const char* dn = "routed_moe (fast) mxfp4 decode down kernel";
-  launch_pdl(m, m.stream_pdl, mx_down_kernel, dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)),
-             dim3(kThreads), dn_smem, dn, table, ids, static_cast<const float*>(act), io, inter, ys, m.stream_prefetch);
+  launch_ex(m, mx_down_kernel, dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)), dim3(kThreads), dn_smem,
+            0, m.stream_pdl, dn, table, ids, static_cast<const float*>(act), io, inter, ys, m.stream_prefetch);
   m.launched(dn);
 }
 
@@ -381,14 +368,13 @@ void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const 
   const unsigned long long ebytes = device_expert_bytes(false, io, inter);
   const int per_block = kWarps * kRows;
   const char* gu = "routed_moe (fast) dense decode gate/up kernel";
-  launch_pdl(m, m.stream_pdl, dense_gate_up_kernel, dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)),
-             dim3(kThreads), zs_bytes, gu, table, ids, z, io, inter, b1, b2, silu ? 1 : 0, act, m.traffic_counters(),
-             ebytes, m.stream_prefetch);
+  launch_ex(m, dense_gate_up_kernel, dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), dim3(kThreads),
+            zs_bytes, 0, m.stream_pdl, gu, table, ids, z, io, inter, b1, b2, silu ? 1 : 0, act, m.traffic_counters(),
+            ebytes, m.stream_prefetch);
   m.launched(gu);
   const char* dn = "routed_moe (fast) dense decode down kernel";
-  launch_pdl(m, m.stream_pdl, dense_down_kernel, dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)),
-             dim3(kThreads), 0, dn, table, ids, static_cast<const __nv_bfloat16*>(act), io, inter, ys,
-             m.stream_prefetch);
+  launch_ex(m, dense_down_kernel, dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)), dim3(kThreads), 0, 0,
+            m.stream_pdl, dn, table, ids, static_cast<const __nv_bfloat16*>(act), io, inter, ys, m.stream_prefetch);
   m.launched(dn);
 }
 
