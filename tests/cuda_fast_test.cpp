@@ -138,6 +138,98 @@ TEST_F(CudaFast, GemmMatchesCpu) {
               lt.cases, lt.rel, tc.cases, tc.rel, f32.cases, f32.rel);
 }
 
+// The tensor-core GEMV (T = 1, BF16) with 1, 2, 4 and 8 warps to a 16-row tile (the test hook of
+// set_decode_streams; 0 = the default, 8) on shapes from 1 to 140000 rows, against the CPU; then Backend::gemm_batch: 12 jobs (10 the tensor-core GEMV takes, an f32 one
+// and a BF16 one of 48 columns it declines) in launches of at most 8 products, each y equal bit
+// for bit to gemm on its job alone, and one launch for a batch of 8 it takes.
+TEST_F(CudaFast, GemvBatchesAndWarpsPerTileMatchCpu) {
+  std::mt19937 g(57);
+  struct Case {
+    int rows, cols;
+  };
+  const Case cases[] = {{140000, 160}, {4100, 2304}, {17, 3584}, {300, 160}, {2048, 512}, {40, 12288}, {1, 7168},
+                        {3000, 64},    {513, 1024},  {2304, 48}, {100, 96}};
+  std::vector<HostWeight> hw;
+  std::vector<std::vector<uint8_t>> packed;
+  std::vector<DenseWeight> W;
+  std::vector<std::vector<float>> xs;
+  std::vector<float*> dxs;
+  hw.reserve(std::size(cases) + 1), packed.reserve(std::size(cases) + 1);
+  for (const Case& c : cases) {
+    hw.emplace_back(rnd(g, size_t(c.rows) * c.cols), c.rows, c.cols);
+    packed.emplace_back(wformat_data_bytes(WFormat::BF16, c.rows, c.cols));
+    quantize_matrix(hw.back().data.data(), c.rows, c.cols, WFormat::BF16, packed.back().data(), nullptr);
+    DenseWeight w = hw.back().w;
+    w.format = WFormat::BF16, w.dtype = DType::BF16, w.data = packed.back().data();
+    be_->upload(w);
+    W.push_back(w);
+    xs.push_back(rnd(g, size_t(c.cols)));
+    dxs.push_back(dev(xs.back()));
+  }
+  hw.emplace_back(rnd(g, size_t(64) * 256), 64, 256);  // an f32 weight: gemm's f32 path
+  be_->upload(hw.back().w);
+  W.push_back(hw.back().w);
+  xs.push_back(rnd(g, 256));
+  dxs.push_back(dev(xs.back()));
+  const size_t n = W.size();
+  std::vector<std::vector<float>> ref(n);
+  for (size_t i = 0; i < n; ++i) {
+    ref[i].resize(W[i].rows);
+    cpu_.gemm(hw[i].w, xs[i].data(), 1, ref[i].data());  // the f32 weight: the bf16 rounding is part of the error
+  }
+  Worst worst;
+  for (int wt : {0, 1, 2, 4, 8}) {
+    be_->set_decode_streams(true, 0, wt);
+    for (size_t i = 0; i + 1 < n; ++i) {
+      const std::string sh = "rows=" + std::to_string(W[i].rows) + " cols=" + std::to_string(W[i].cols) +
+                             " warps a tile=" + std::to_string(wt);
+      float* dy = poisoned(W[i].rows);
+      const uint64_t tc0 = be_->stats().tc_gemvs;
+      be_->gemm(W[i], dxs[i], 1, dy);
+      EXPECT_EQ(be_->stats().tc_gemvs - tc0, W[i].cols % 32 == 0 ? 1u : 0u) << sh;
+      const auto got = host(dy, W[i].rows);
+      EXPECT_EQ(nan_count(got), 0u) << sh;
+      const double r = test::rel_l2(got.data(), ref[i].data(), got.size());
+      EXPECT_LE(r, W[i].rows < 16 ? 2e-2 : 6e-3) << sh;
+      worst.add(r);
+    }
+  }
+  be_->set_decode_streams(true, 0);
+  // gemm_batch: every job's y bit-identical to gemm on it alone.
+  std::vector<std::vector<float>> alone(n);
+  for (size_t i = 0; i < n; ++i) {
+    float* dy = poisoned(W[i].rows);
+    be_->gemm(W[i], dxs[i], 1, dy);
+    alone[i] = host(dy, W[i].rows);
+  }
+  std::vector<GemmJob> jobs;
+  for (size_t i = 0; i < n; ++i) jobs.push_back({&W[i], dxs[i], poisoned(W[i].rows)});
+  std::reverse(jobs.begin(), jobs.end());  // the declined jobs first, the many-row one last
+  const uint64_t tc0 = be_->stats().tc_gemvs;
+  be_->gemm_batch(jobs.data(), int(jobs.size()), 1);
+  EXPECT_EQ(be_->stats().tc_gemvs - tc0, 10u);
+  for (size_t j = 0; j < n; ++j) {
+    const size_t i = n - 1 - j;
+    const auto got = host(jobs[j].y, W[i].rows);
+    EXPECT_EQ(0, std::memcmp(got.data(), alone[i].data(), got.size() * 4))
+        << "gemm_batch job " << j << " (rows=" << W[i].rows << " cols=" << W[i].cols << ") differs from gemm alone";
+  }
+  std::vector<GemmJob> eight;
+  for (size_t i = 0; i < n && eight.size() < 8; ++i)
+    if (W[i].format == WFormat::BF16 && W[i].cols % 32 == 0) eight.push_back({&W[i], dxs[i], poisoned(W[i].rows)});
+  be_->gemm_batch(eight.data(), 8, 1);  // scratch made
+  const uint64_t l0 = be_->stats().launches;
+  be_->gemm_batch(eight.data(), 8, 1);
+  EXPECT_EQ(be_->stats().launches - l0, 1u) << "8 tensor-core GEMVs in one launch";
+  for (const GemmJob& j : eight) {
+    const size_t i = size_t(j.W - W.data());
+    const auto got = host(j.y, W[i].rows);
+    EXPECT_EQ(0, std::memcmp(got.data(), alone[i].data(), got.size() * 4)) << "batch of 8, rows=" << W[i].rows;
+  }
+  std::printf("[ cuda fast ] tensor-core gemv, 1/2/4/8 warps a tile: %d products, worst rel-L2 %.3g\n",
+              worst.cases, worst.rel);
+}
+
 /// A random MXFP4 expert (scales near 2^0 so the products stay in range).
 struct MxExpert {
   std::vector<uint8_t> b[6];
@@ -440,8 +532,9 @@ TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
 // Not a correctness test (its name keeps it out of the suite; run on the GPU machine): the decode
 // weight streams of fast mode at K3 and Kimi-Linear sizes, graph-timed (one CUDA graph of R calls)
 // over weights that do not fit the 50 MB L2, beside a 512 MB copy timed the same way in this run,
-// launched ordinarily and as programmatic dependent launches with 0, 2 and 8 lines a row asked of L2
-// before the wait (set_decode_streams): the BF16 tensor-core GEMV, the MXFP4
+// launched ordinarily and as programmatic dependent launches with 0 and 2 lines a row asked of L2
+// before the wait, the GEMV also with one warp to a tile (set_decode_streams): the BF16 tensor-core
+// GEMV, a KDA layer's input projections as one gemm_batch and as one gemm each, the MXFP4
 // experts of one token (K3: 16 of io 3584 × inter 3072, consecutive calls on disjoint experts) and
 // the dense BF16 experts of one token (Kimi Linear: 8 of 2304 × 1024); then one profiled call of
 // each MoE at the default distance (where its time goes, launch by launch).
@@ -449,15 +542,20 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
   std::mt19937 g(53);
   const double copy = be_->copy_bandwidth();  // bytes/s, read + written, 512 MB each way
   std::printf("[ decode streams ] copy kernel 512 MB -> 512 MB: %.0f GB/s (read + written)\n", copy / 1e9);
-  const struct {
+  struct Variant {
     bool pdl;
-    int lines;
+    int lines, wt;
     const char* name;
-  } variants[] = {{false, 0, "plain"}, {true, 0, "pdl"}, {true, 2, "pdl+2"}, {true, 8, "pdl+8"}};
-  auto report = [&](const std::string& what, double bytes, const std::function<double()>& timed) {
+  };
+  // GEMV: also with a warp to a 16-row tile (the default is 8, a tile a block).
+  const std::vector<Variant> gemv_variants = {
+      {false, 0, 0, "plain"}, {true, 0, 0, "pdl"}, {true, 0, 1, "pdl 1w"}, {true, 2, 0, "pdl+2"}};
+  const std::vector<Variant> moe_variants = {{false, 0, 0, "plain"}, {true, 0, 0, "pdl"}, {true, 2, 0, "pdl+2"}};
+  auto report = [&](const std::string& what, double bytes, const std::function<double()>& timed,
+                    const std::vector<Variant>& variants) {
     std::string line = "[ decode streams ] " + what + ":";
     for (const auto& v : variants) {
-      be_->set_decode_streams(v.pdl, v.lines);
+      be_->set_decode_streams(v.pdl, v.lines, v.wt);
       const double t = timed();
       char buf[96];
       std::snprintf(buf, sizeof buf, "  %s %7.2f us %5.0f GB/s %3.0f%%", v.name, t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy);
@@ -491,10 +589,53 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
     const uint64_t tc0 = be_->stats().tc_gemvs;
     char name[64];
     std::snprintf(name, sizeof name, "%s bf16 gemv %5d x %5d (%d copies)", sh.name, sh.rows, sh.cols, R);
-    report(name, bytes, [&] { return be_->time_recorded([&](int i) { be_->gemm(ws[i], dx, 1, dy); }, R, 10); });
+    report(name, bytes, [&] { return be_->time_recorded([&](int i) { be_->gemm(ws[i], dx, 1, dy); }, R, 10); },
+           gemv_variants);
     EXPECT_GT(be_->stats().tc_gemvs, tc0) << name << ": the tensor-core GEMV ran";
     be_->release(dy);
   }
+  // The projections of a KDA layer's normed input (model/forward.cpp kda_layer): one gemm_batch
+  // (one launch) against one gemm each, graph-timed over distinct copies.
+  auto projections = [&](const char* what, const std::vector<std::pair<int, int>>& mats) {
+    double bytes = 0;
+    int cols = mats[0].second;
+    for (const auto& [r, c] : mats) bytes += 2.0 * r * c;
+    const int R = std::max(2, int(std::ceil(300e6 / bytes)));
+    std::vector<std::vector<uint8_t>> store;
+    std::vector<DenseWeight> ws;
+    store.reserve(size_t(R) * mats.size()), ws.reserve(size_t(R) * mats.size());
+    for (int i = 0; i < R; ++i)
+      for (const auto& [r, c] : mats) {
+        const auto src = rnd(g, size_t(r) * c);
+        store.emplace_back(size_t(2) * r * c);
+        quantize_matrix(src.data(), r, c, WFormat::BF16, store.back().data(), nullptr);
+        DenseWeight w;
+        w.rows = size_t(r), w.cols = size_t(c), w.format = WFormat::BF16, w.dtype = DType::BF16;
+        w.data = store.back().data();
+        be_->upload(w);
+        ws.push_back(w);
+      }
+    float* dx = dev(rnd(g, size_t(cols)));
+    std::vector<float*> ys;
+    for (const auto& rc : mats) ys.push_back(be_->alloc(size_t(rc.first)));
+    const size_t M = mats.size();
+    std::vector<GemmJob> jobs(M);
+    report(std::string(what) + " one gemm each", bytes, [&] {
+      return be_->time_recorded([&](int i) { for (size_t j = 0; j < M; ++j) be_->gemm(ws[size_t(i) * M + j], dx, 1, ys[j]); }, R, 10);
+    }, gemv_variants);
+    report(std::string(what) + " one gemm_batch", bytes, [&] {
+      return be_->time_recorded([&](int i) {
+        for (size_t j = 0; j < M; ++j) jobs[j] = {&ws[size_t(i) * M + j], dx, ys[j]};
+        be_->gemm_batch(jobs.data(), int(M), 1);
+      }, R, 10);
+    }, gemv_variants);
+    for (float* y : ys) be_->release(y);
+  };
+  projections("KL KDA q,k,v,f_a,b,g_a (3 x 4096 x 2304, 128, 32, 128)",
+              {{4096, 2304}, {4096, 2304}, {4096, 2304}, {128, 2304}, {32, 2304}, {128, 2304}});
+  projections("K3 KDA q,k,v,f_a,b,g (4 x 12288 x 7168, 128, 96)",
+              {{12288, 7168}, {12288, 7168}, {12288, 7168}, {128, 7168}, {96, 7168}, {12288, 7168}});
+  projections("KL MoE router, shared gate, up (256, 2 x 1024 x 2304)", {{256, 2304}, {1024, 2304}, {1024, 2304}});
   auto moe = [&](const std::string& what, bool mx, int E, int k, int io, int inter, std::vector<ExpertRef> experts) {
     MoeWeights mw;
     mw.experts = std::move(experts);
@@ -522,7 +663,7 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
     for (float* l : logits) be_->routed_moe(p, mw, l, dz, 1, ws, dout);  // tables built before any recording
     report(what, bytes, [&] {
       return be_->time_recorded([&](int i) { be_->routed_moe(p, mw, logits[size_t(i % sets)], dz, 1, ws, dout); }, R, 10);
-    });
+    }, moe_variants);
     ASSERT_EQ(be_->fallbacks(), 0u) << what;
     be_->profile_begin();
     be_->routed_moe(p, mw, logits[0], dz, 1, ws, dout);

@@ -282,20 +282,20 @@ void Forward::chunk_ops(const int* ids, const float* x0, int T, int t0, float* l
     const LayerSpec& spec = c.layers[i];
     if (hooks && hooks->before_layer) hooks->before_layer(i, t0, T, LayerIo{be_, b.P, b.blocks.data(), n_blocks, D});
     // Pre-attention mix (skipped while there is no snapshot: the only candidate is P itself).
-    pre_mix(l.attn_mix, b.blocks, n_blocks, T);
-    if (spec.snapshot) {  // P becomes a snapshot; a new block starts at zero
+    const float* mixed = pre_mix(l.attn_mix, b.blocks, n_blocks, T);
+    if (spec.snapshot) {  // P becomes a snapshot (its bytes stay where `mixed` may point); a new block starts at zero
       std::swap(b.blocks[n_blocks], b.P);
       ++n_blocks;
       be_.fill_zero(b.P, TD);
     }
-    be_.rms_norm(b.mixed, T, int(D), l.input_norm, c.rms_eps, b.nrm);
+    be_.rms_norm(mixed, T, int(D), l.input_norm, c.rms_eps, b.nrm);
     if (spec.mixer == Mixer::KDA) kda_layer(l, i, T);
     else mla_layer(l, i, T);
     be_.add(b.P, b.att, TD);
     if (opts_.check_finite) check_sub(b.att, T, pos0, i, spec.mixer == Mixer::KDA ? "KDA" : "MLA");
-    pre_mix(l.mlp_mix, b.blocks, n_blocks, T);
+    mixed = pre_mix(l.mlp_mix, b.blocks, n_blocks, T);
     if (hooks && hooks->dump && i == hooks->dump_layer) dump(hooks, -1, t0, T);  // nrm_attn, att
-    be_.rms_norm(b.mixed, T, int(D), l.post_norm, c.rms_eps, b.nrm);
+    be_.rms_norm(mixed, T, int(D), l.post_norm, c.rms_eps, b.nrm);
     if (spec.ffn == Ffn::Dense) dense_mlp(l, T);
     else moe(i, l.moe, T);
     be_.add(b.P, b.ffn, TD);
@@ -350,20 +350,19 @@ RoutedMoeParams Forward::routed_params(int layer) const {
                          c.expert_format, c.act, c.moe_inter};
 }
 
-/// b.mixed = Mix(blocks + [P]) (AttnRes, docs/model.md#attnres), or P itself when there is nothing to mix:
-/// before the first snapshot, and always with the plain residual (Kimi Linear), whose sublayer
-/// input is the residual stream.
-void Forward::pre_mix(const DenseWeight& w, const std::vector<float*>& blocks, int n_blocks, int T) {
+/// Mix(blocks + [P]) (AttnRes, docs/model.md#attnres) into b.mixed, returned; or P itself (no
+/// copy) when there is nothing to mix: before the first snapshot, and always with the plain
+/// residual (Kimi Linear), whose sublayer input is the residual stream. The caller reads the
+/// result before anything writes P again.
+const float* Forward::pre_mix(const DenseWeight& w, const std::vector<float*>& blocks, int n_blocks, int T) {
   Buffers& b = *buf_;
   const size_t D = cfg_.hidden;
-  if (n_blocks == 0) {
-    be_.copy(b.P, T * D, b.mixed);
-    return;
-  }
+  if (n_blocks == 0) return b.P;
   std::vector<const float*>& entries = b.entries;
   entries.assign(blocks.begin(), blocks.begin() + n_blocks);
   entries.push_back(b.P);
   be_.attnres_mix(entries.data(), int(entries.size()), T, int(D), w, cfg_.rms_eps, b.mixed);
+  return b.mixed;
 }
 
 void Forward::glu(const float* g, const float* u, int T, int n, float* out) {
@@ -374,18 +373,15 @@ void Forward::glu(const float* g, const float* u, int T, int n, float* out) {
 void Forward::kda_layer(const LayerWeights& l, int layer, int T) {
   Buffers& b = *buf_;
   const KdaWeights& k = l.kda;
-  be_.gemm(k.q, b.nrm, T, b.q);
-  be_.gemm(k.k, b.nrm, T, b.k);
-  be_.gemm(k.v, b.nrm, T, b.v);
-  be_.gemm(k.f_a, b.nrm, T, b.fa);
-  be_.gemm(k.f_b, b.fa, T, b.z);
-  be_.gemm(k.b, b.nrm, T, b.beta);
-  if (cfg_.kda_gate_rank == 0) {
-    be_.gemm(k.g, b.nrm, T, b.gate);
-  } else {  // low-rank output gate (Kimi Linear)
-    be_.gemm(k.g_a, b.nrm, T, b.ga);
-    be_.gemm(k.g_b, b.ga, T, b.gate);
-  }
+  // The projections of the normed input in one batch, then the second halves of the low-rank
+  // gates (f, and the output gate in Kimi Linear) in another (Backend::gemm_batch).
+  const bool low_rank_gate = cfg_.kda_gate_rank != 0;
+  const GemmJob first[] = {{&k.q, b.nrm, b.q},       {&k.k, b.nrm, b.k},    {&k.v, b.nrm, b.v},
+                           {&k.f_a, b.nrm, b.fa},    {&k.b, b.nrm, b.beta},
+                           low_rank_gate ? GemmJob{&k.g_a, b.nrm, b.ga} : GemmJob{&k.g, b.nrm, b.gate}};
+  be_.gemm_batch(first, 6, T);
+  const GemmJob second[] = {{&k.f_b, b.fa, b.z}, {&k.g_b, b.ga, b.gate}};
+  be_.gemm_batch(second, low_rank_gate ? 2 : 1, T);
   const KdaParams p{cfg_.kda_heads, cfg_.kda_head_dim, cfg_.conv_kernel, cfg_.gate_lower_bound,
                     cfg_.rms_eps, cfg_.kda_gate};
   const size_t P = cfg_.kda_width(), H = cfg_.kda_heads;
@@ -400,14 +396,18 @@ void Forward::kda_layer(const LayerWeights& l, int layer, int T) {
 void Forward::mla_layer(const LayerWeights& l, int layer, int T) {
   Buffers& b = *buf_;
   const MlaWeights& m = l.mla;
+  // The projections of the normed input in one batch (Backend::gemm_batch): the query (or its
+  // low-rank first half), the latent KV row and the output gate.
+  GemmJob jobs[3];
+  int n = 0;
+  jobs[n++] = cfg_.q_lora > 0 ? GemmJob{&m.q_a, b.nrm, b.qa} : GemmJob{&m.q, b.nrm, b.qfull};
+  jobs[n++] = {&m.kv_a, b.nrm, b.ckv};
+  if (cfg_.mla_out_gate) jobs[n++] = {&m.g, b.nrm, b.mgate};
+  be_.gemm_batch(jobs, n, T);
   if (cfg_.q_lora > 0) {
-    be_.gemm(m.q_a, b.nrm, T, b.qa);
     be_.rms_norm(b.qa, T, cfg_.q_lora, m.q_a_norm, cfg_.mla_latent_eps, b.qan);
     be_.gemm(m.q_b, b.qan, T, b.qfull);
-  } else {
-    be_.gemm(m.q, b.nrm, T, b.qfull);
   }
-  be_.gemm(m.kv_a, b.nrm, T, b.ckv);
   const MlaParams p{cfg_.mla_heads, cfg_.qk_nope, cfg_.qk_extra, cfg_.v_head, cfg_.kv_lora, cfg_.mla_latent_eps};
   const size_t Q = size_t(cfg_.mla_heads) * cfg_.mla_q_head(), W = cfg_.mla_cache_width(),
                C = size_t(cfg_.mla_heads) * cfg_.v_head;
@@ -415,17 +415,14 @@ void Forward::mla_layer(const LayerWeights& l, int layer, int T) {
     const size_t r = size_t(sg.r0);
     be_.mla_attend(p, m, sg.st->mla(layer), b.qfull + r * Q, b.ckv + r * W, sg.n, b.ctx + r * C);
   }
-  if (cfg_.mla_out_gate) {
-    be_.gemm(m.g, b.nrm, T, b.mgate);
-    be_.sigmoid_gate(b.ctx, b.mgate, size_t(T) * cfg_.mla_heads * cfg_.v_head);
-  }
+  if (cfg_.mla_out_gate) be_.sigmoid_gate(b.ctx, b.mgate, size_t(T) * cfg_.mla_heads * cfg_.v_head);
   be_.gemm(m.o, b.ctx, T, b.att);
 }
 
 void Forward::dense_mlp(const LayerWeights& l, int T) {
   Buffers& b = *buf_;
-  be_.gemm(l.mlp.gate, b.nrm, T, b.g);
-  be_.gemm(l.mlp.up, b.nrm, T, b.u);
+  const GemmJob jobs[] = {{&l.mlp.gate, b.nrm, b.g}, {&l.mlp.up, b.nrm, b.u}};
+  be_.gemm_batch(jobs, 2, T);
   glu(b.g, b.u, T, cfg_.dense_inter, b.act);
   be_.gemm(l.mlp.down, b.act, T, b.ffn);
 }
@@ -434,8 +431,20 @@ void Forward::moe(int layer, const MoeWeights& m, int T) {
   Buffers& b = *buf_;
   const Config& c = cfg_;
   const size_t D = c.hidden;
-  if (c.moe_kind == MoeKind::Latent) {  // Stable LatentMoE (docs/model.md#moe)
-    be_.gemm(m.down, b.nrm, T, b.lat);
+  const bool latent = c.moe_kind == MoeKind::Latent, shared = c.n_shared > 0;
+  // The products of the normed input in one batch (Backend::gemm_batch): the latent
+  // down-projection, the router logits, the shared experts' gate and up.
+  GemmJob jobs[4];
+  int n = 0;
+  if (latent) jobs[n++] = {&m.down, b.nrm, b.lat};
+  jobs[n++] = {&m.router, b.nrm, b.rlog};
+  if (shared) jobs[n++] = {&m.shared_gate, b.nrm, b.g}, jobs[n++] = {&m.shared_up, b.nrm, b.u};
+  be_.gemm_batch(jobs, n, T);
+  if (shared) {  // before the routed experts, whose workspace reuses g, u and act
+    glu(b.g, b.u, T, c.shared_inter(), b.act);
+    be_.gemm(m.shared_down, b.act, T, b.tmp);
+  }
+  if (latent) {  // Stable LatentMoE (docs/model.md#moe)
     routed_experts(layer, m, b.lat, T, b.lsum);
     const float* u = b.lsum;
     if (c.latent_norm) {
@@ -446,21 +455,13 @@ void Forward::moe(int layer, const MoeWeights& m, int T) {
   } else {  // plain MoE on the hidden state (docs/model.md#kimi-linear)
     routed_experts(layer, m, b.nrm, T, b.ffn);
   }
-  if (c.n_shared > 0) {
-    const int S = c.shared_inter();
-    be_.gemm(m.shared_gate, b.nrm, T, b.g);
-    be_.gemm(m.shared_up, b.nrm, T, b.u);
-    glu(b.g, b.u, T, S, b.act);
-    be_.gemm(m.shared_down, b.act, T, b.tmp);
-    be_.add(b.ffn, b.tmp, size_t(T) * D);
-  }
+  if (shared) be_.add(b.ffn, b.tmp, size_t(T) * D);
 }
 
-/// out[T, io] = Σ_k w_k · expert_k(z) over each token's top-k (docs/model.md#moe, steps 1-5): the router
-/// logits here, the rest in the backend's one routed-MoE op.
+/// out[T, io] = Σ_k w_k · expert_k(z) over each token's top-k (docs/model.md#moe, steps 1-5), from
+/// the router logits in b.rlog (moe), in the backend's one routed-MoE op.
 void Forward::routed_experts(int layer, const MoeWeights& m, const float* z, int T, float* out) {
   Buffers& b = *buf_;
-  be_.gemm(m.router, b.nrm, T, b.rlog);
   if (predict_now_) predict_next(layer, T);
   if (ep_) ep_->run(routed_params(layer), m, b.rlog, z, T, RoutedMoeWork{b.ys, b.g, b.u, b.act}, out);
   else be_.routed_moe(routed_params(layer), m, b.rlog, z, T, RoutedMoeWork{b.ys, b.g, b.u, b.act}, out);
@@ -485,17 +486,17 @@ int Forward::head(int n_blocks, int T, bool all_logits) {
   Buffers& b = *buf_;
   const ModelWeights& w = model_.weights;
   const size_t D = cfg_.hidden;
-  pre_mix(w.out_mix, b.blocks, n_blocks, T);  // final mix (the residual itself when plain)
+  const float* mixed = pre_mix(w.out_mix, b.blocks, n_blocks, T);  // final mix (the residual itself when plain)
   if (!head_rows_.empty()) {  // run_mixed: the last row of each entry that wants logits
     const int n = int(head_rows_.size());
     for (int r = 0; r < n; ++r)
-      be_.rms_norm(b.mixed + size_t(head_rows_[r]) * D, 1, int(D), w.final_norm, cfg_.rms_eps, b.hnorm + size_t(r) * D);
+      be_.rms_norm(mixed + size_t(head_rows_[r]) * D, 1, int(D), w.final_norm, cfg_.rms_eps, b.hnorm + size_t(r) * D);
     be_.gemm(w.lm_head, b.hnorm, n, b.logits);
     return n;
   }
   // Only the last position needs the head unless every position's logits are asked for.
   const int first = all_logits ? 0 : T - 1, n = T - first;
-  be_.rms_norm(b.mixed + first * D, n, int(D), w.final_norm, cfg_.rms_eps, b.hnorm);
+  be_.rms_norm(mixed + first * D, n, int(D), w.final_norm, cfg_.rms_eps, b.hnorm);
   be_.gemm(w.lm_head, b.hnorm, n, b.logits);
   return n;
 }

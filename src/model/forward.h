@@ -191,7 +191,7 @@ class Forward final : public TokenStep {
   void check_rows(const float* host, int T, size_t width, int pos0, const std::string& what) const;
   /// --check-finite: copies device rows [T, D] of one layer's sub-block output and checks them.
   void check_sub(const float* dev, int T, int pos0, int layer, const char* block);
-  void pre_mix(const DenseWeight& w, const std::vector<float*>& blocks, int n_blocks, int T);
+  const float* pre_mix(const DenseWeight& w, const std::vector<float*>& blocks, int n_blocks, int T);
   void glu(const float* g, const float* u, int T, int n, float* out);
   void routed_experts(int layer, const MoeWeights& m, const float* z, int T, float* out);
   /// ForwardOptions::predict for the MoE layer after `layer` (if any), from b.nrm [T, D].

@@ -25,6 +25,10 @@ struct Backend::HostMoe {
 Backend::Backend() = default;
 Backend::~Backend() = default;
 
+void Backend::gemm_batch(const GemmJob* jobs, int n, int T) {
+  for (int i = 0; i < n; ++i) gemm(*jobs[i].W, jobs[i].x, T, jobs[i].y);
+}
+
 void Backend::place_dense(DenseWeight& w, const PlaceRequest& r) {
   (void)w;
   throw Error(std::string(name()) + " backend: " + r.where + ": this backend does not place weights (places_dense() is false)");

@@ -101,6 +101,13 @@ struct PlaceRequest {
   std::function<void(size_t offset, size_t bytes)> consumed;
 };
 
+/// One product of Backend::gemm_batch: y[T, W->rows] = x[T, W->cols] · Wᵀ.
+struct GemmJob {
+  const DenseWeight* W;
+  const float* x;
+  float* y;
+};
+
 /// The ops. All are synchronous from the caller's view; T >= 1 tokens in original order.
 class Backend {
  public:
@@ -137,6 +144,11 @@ class Backend {
   virtual void embed(const DenseWeight& table, const int* ids, int T, float* x) = 0;
   /// y[T, W.rows] = x[T, W.cols] · Wᵀ.
   virtual void gemm(const DenseWeight& W, const float* x, int T, float* y) = 0;
+  /// Independent products of one step, jobs[i].y = jobs[i].x · jobs[i].Wᵀ with T rows each: no
+  /// job's x may be another job's y. Each y equals what gemm gives for it alone (a backend may run
+  /// them in one launch: the CUDA fast mode's one-token BF16 GEMVs). The default calls gemm for
+  /// each job in order.
+  virtual void gemm_batch(const GemmJob* jobs, int n, int T);
   /// y[T, n] = x / sqrt(mean(x²) + eps) ⊙ w (mean accumulated in f64).
   virtual void rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) = 0;
   /// y[i] += x[i].

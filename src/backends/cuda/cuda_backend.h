@@ -190,10 +190,12 @@ class CudaBackend final : public Backend {
   void set_kda_decode_pdl(bool on);
   /// Benchmark/test hook: whether the decode weight streams of fast mode (the tensor-core GEMV,
   /// the routed experts of a decode token) are programmatic dependent launches (default on: their
-  /// blocks start while the kernel before them drains), and how many 128-byte lines of each row a
-  /// warp asks of L2 before waiting for that kernel (default 0). Changes timing only, never a
-  /// result. Throws wren::Error for prefetch_lines outside 0..64.
-  void set_decode_streams(bool pdl, int prefetch_lines);
+  /// blocks start while the kernel before them drains), how many 128-byte lines of each row a
+  /// warp asks of L2 before waiting for that kernel (default 0), and how many warps of the
+  /// tensor-core GEMV share a 16-row tile (0, the default: chosen by shape; 1, 2, 4, 8). Pdl and
+  /// lines change timing only, never a result; the warps a tile change the order of a row's sum.
+  /// Throws wren::Error for prefetch_lines outside 0..64 or other warp counts.
+  void set_decode_streams(bool pdl, int prefetch_lines, int gemv_warps_per_tile = 0);
   /// One KDA decode step (T = 1) for each of B sequences, sequence b on its own state
   /// *states[b] (shapes as kda_core: q, k, v, z, gate, out [B, P], beta [B, H], P = heads ·
   /// head_dim; device pointers). The same arithmetic, per sequence, as B kda_core calls with T = 1
@@ -229,6 +231,9 @@ class CudaBackend final : public Backend {
 
   void embed(const DenseWeight& table, const int* ids, int T, float* x) override;
   void gemm(const DenseWeight& W, const float* x, int T, float* y) override;
+  /// Fast mode, T = 1: the jobs the tensor-core GEMV takes in one launch (gemv_tc.cu), the others
+  /// through gemm in order.
+  void gemm_batch(const GemmJob* jobs, int n, int T) override;
   void rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) override;
   void add(float* y, const float* x, size_t n) override;
   void situ_glu(const float* g, const float* u, int T, int n, float b1, float b2, float* out) override;

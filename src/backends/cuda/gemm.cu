@@ -206,4 +206,15 @@ void CudaBackend::gemm(const DenseWeight& W, const float* x, int T, float* y) {
   m.launched("gemm kernel");
 }
 
+void CudaBackend::gemm_batch(const GemmJob* jobs, int n, int T) {
+  constexpr int kChunk = 8;  // gemv_tc_batch's jobs a launch
+  for (int i0 = 0; i0 < n; i0 += kChunk) {
+    const int c = std::min(kChunk, n - i0);
+    bool taken[kChunk] = {};
+    cuda::gemv_tc_batch(*impl_, jobs + i0, c, T, taken);
+    for (int i = 0; i < c; ++i)
+      if (!taken[i]) gemm(*jobs[i0 + i].W, jobs[i0 + i].x, T, jobs[i0 + i].y);
+  }
+}
+
 }  // namespace wren

@@ -16,6 +16,12 @@
 // anything but the inputs, nor on which block finishes last. The kernel is a programmatic
 // dependent launch (docs/gpu-method.md#programmatic-dependent-launch): its blocks start while the
 // kernel before it drains, and wait for it before reading x.
+//
+// One launch may run up to 8 independent products (Backend::gemm_batch: a layer's projections of
+// one input): the job table travels in the kernel parameters, each job owns a range of linear
+// block indices and its blocks run exactly what a launch of that job alone would, so each y is
+// bit-identical to the job alone. A test hook (set_decode_streams) puts 1, 2 or 4 warps on a tile
+// instead of 8 (8 / wt tiles a block): measured, not the default.
 #include "backends/cuda/gemv_tc.cuh"
 
 #include <cuda_bf16.h>
@@ -28,43 +34,69 @@ namespace wren::cuda {
 
 namespace {
 
-constexpr int kWarps = 8, kThreads = kWarps * kWarp, kRows = 16, kSpan = 128;
+constexpr int kWarps = 8, kThreads = kWarps * kWarp, kRows = 16, kSpan = 128, kMaxJobs = 8;
 
-/// Row sums of one 16-row tile over the block's column spans: y directly (kb == 1), else the
-/// block's partial sums into part[blockIdx.y] and, in the last of the tile's kb blocks to finish
-/// (count[tile], left at 0 again), y = Σ_b part[b] in b order. Launched as a programmatic
-/// dependent launch: a warp first asks L2 for `pf` lines of each of its rows (weights only), then
-/// waits for the kernel before it (x, y, part and count are touched only after that).
-__global__ void __launch_bounds__(kThreads, 2) gemv_tc_kernel(const uint16_t* __restrict__ w, const float* __restrict__ x,
-                                                              int rows, int cols, int spans_per_block, int pf,
-                                                              float* __restrict__ part, unsigned* __restrict__ count,
-                                                              float* __restrict__ y) {
+/// One product of a launch: its blocks are linear blocks [block0, block0 + blocks_x · blocks_y)
+/// of the grid, block (bx, by) = tiles bx · (8 / wt) … of 16 rows and spans [by · per, (by + 1) ·
+/// per) of 128 columns (by > 0 only with wt == 8: a column split, blocks_y partial sums).
+struct GemvJob {
+  const uint16_t* w;
+  const float* x;
+  float* y;
+  float* part;      ///< [blocks_y, rows] partial sums (blocks_y > 1)
+  unsigned* count;  ///< [blocks_x] arrival counters, zero between launches (blocks_y > 1)
+  int rows, cols, wt, per, blocks_x, blocks_y, block0;
+};
+/// The products of one launch (independent: no job reads another's y).
+struct GemvJobs {
+  GemvJob job[kMaxJobs];
+  int n;
+};
+
+/// Row sums of 16-row tiles over column spans, for the job that owns this linear block: a block
+/// is 8 warps, `wt` warps to a tile (8 / wt tiles a block); the wt warps of a tile sum every
+/// wt-th span of the block's share, then add their sums in warp order (wt == 1: a warp owns its
+/// tile's whole rows, no block-wide step). Column splits (wt == 8 only): each block writes its
+/// partial sums into part[by] and the last of a tile's blocks to finish (count[bx], left at 0
+/// again) sums them in by order. Launched as a programmatic dependent launch: a warp first asks
+/// L2 for `pf` lines of each of its rows (weights only), then waits for the kernel before it (x,
+/// y, part and count are touched only after that).
+__global__ void __launch_bounds__(kThreads, 2) gemv_tc_kernel(const __grid_constant__ GemvJobs jobs, int pf) {
   __shared__ float red[kWarps][kWarp][2];
   __shared__ bool last;
+  int j = 0;
+  for (int i = 1; i < jobs.n; ++i)
+    if (int(blockIdx.x) >= jobs.job[i].block0) j = i;
+  const GemvJob& J = jobs.job[j];
+  const uint16_t* __restrict__ w = J.w;
+  const float* __restrict__ x = J.x;
+  const int rows = J.rows, cols = J.cols, wt = J.wt, kb = J.blocks_y;
+  const int local = int(blockIdx.x) - J.block0, bx = local % J.blocks_x, by = local / J.blocks_x;
   const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
-  const int r0 = int(blockIdx.x) * kRows, spans = cols / kSpan + (cols % kSpan ? 1 : 0), kb = int(gridDim.y);
-  const int s_begin = int(blockIdx.y) * spans_per_block, s_end = min(spans, s_begin + spans_per_block);
-  if (pf > 0 && s_begin + warp < s_end)
-    prefetch_rows(reinterpret_cast<const uint8_t*>(w), size_t(cols) * 2, rows, r0, size_t(s_begin + warp) * kSpan * 2, pf);
+  const int tiles_per_block = kWarps / wt, wi = warp % wt;
+  const int r0 = (bx * tiles_per_block + warp / wt) * kRows, spans = cols / kSpan + (cols % kSpan ? 1 : 0);
+  const int s_begin = by * J.per, s_end = min(spans, s_begin + J.per);
+  if (pf > 0 && s_begin + wi < s_end && r0 < rows)
+    prefetch_rows(reinterpret_cast<const uint8_t*>(w), size_t(cols) * 2, rows, r0, size_t(s_begin + wi) * kSpan * 2, pf);
   pdl_wait();
   pdl_trigger();  // after the wait: when a dependent starts, everything before this kernel is done
   const int ra = r0 + g, rb = r0 + g + 8;
   float c[4] = {0.f, 0.f, 0.f, 0.f};
-  // Two spans a step (s and s + kWarps): the loads of both are issued before the first MMA, so a
-  // warp has twice the bytes in flight (the MMAs still run span after span: the same sums).
-  for (int s = s_begin + warp; s < s_end; s += 2 * kWarps) {
+  // Two spans a step (s and s + wt): the loads of both are issued before the first MMA, so a warp
+  // has twice the bytes in flight (the MMAs still run span after span: the same sums).
+  for (int s = s_begin + wi; s < s_end; s += 2 * wt) {
     uint32_t lo[2][16], hi[2][16];
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
       // A span past the block's share loads nothing (col = cols: zeros).
-      const int col = s + u * kWarps < s_end ? (s + u * kWarps) * kSpan + 32 * t4 : cols;
+      const int col = s + u * wt < s_end ? (s + u * wt) * kSpan + 32 * t4 : cols;
       load_bf16(w, ra, rows, col, cols, lo[u]);
       load_bf16(w, rb, rows, col, cols, hi[u]);
     }
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
-      const int col = (s + u * kWarps) * kSpan + 32 * t4;
-      if (s + u * kWarps >= s_end) break;
+      const int col = (s + u * wt) * kSpan + 32 * t4;
+      if (s + u * wt >= s_end) break;
       const bool in = col < cols;
       uint32_t xv[16];
 #pragma unroll
@@ -80,71 +112,141 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tc_kernel(const uint16_t* __
       }
     }
   }
-  red[warp][lane][0] = c[0], red[warp][lane][1] = c[2];  // column 0 (lanes t4 = 0 hold the product)
-  __syncthreads();
-  if (warp == 0 && t4 == 0) {
-    float a = 0.f, b = 0.f;
-    for (int v = 0; v < kWarps; ++v) a += red[v][lane][0], b += red[v][lane][1];
-    float* o = kb == 1 ? y : part + size_t(blockIdx.y) * rows;
-    if (ra < rows) o[ra] = a;
-    if (rb < rows) o[rb] = b;
-    if (kb > 1) __threadfence();  // the partials are visible before this block is counted
+  float* o = kb == 1 ? J.y : J.part + size_t(by) * rows;
+  if (wt == 1) {  // column 0 (lanes t4 = 0 hold the product): the warp's own rows
+    if (t4 == 0) {
+      if (ra < rows) o[ra] = c[0];
+      if (rb < rows) o[rb] = c[2];
+    }
+  } else {
+    red[warp][lane][0] = c[0], red[warp][lane][1] = c[2];
+    __syncthreads();
+    if (wi == 0 && t4 == 0) {  // the tile's wt warp sums, in warp order
+      float a = 0.f, b = 0.f;
+      for (int v = 0; v < wt; ++v) a += red[warp + v][lane][0], b += red[warp + v][lane][1];
+      if (ra < rows) o[ra] = a;
+      if (rb < rows) o[rb] = b;
+    }
   }
   if (kb == 1) return;
+  __threadfence();  // the partials are visible before this block is counted
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(count + blockIdx.x, 1u) == unsigned(kb - 1);
+  if (threadIdx.x == 0) last = atomicAdd(J.count + bx, 1u) == unsigned(kb - 1);
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const int r = r0 + int(threadIdx.x);
-  if (threadIdx.x < kRows && r < rows) {  // the same b order whichever block comes last
+  const int r = bx * tiles_per_block * kRows + int(threadIdx.x);
+  if (int(threadIdx.x) < tiles_per_block * kRows && r < rows) {  // the same by order whichever block comes last
     float sum = 0.f;
-    for (int b = 0; b < kb; ++b) sum += __ldcg(part + size_t(b) * rows + r);
-    y[r] = sum;
+    for (int b = 0; b < kb; ++b) sum += __ldcg(J.part + size_t(b) * rows + r);
+    J.y[r] = sum;
   }
-  if (threadIdx.x == 0) count[blockIdx.x] = 0;  // ready for the next launch
+  if (threadIdx.x == 0) J.count[bx] = 0;  // ready for the next launch
+}
+
+/// Whether gemv_tc takes y = W · x (fast mode, T = 1, BF16, cols % 32 == 0, 16-byte aligned x and
+/// device weights); `data` receives W's device bytes.
+bool takes(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, const void** data) {
+  if (m.opts.precision != GpuPrecision::Fast || T != 1 || W.format != WFormat::BF16) return false;
+  if (W.rows <= 0 || W.cols <= 0 || W.cols % 32 != 0 || W.rows > INT32_MAX || W.cols > INT32_MAX ||
+      reinterpret_cast<uintptr_t>(x) % 16 != 0)
+    return false;
+  const QuantView v = quant_view(m, W, "gemm (fast, tensor-core gemv)");
+  if (reinterpret_cast<uintptr_t>(v.data) % 16 != 0) return false;
+  *data = v.data;
+  return true;
+}
+
+/// The shape of one job's blocks: 8 warps to a tile (a tile a block) unless set_decode_streams
+/// asks otherwise, with the columns split over blocks so that the grid covers the SMs twice. A warp
+/// to a tile for long streams of short rows was measured and not kept (run 30, H100: the 163840 ×
+/// 2304 lm_head at 97% of the copy bandwidth with a warp a tile, 99% with 8).
+GemvJob plan(const CudaBackend::Impl& m, const uint16_t* w, const float* x, float* y, int rows, int cols) {
+  GemvJob j{w, x, y, nullptr, nullptr, rows, cols, kWarps, 0, 0, 1, 0};
+  const int tiles = (rows + kRows - 1) / kRows, spans = (cols + kSpan - 1) / kSpan, slots = 2 * std::max(m.sm_count, 1);
+  j.wt = m.gemv_wt > 0 ? m.gemv_wt : kWarps;
+  const int tpb = kWarps / j.wt;
+  j.blocks_x = (tiles + tpb - 1) / tpb;
+  int kb = 1;
+  if (j.wt == kWarps) {  // column splits: enough blocks for two per SM, each warp at least one span
+    const int want = (slots + tiles - 1) / tiles;
+    kb = std::clamp(want, 1, std::max(1, spans / kWarps));
+  }
+  j.per = (spans + kb - 1) / kb;
+  j.blocks_y = (spans + j.per - 1) / j.per;
+  return j;
+}
+
+/// Launches jobs[0, n) (planned, block0 unset) as one kernel: block offsets, the column-split
+/// scratch of each split job (disjoint parts of Impl::gemv_part / gemv_count), one launch.
+void launch(CudaBackend::Impl& m, GemvJobs& jobs) {
+  size_t part_floats = 0, counters = 0;
+  for (int i = 0; i < jobs.n; ++i)
+    if (jobs.job[i].blocks_y > 1)
+      part_floats += size_t(jobs.job[i].blocks_y) * jobs.job[i].rows, counters += size_t(jobs.job[i].blocks_x);
+  float* part = nullptr;
+  unsigned* count = nullptr;
+  if (counters > 0) {
+    part = static_cast<float*>(m.scratch(m.gemv_part, part_floats * sizeof(float)));
+    // Counters: zero when made, and every launch leaves them at zero.
+    const void* had = m.gemv_count.ptr;
+    count = static_cast<unsigned*>(m.scratch(m.gemv_count, counters * sizeof(unsigned)));
+    if (count != had)
+      check_cuda(cudaMemsetAsync(count, 0, m.gemv_count.bytes, m.stream), "cudaMemsetAsync (tensor-core gemv counters)");
+  }
+  long long blocks = 0;
+  for (int i = 0; i < jobs.n; ++i) {
+    GemvJob& j = jobs.job[i];
+    j.block0 = int(blocks);
+    blocks += (long long)j.blocks_x * j.blocks_y;
+    if (j.blocks_y > 1) {
+      j.part = part, j.count = count;
+      part += size_t(j.blocks_y) * j.rows, count += j.blocks_x;
+    }
+  }
+  check(blocks <= INT32_MAX, "gemm (fast, tensor-core gemv): too many blocks for one launch");
+  const char* what = "gemm (fast) bf16 tensor-core gemv kernel";
+  launch_ex(m, gemv_tc_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, 0, m.stream_pdl, what, jobs, m.stream_prefetch);
+  m.launched(what);
+  m.stats.tc_gemvs += uint64_t(jobs.n);
 }
 
 }  // namespace
 
 bool gemv_tc(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, float* y) {
-  if (m.opts.precision != GpuPrecision::Fast || T != 1 || W.format != WFormat::BF16) return false;
-  const int rows = int(W.rows), cols = int(W.cols);
-  if (rows <= 0 || cols <= 0 || cols % 32 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0) return false;
-  const QuantView v = quant_view(m, W, "gemm (fast, tensor-core gemv)");
-  if (reinterpret_cast<uintptr_t>(v.data) % 16 != 0) return false;
-  const int tiles = (rows + kRows - 1) / kRows, spans = (cols + kSpan - 1) / kSpan;
-  // Column splits: enough blocks for two per SM, each warp at least one span.
-  const int want = (2 * std::max(m.sm_count, 1) + tiles - 1) / tiles;
-  const int kb = std::clamp(want, 1, std::max(1, spans / kWarps));
-  const int per = (spans + kb - 1) / kb;
-  const int blocks_y = (spans + per - 1) / per;
-  float* part = nullptr;
-  unsigned* count = nullptr;
-  if (blocks_y > 1) {
-    part = static_cast<float*>(m.scratch(m.gemv_part, size_t(blocks_y) * rows * sizeof(float)));
-    // Tile counters: zero when made, and every launch leaves them at zero.
-    const void* had = m.gemv_count.ptr;
-    count = static_cast<unsigned*>(m.scratch(m.gemv_count, size_t(tiles) * sizeof(unsigned)));
-    if (count != had)
-      check_cuda(cudaMemsetAsync(count, 0, m.gemv_count.bytes, m.stream), "cudaMemsetAsync (tensor-core gemv counters)");
-  }
-  const char* what = "gemm (fast) bf16 tensor-core gemv kernel";
-  launch_ex(m, gemv_tc_kernel, dim3(unsigned(tiles), unsigned(blocks_y)), dim3(kThreads), 0, 0, m.stream_pdl, what,
-            static_cast<const uint16_t*>(v.data), x, rows, cols, per, m.stream_prefetch, part, count, y);
-  m.launched(what);
-  ++m.stats.tc_gemvs;
+  const void* data = nullptr;
+  if (!takes(m, W, x, T, &data)) return false;
+  GemvJobs jobs{};
+  jobs.n = 1;
+  jobs.job[0] = plan(m, static_cast<const uint16_t*>(data), x, y, int(W.rows), int(W.cols));
+  launch(m, jobs);
   return true;
+}
+
+int gemv_tc_batch(CudaBackend::Impl& m, const GemmJob* in, int n, int T, bool* taken) {
+  GemvJobs jobs{};
+  for (int i = 0; i < n; ++i) {
+    const void* data = nullptr;
+    taken[i] = jobs.n < kMaxJobs && T > 0 && takes(m, *in[i].W, in[i].x, T, &data);
+    if (taken[i])
+      jobs.job[jobs.n++] = plan(m, static_cast<const uint16_t*>(data), in[i].x, in[i].y, int(in[i].W->rows), int(in[i].W->cols));
+  }
+  if (jobs.n > 0) launch(m, jobs);
+  return jobs.n;
 }
 
 }  // namespace wren::cuda
 
 namespace wren {
 
-void CudaBackend::set_decode_streams(bool pdl, int prefetch_lines) {
+void CudaBackend::set_decode_streams(bool pdl, int prefetch_lines, int gemv_warps_per_tile) {
   check(prefetch_lines >= 0 && prefetch_lines <= 64, "CUDA backend: set_decode_streams: expected 0..64 prefetch lines");
+  check(gemv_warps_per_tile == 0 || gemv_warps_per_tile == 1 || gemv_warps_per_tile == 2 || gemv_warps_per_tile == 4 ||
+            gemv_warps_per_tile == 8,
+        "CUDA backend: set_decode_streams: expected 0 (chosen by shape), 1, 2, 4 or 8 GEMV warps a tile");
   impl_->stream_pdl = pdl;
   impl_->stream_prefetch = prefetch_lines;
+  impl_->gemv_wt = gemv_warps_per_tile;
 }
 
 }  // namespace wren

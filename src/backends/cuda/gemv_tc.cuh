@@ -8,8 +8,13 @@ namespace wren::cuda {
 
 /// y[rows] = W · x[cols] for T == 1 in fast mode when W is BF16 with cols % 32 == 0 and x and W's
 /// device copy are 16-byte aligned; returns false (nothing launched) otherwise. x is rounded to
-/// BF16 once, f32 accumulation; one launch (two for matrices of few rows); no host sync. Counts
+/// BF16 once, f32 accumulation; one launch; no host sync. Counts
 /// CudaStats::tc_gemvs.
 bool gemv_tc(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, float* y);
+
+/// gemv_tc for up to 8 independent products in one launch: taken[i] says whether jobs[i] was
+/// taken (the first 8 that gemv_tc would take; each y bit-identical to gemv_tc on it alone);
+/// returns how many were. Nothing launched when none is taken.
+int gemv_tc_batch(CudaBackend::Impl& m, const GemmJob* jobs, int n, int T, bool* taken);
 
 }  // namespace wren::cuda
