@@ -49,6 +49,16 @@ size_t nan_count(const std::vector<float>& v) {
   return n;
 }
 
+/// A BF16 DenseWeight of rows × cols whose bytes (`bytes`, resized and filled here) round the f32
+/// values src; upload it to use it on the device.
+DenseWeight bf16_weight(const float* src, int rows, int cols, std::vector<uint8_t>& bytes) {
+  bytes.resize(wformat_data_bytes(WFormat::BF16, rows, cols));
+  quantize_matrix(src, rows, cols, WFormat::BF16, bytes.data(), nullptr);
+  DenseWeight w;
+  w.rows = size_t(rows), w.cols = size_t(cols), w.format = WFormat::BF16, w.dtype = DType::BF16, w.data = bytes.data();
+  return w;
+}
+
 struct Worst {
   double rel = 0;
   int cases = 0;
@@ -91,12 +101,7 @@ TEST_F(CudaFast, GemmMatchesCpu) {
     for (WFormat f : {WFormat::F32, WFormat::BF16}) {
       HostWeight w(rnd(g, size_t(rows) * cols), rows, cols);
       std::vector<uint8_t> packed;
-      DenseWeight W = w.w;
-      if (f == WFormat::BF16) {
-        packed.resize(wformat_data_bytes(f, rows, cols));
-        quantize_matrix(w.data.data(), rows, cols, f, packed.data(), nullptr);
-        W.format = f, W.dtype = DType::BF16, W.data = packed.data();
-      }
+      DenseWeight W = f == WFormat::BF16 ? bf16_weight(w.data.data(), rows, cols, packed) : w.w;
       be_->upload(W);
       const auto x = rnd(g, size_t(T) * cols);
       float* dy = poisoned(size_t(T) * rows);
@@ -139,9 +144,10 @@ TEST_F(CudaFast, GemmMatchesCpu) {
 }
 
 // The tensor-core GEMV (T = 1, BF16) with 1, 2, 4 and 8 warps to a 16-row tile (the test hook of
-// set_decode_streams; 0 = the default, 8) on shapes from 1 to 140000 rows, against the CPU; then Backend::gemm_batch: 12 jobs (10 the tensor-core GEMV takes, an f32 one
-// and a BF16 one of 48 columns it declines) in launches of at most 8 products, each y equal bit
-// for bit to gemm on its job alone, and one launch for a batch of 8 it takes.
+// set_decode_streams; 0 = the default, 8) on shapes from 1 to 140000 rows, against the CPU; then
+// Backend::gemm_batch: 12 jobs (10 the tensor-core GEMV takes, an f32 one and a BF16 one of 48
+// columns it declines) in launches of at most 8 products, each y equal bit for bit to gemm on its
+// job alone, and one launch for a batch of 8 it takes.
 TEST_F(CudaFast, GemvBatchesAndWarpsPerTileMatchCpu) {
   std::mt19937 g(57);
   struct Case {
@@ -157,10 +163,7 @@ TEST_F(CudaFast, GemvBatchesAndWarpsPerTileMatchCpu) {
   hw.reserve(std::size(cases) + 1), packed.reserve(std::size(cases) + 1);
   for (const Case& c : cases) {
     hw.emplace_back(rnd(g, size_t(c.rows) * c.cols), c.rows, c.cols);
-    packed.emplace_back(wformat_data_bytes(WFormat::BF16, c.rows, c.cols));
-    quantize_matrix(hw.back().data.data(), c.rows, c.cols, WFormat::BF16, packed.back().data(), nullptr);
-    DenseWeight w = hw.back().w;
-    w.format = WFormat::BF16, w.dtype = DType::BF16, w.data = packed.back().data();
+    const DenseWeight w = bf16_weight(hw.back().data.data(), c.rows, c.cols, packed.emplace_back());
     be_->upload(w);
     W.push_back(w);
     xs.push_back(rnd(g, size_t(c.cols)));
@@ -607,13 +610,8 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
     for (int i = 0; i < R; ++i)
       for (const auto& [r, c] : mats) {
         const auto src = rnd(g, size_t(r) * c);
-        store.emplace_back(size_t(2) * r * c);
-        quantize_matrix(src.data(), r, c, WFormat::BF16, store.back().data(), nullptr);
-        DenseWeight w;
-        w.rows = size_t(r), w.cols = size_t(c), w.format = WFormat::BF16, w.dtype = DType::BF16;
-        w.data = store.back().data();
-        be_->upload(w);
-        ws.push_back(w);
+        ws.push_back(bf16_weight(src.data(), r, c, store.emplace_back()));
+        be_->upload(ws.back());
       }
     float* dx = dev(rnd(g, size_t(cols)));
     std::vector<float*> ys;

@@ -192,7 +192,7 @@ class CudaBackend final : public Backend {
   /// the routed experts of a decode token) are programmatic dependent launches (default on: their
   /// blocks start while the kernel before them drains), how many 128-byte lines of each row a
   /// warp asks of L2 before waiting for that kernel (default 0), and how many warps of the
-  /// tensor-core GEMV share a 16-row tile (0, the default: chosen by shape; 1, 2, 4, 8). Pdl and
+  /// tensor-core GEMV share a 16-row tile (1, 2, 4 or 8; 0 = the default, 8). Pdl and
   /// lines change timing only, never a result; the warps a tile change the order of a row's sum.
   /// Throws wren::Error for prefetch_lines outside 0..64 or other warp counts.
   void set_decode_streams(bool pdl, int prefetch_lines, int gemv_warps_per_tile = 0);

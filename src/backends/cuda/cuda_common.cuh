@@ -131,7 +131,7 @@ struct CudaBackend::Impl {
   bool kda_decode_pdl = true;   ///< set_kda_decode_pdl: decode steps as programmatic dependent launches
   bool stream_pdl = true;       ///< set_decode_streams: decode weight streams as programmatic dependent launches
   int stream_prefetch = 0;      ///< set_decode_streams: lines a row asked of L2 before their pdl_wait
-  int gemv_wt = 0;              ///< set_decode_streams: tensor-core GEMV warps a tile (0 = chosen by shape)
+  int gemv_wt = 0;              ///< set_decode_streams: tensor-core GEMV warps a tile (0 = the default, 8)
   /// KDA kernels launched back to back (kda_decode.cu): the launch count right after the last
   /// one, and the states (S) of the run of decode steps since the last ordinary launch, which may
   /// still be running when the next step reads its state early (docs/gpu-method.md#kda-decode).

@@ -214,20 +214,17 @@ void launch(CudaBackend::Impl& m, GemvJobs& jobs) {
 }  // namespace
 
 bool gemv_tc(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, float* y) {
-  const void* data = nullptr;
-  if (!takes(m, W, x, T, &data)) return false;
-  GemvJobs jobs{};
-  jobs.n = 1;
-  jobs.job[0] = plan(m, static_cast<const uint16_t*>(data), x, y, int(W.rows), int(W.cols));
-  launch(m, jobs);
-  return true;
+  const GemmJob job{&W, x, y};
+  bool taken = false;
+  gemv_tc_batch(m, &job, 1, T, &taken);
+  return taken;
 }
 
 int gemv_tc_batch(CudaBackend::Impl& m, const GemmJob* in, int n, int T, bool* taken) {
   GemvJobs jobs{};
   for (int i = 0; i < n; ++i) {
     const void* data = nullptr;
-    taken[i] = jobs.n < kMaxJobs && T > 0 && takes(m, *in[i].W, in[i].x, T, &data);
+    taken[i] = jobs.n < kMaxJobs && takes(m, *in[i].W, in[i].x, T, &data);
     if (taken[i])
       jobs.job[jobs.n++] = plan(m, static_cast<const uint16_t*>(data), in[i].x, in[i].y, int(in[i].W->rows), int(in[i].W->cols));
   }
@@ -243,7 +240,7 @@ void CudaBackend::set_decode_streams(bool pdl, int prefetch_lines, int gemv_warp
   check(prefetch_lines >= 0 && prefetch_lines <= 64, "CUDA backend: set_decode_streams: expected 0..64 prefetch lines");
   check(gemv_warps_per_tile == 0 || gemv_warps_per_tile == 1 || gemv_warps_per_tile == 2 || gemv_warps_per_tile == 4 ||
             gemv_warps_per_tile == 8,
-        "CUDA backend: set_decode_streams: expected 0 (chosen by shape), 1, 2, 4 or 8 GEMV warps a tile");
+        "CUDA backend: set_decode_streams: expected 0 (the default, 8), 1, 2, 4 or 8 GEMV warps a tile");
   impl_->stream_pdl = pdl;
   impl_->stream_prefetch = prefetch_lines;
   impl_->gemv_wt = gemv_warps_per_tile;
