@@ -948,6 +948,79 @@ TEST_F(CudaFast, MlaPrefillMatchesCpu) {
               worst.cases, (unsigned long long)flash, (unsigned long long)wg, worst.rel);
 }
 
+// MLA decode (mla_decode.cu: T = 1 in fast mode, the absorbed form with the BF16 kv_b, a block a
+// head or a position split and a merge kernel when the context is long) against the CPU, token by
+// token after a prefill: 9 shapes (1 to 64 heads, kv_lora 24 to 512, extra 4 to 64, nope and v not
+// multiples of 8), contexts from 1 to 2000 positions (1 to 8 splits), kv_b BF16 (the CPU reads the
+// same values: bound 1e-4) and f32 (the GPU rounds it to BF16: bound 1e-2), random non-zero inputs,
+// poisoned outputs and cache. The cache row the kernel writes equals the CPU's (1e-6). One shape
+// the kernel declines (extra % 4 != 0) takes the exact kernel and must match too. Profile labels
+// show the decode and merge kernels ran.
+TEST_F(CudaFast, MlaDecodeMatchesCpu) {
+  std::mt19937 g(36);
+  struct Case {
+    int H, nope, extra, v, lora, prompt, steps;
+  };
+  const std::vector<Case> cases = {{1, 16, 8, 16, 32, 0, 5},       {4, 32, 16, 32, 32, 300, 3},
+                                   {3, 16, 8, 24, 24, 7, 4},       {2, 33, 4, 7, 40, 260, 3},
+                                   {4, 128, 64, 128, 512, 600, 3}, {8, 128, 64, 128, 512, 2000, 2},
+                                   {64, 128, 64, 128, 512, 700, 2}, {32, 128, 64, 128, 512, 70, 3},
+                                   {2, 40, 16, 48, 40, 255, 4},    {2, 16, 6, 16, 32, 20, 2}};
+  Worst worst_bf16, worst_f32;
+  be_->profile_begin();
+  for (const Case& c : cases) {
+    for (const bool bf16 : {true, false}) {
+      MlaParams p{c.H, c.nope, c.extra, c.v, c.lora, 1e-6f};
+      const int W = c.lora + c.extra, qh = c.nope + c.extra, cap = c.prompt + c.steps;
+      HostWeight kvb(rnd(g, size_t(c.H) * (c.nope + c.v) * c.lora, -0.3f, 0.3f), c.H * (c.nope + c.v), c.lora);
+      std::vector<uint8_t> packed;
+      HostWeight norm(rnd(g, c.lora, 0.5f, 1.5f), 1, c.lora);
+      MlaWeights w;
+      w.kv_b = bf16 ? bf16_weight(kvb.data.data(), c.H * (c.nope + c.v), c.lora, packed) : kvb.w;
+      w.kv_a_norm = norm.w;
+      be_->upload(w.kv_b);
+      be_->upload(norm.w);
+      std::vector<float> hcache(size_t(cap) * W, 0.f);
+      MlaCache hc{hcache.data(), 0, cap};
+      MlaCache dc{poisoned(size_t(cap) * W), 0, cap};
+      std::vector<int> Ts;
+      if (c.prompt > 0) Ts.push_back(c.prompt);
+      for (int i = 0; i < c.steps; ++i) Ts.push_back(1);
+      for (const int T : Ts) {
+        const auto q = rnd(g, size_t(T) * c.H * qh), ckv = rnd(g, size_t(T) * W, -2.f, 2.f);
+        float* dctx = poisoned(size_t(T) * c.H * c.v);
+        be_->mla_attend(p, w, dc, dev(q), dev(ckv), T, dctx);
+        std::vector<float> ref(size_t(T) * c.H * c.v);
+        cpu_.mla_attend(p, w, hc, q.data(), ckv.data(), T, ref.data());
+        if (T != 1) continue;  // the prefill is MlaPrefillMatchesCpu's
+        const auto got = host(dctx, ref.size());
+        const std::string sh = "H=" + std::to_string(c.H) + " nope=" + std::to_string(c.nope) + " extra=" +
+                               std::to_string(c.extra) + " v=" + std::to_string(c.v) + " kv_lora=" +
+                               std::to_string(c.lora) + " pos=" + std::to_string(hc.length - 1) +
+                               (bf16 ? " kv_b bf16" : " kv_b f32");
+        EXPECT_EQ(nan_count(got), 0u) << sh;
+        const double r = test::rel_l2(got.data(), ref.data(), ref.size());
+        EXPECT_LE(r, bf16 ? 1e-4 : 1e-2) << sh;
+        (bf16 ? worst_bf16 : worst_f32).add(r);
+        const auto cache = host(dc.kv, size_t(hc.length) * W);
+        EXPECT_LE(test::rel_l2(cache.data(), hcache.data(), cache.size()), 1e-6) << sh;
+      }
+    }
+  }
+  double total = 0;
+  uint64_t decode = 0, merge = 0;
+  for (const CudaOpTime& t : be_->profile_end(&total)) {
+    if (t.name == "mla (fast) decode kernel") decode = t.launches;
+    if (t.name == "mla (fast) decode merge kernel") merge = t.launches;
+  }
+  EXPECT_GE(decode, 50u) << "every decode token of a qualifying shape takes mla_decode.cu";
+  EXPECT_GE(merge, 12u) << "contexts past 256 positions split and merge";
+  std::printf("[ cuda fast ] mla decode: %d tokens (%llu decode, %llu merge launches), worst ctx rel-L2 %.3g (kv_b bf16), "
+              "%.3g (kv_b f32)\n",
+              worst_bf16.cases + worst_f32.cases, (unsigned long long)decode, (unsigned long long)merge, worst_bf16.rel,
+              worst_f32.rel);
+}
+
 // Chunked KDA on tensor cores (kda_chunked_mma.cu: the fast mode's intra-chunk and state passes,
 // TF32 operands, f32 accumulation and state) against the CPU's token-by-token recurrence (f32):
 // head_dim 16…128 incl. 33 and 100 (not multiples of 4 / 32: the 4-byte copy path and partial

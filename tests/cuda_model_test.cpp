@@ -183,11 +183,12 @@ TEST(CudaModelQuant, GoldenPackedPresetsMatchCpu) {
   }
 }
 
-// A packed kv_b (--quant bf16) is decoded to f32 once per MLA layer, also when its first use is in
-// a recorded decode step (fast mode, decoding from the first token: nothing ran op by op before).
-// Until run 29 such a first use decoded into a temporary inside the graph, so every later recorded
-// token decoded it again (~0.2 ms a token at Kimi-Linear-48B sizes). The logits stay those of a
-// backend whose kv_b copy was made op by op.
+// A packed kv_b (--quant bf16) is decoded to f32 once per MLA layer by the exact kernel, also when
+// its first use is in a recorded decode step (decoding from the first token: nothing ran op by op
+// before). Until run 29 such a first use decoded into a temporary inside the graph, so every later
+// recorded token decoded it again (~0.2 ms a token at Kimi-Linear-48B sizes). The logits stay
+// those of a backend whose kv_b copy was made op by op. In fast mode the decode kernel
+// (mla_decode.cu) reads the BF16 bytes as stored: no f32 copy at all.
 TEST(CudaModelQuant, PackedKvbIsDecodedOnceWhenFirstUsedInARecordedStep) {
   std::string why;
   if (!cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
@@ -200,26 +201,30 @@ TEST(CudaModelQuant, PackedKvbIsDecodedOnceWhenFirstUsedInARecordedStep) {
       ASSERT_NE(m->weights.layers[i].mla.kv_b.format, WFormat::F32) << "the bf16 preset packs kv_b";
     }
   ASSERT_GT(mla_layers, 0u);
-  CudaBackend rec, eager;
-  for (CudaBackend* be : {&rec, &eager}) {
-    be->set_precision(GpuPrecision::Fast);
-    be->upload(weight_list(m->weights));
+  for (const GpuPrecision prec : {GpuPrecision::Exact, GpuPrecision::Fast}) {
+    const bool exact = prec == GpuPrecision::Exact;
+    const char* mode = exact ? "exact" : "fast";
+    CudaBackend rec, eager;
+    for (CudaBackend* be : {&rec, &eager}) {
+      be->set_precision(prec);
+      be->upload(weight_list(m->weights));
+    }
+    Forward fr(*m, rec, {32, -1, true}), fe(*m, eager, {32, -1, false});
+    SequenceState sr(rec, c, 64), se(eager, c, 64);
+    std::vector<float> lr(c.vocab), le(c.vocab);
+    int id = 1;
+    for (int i = 0; i < 6; ++i) {
+      const CudaStats s0 = rec.stats();
+      fr.run(sr, &id, nullptr, 1, lr.data(), false);
+      const CudaStats s1 = rec.stats();
+      fe.run(se, &id, nullptr, 1, le.data(), false);
+      EXPECT_EQ(s1.graph_launches - s0.graph_launches, 1u) << mode << " step " << i << " is recorded";
+      EXPECT_EQ(s1.mla_kvb_decodes - s0.mla_kvb_decodes, exact && i == 0 ? mla_layers : 0u) << mode << " step " << i;
+      EXPECT_EQ(0, std::memcmp(lr.data(), le.data(), lr.size() * 4)) << mode << " step " << i << ": recorded vs op by op";
+      id = argmax(lr.data(), c.vocab);
+    }
+    EXPECT_EQ(eager.stats().mla_kvb_decodes, exact ? mla_layers : 0u) << mode;
   }
-  Forward fr(*m, rec, {32, -1, true}), fe(*m, eager, {32, -1, false});
-  SequenceState sr(rec, c, 64), se(eager, c, 64);
-  std::vector<float> lr(c.vocab), le(c.vocab);
-  int id = 1;
-  for (int i = 0; i < 6; ++i) {
-    const CudaStats s0 = rec.stats();
-    fr.run(sr, &id, nullptr, 1, lr.data(), false);
-    const CudaStats s1 = rec.stats();
-    fe.run(se, &id, nullptr, 1, le.data(), false);
-    EXPECT_EQ(s1.graph_launches - s0.graph_launches, 1u) << "step " << i << " is recorded";
-    EXPECT_EQ(s1.mla_kvb_decodes - s0.mla_kvb_decodes, i == 0 ? mla_layers : 0u) << "step " << i;
-    EXPECT_EQ(0, std::memcmp(lr.data(), le.data(), lr.size() * 4)) << "step " << i << ": recorded vs op by op";
-    id = argmax(lr.data(), c.vocab);
-  }
-  EXPECT_EQ(eager.stats().mla_kvb_decodes, mla_layers);
 }
 
 // Loading straight to the device (issue 14, place.cu): the golden model loaded with the CUDA

@@ -10,11 +10,13 @@
 // order, each score by cpu::dot's 8-partial order (one thread per position), the latent context
 // summed over positions in order (one thread per latent dim), the output by cpu::dot per v dim.
 // Scores and probabilities of a block live in a global scratch [T, H, length + T].
+// Fast mode takes other kernels: T >= 2 mla_fast.cu (tensor cores), T == 1 mla_decode.cu.
 #include <cmath>
 #include <string>
 
 #include "backends/cuda/cuda_common.cuh"
 #include "backends/cuda/gemm_quant.cuh"
+#include "backends/cuda/mla_decode.cuh"
 
 namespace wren {
 
@@ -99,6 +101,10 @@ void CudaBackend::mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& 
   if (cache.length + T > cache.capacity)
     throw Error("context limit reached: the MLA cache holds " + std::to_string(cache.capacity) + " tokens (raise --ctx)");
   const int pos0 = cache.length;
+  if (cuda::mla_decode(m, p, w, q, ckv, cache, T, ctx)) {  // fast mode, T == 1 (mla_decode.cu; writes the row)
+    cache.length += T;
+    return;
+  }
   mla_cache_write_kernel<<<T, kMlaThreads, 0, m.stream>>>(ckv, p.kv_lora, p.extra,
                                                           m.dense(w.kv_a_norm, "mla_attend (kv_a_norm)"),
                                                           p.latent_eps, cache.kv, pos0);
