@@ -422,6 +422,36 @@ TEST_F(CudaOps, RmsNormMatchesCpu) {
     }
 }
 
+// add_rms_norm (the residual add fused into the norm after it): the updated residual equals the
+// CPU's add bit for bit, the norm within rms_norm's tolerance, and both equal this backend's add
+// then rms_norm bit for bit (the fused op promises exactly that); every rms_norm_kernel instance.
+TEST_F(CudaOps, AddRmsNormMatchesCpuAndTheTwoOps) {
+  std::mt19937 g(41);
+  for (int n : {1, 7, 31, 128, 257, 1000, 2304, 3000, 7168, 9000})
+    for (int T : {1, 3, 17}) {
+      HostWeight w(random_vec(g, n, 0.5f, 1.5f), 1, n);
+      be_->upload(w.w);
+      auto y = random_vec(g, size_t(T) * n, -3.f, 3.f);
+      const auto x = random_vec(g, size_t(T) * n);
+      for (int t = 0; t < T; ++t) y[size_t(t) * n] *= float(1 + 10 * t);  // rows of different scale
+      float* dy = dev(y);
+      float* dout = poisoned(y.size());
+      be_->add_rms_norm(dy, dev(x), T, n, w.w, 1e-5f, dout);
+      std::vector<float> ry = y, rout(y.size());
+      cpu_.add(ry.data(), x.data(), ry.size());
+      cpu_.rms_norm(ry.data(), T, n, w.w, 1e-5f, rout.data());
+      const std::string sh = shape({{"n", n}, {"T", T}});
+      const auto gy = host(dy, y.size()), gout = host(dout, y.size());
+      EXPECT_EQ(0, std::memcmp(gy.data(), ry.data(), ry.size() * 4)) << "add_rms_norm residual " << sh;
+      expect_close("add_rms_norm", sh, gout, rout, 1e-6);
+      float* dy2 = dev(y);
+      float* dout2 = poisoned(y.size());
+      be_->add(dy2, dev(x), y.size());
+      be_->rms_norm(dy2, T, n, w.w, 1e-5f, dout2);
+      EXPECT_EQ(0, std::memcmp(gout.data(), host(dout2, y.size()).data(), y.size() * 4)) << "add_rms_norm vs add + rms_norm " << sh;
+    }
+}
+
 // attnres_mix: f64 scores + f64 softmax, f32 mix in entry order -> tolerance rel-L2 1e-6.
 TEST_F(CudaOps, AttnResMixMatchesCpu) {
   std::mt19937 g(5);

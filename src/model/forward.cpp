@@ -277,28 +277,44 @@ void Forward::chunk_ops(const int* ids, const float* x0, int T, int t0, float* l
   predict_now_ = opts_.predict && !recorded && be_.uses_prediction() && be_.streams_experts();
 
   int n_blocks = blocks0_;
+  // Where nothing is mixed (no AttnRes snapshot yet: the norm reads P itself) and no hook looks in
+  // between, a residual add and the norm after it are one op (Backend::add_rms_norm, bit-identical):
+  // after the mixer, and the FFN's add with the next layer's input norm (`pending`: the FFN output
+  // not yet added to P).
+  const float* pending = nullptr;
   for (int i = opts_.first_layer; i < n_layers_; ++i) {
     const LayerWeights& l = w.layers[i];
     const LayerSpec& spec = c.layers[i];
-    if (hooks && hooks->before_layer) hooks->before_layer(i, t0, T, LayerIo{be_, b.P, b.blocks.data(), n_blocks, D});
-    // Pre-attention mix (skipped while there is no snapshot: the only candidate is P itself).
-    const float* mixed = pre_mix(l.attn_mix, b.blocks, n_blocks, T);
-    if (spec.snapshot) {  // P becomes a snapshot (its bytes stay where `mixed` may point); a new block starts at zero
-      std::swap(b.blocks[n_blocks], b.P);
-      ++n_blocks;
-      be_.fill_zero(b.P, TD);
+    if (pending) {
+      be_.add_rms_norm(b.P, pending, T, int(D), l.input_norm, c.rms_eps, b.nrm);
+      pending = nullptr;
+    } else {
+      if (hooks && hooks->before_layer) hooks->before_layer(i, t0, T, LayerIo{be_, b.P, b.blocks.data(), n_blocks, D});
+      // Pre-attention mix (skipped while there is no snapshot: the only candidate is P itself).
+      const float* mixed = pre_mix(l.attn_mix, b.blocks, n_blocks, T);
+      if (spec.snapshot) {  // P becomes a snapshot (its bytes stay where `mixed` may point); a new block starts at zero
+        std::swap(b.blocks[n_blocks], b.P);
+        ++n_blocks;
+        be_.fill_zero(b.P, TD);
+      }
+      be_.rms_norm(mixed, T, int(D), l.input_norm, c.rms_eps, b.nrm);
     }
-    be_.rms_norm(mixed, T, int(D), l.input_norm, c.rms_eps, b.nrm);
     if (spec.mixer == Mixer::KDA) kda_layer(l, i, T);
     else mla_layer(l, i, T);
-    be_.add(b.P, b.att, TD);
-    if (opts_.check_finite) check_sub(b.att, T, pos0, i, spec.mixer == Mixer::KDA ? "KDA" : "MLA");
-    mixed = pre_mix(l.mlp_mix, b.blocks, n_blocks, T);
-    if (hooks && hooks->dump && i == hooks->dump_layer) dump(hooks, -1, t0, T);  // nrm_attn, att
-    be_.rms_norm(mixed, T, int(D), l.post_norm, c.rms_eps, b.nrm);
+    if (!hooks && n_blocks == 0) {
+      be_.add_rms_norm(b.P, b.att, T, int(D), l.post_norm, c.rms_eps, b.nrm);
+      if (opts_.check_finite) check_sub(b.att, T, pos0, i, spec.mixer == Mixer::KDA ? "KDA" : "MLA");
+    } else {
+      be_.add(b.P, b.att, TD);
+      if (opts_.check_finite) check_sub(b.att, T, pos0, i, spec.mixer == Mixer::KDA ? "KDA" : "MLA");
+      const float* mixed = pre_mix(l.mlp_mix, b.blocks, n_blocks, T);
+      if (hooks && hooks->dump && i == hooks->dump_layer) dump(hooks, -1, t0, T);  // nrm_attn, att
+      be_.rms_norm(mixed, T, int(D), l.post_norm, c.rms_eps, b.nrm);
+    }
     if (spec.ffn == Ffn::Dense) dense_mlp(l, T);
     else moe(i, l.moe, T);
-    be_.add(b.P, b.ffn, TD);
+    if (!hooks && n_blocks == 0 && i + 1 < n_layers_ && !c.layers[i + 1].snapshot) pending = b.ffn;
+    else be_.add(b.P, b.ffn, TD);
     if (hooks && hooks->dump && i == hooks->dump_layer) dump(hooks, i, t0, T);  // nrm_mlp, mlp, hidden
     if (opts_.check_finite)
       check_sub(b.ffn, T, pos0, i, spec.ffn == Ffn::Dense ? "dense MLP" : "MoE");

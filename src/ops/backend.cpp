@@ -25,6 +25,11 @@ struct Backend::HostMoe {
 Backend::Backend() = default;
 Backend::~Backend() = default;
 
+void Backend::add_rms_norm(float* y, const float* x, int T, int n, const DenseWeight& w, float eps, float* out) {
+  add(y, x, size_t(T) * size_t(n));
+  rms_norm(y, T, n, w, eps, out);
+}
+
 void Backend::gemm_batch(const GemmJob* jobs, int n, int T) {
   for (int i = 0; i < n; ++i) gemm(*jobs[i].W, jobs[i].x, T, jobs[i].y);
 }

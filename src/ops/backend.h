@@ -153,6 +153,10 @@ class Backend {
   virtual void rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) = 0;
   /// y[i] += x[i].
   virtual void add(float* y, const float* x, size_t n) = 0;
+  /// add(y, x, T · n), then out = rms_norm(y) over rows of n: the residual update and the norm
+  /// that reads it, one pass where a backend fuses them (CUDA: one kernel). Bit-identical to the
+  /// two ops in turn; the default calls them.
+  virtual void add_rms_norm(float* y, const float* x, int T, int n, const DenseWeight& w, float eps, float* out);
   /// SiTU-GLU (docs/model.md#situ): out[T, n] = [b1 tanh(g/b1) σ(g)] · [b2 tanh(u/b2)], g/u [T, n].
   virtual void situ_glu(const float* g, const float* u, int T, int n, float b1, float b2,
                         float* out) = 0;

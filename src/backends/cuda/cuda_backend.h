@@ -235,6 +235,7 @@ class CudaBackend final : public Backend {
   /// through gemm in order.
   void gemm_batch(const GemmJob* jobs, int n, int T) override;
   void rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) override;
+  void add_rms_norm(float* y, const float* x, int T, int n, const DenseWeight& w, float eps, float* out) override;
   void add(float* y, const float* x, size_t n) override;
   void situ_glu(const float* g, const float* u, int T, int n, float b1, float b2, float* out) override;
   void silu_glu(const float* g, const float* u, int T, int n, float* out) override;

@@ -20,12 +20,15 @@ constexpr int kMaxMix = 32;  ///< AttnRes entries per mix (K3 needs <= 9: ceil(9
 /// kPer > 0: the row stays in registers (n <= kPer · kNormThreads; all of a thread's loads issue
 /// at once and the row is read once); kPer = 0: any n, the row read twice. Same sums in the same
 /// order either way (a thread's elements i = tid, tid + 256, ...; the zeros past n add nothing).
+/// With `delta` (add_rms_norm) x[i] += delta[i] first and the sum x[i] written back, then the norm
+/// of the new row (add_kernel's sum: bit-identical to add then rms_norm); without it x is only read.
 template <int kPer>
-__global__ void rms_norm_kernel(const float* __restrict__ x, int n, const float* __restrict__ w, float eps,
-                                float* __restrict__ y) {
+__global__ void rms_norm_kernel(float* __restrict__ x, const float* __restrict__ delta, int n,
+                                const float* __restrict__ w, float eps, float* __restrict__ y) {
   cuda::pdl_trigger();  // an ordinary launch: a programmatic dependent behind it may start now
   __shared__ double red[32];
-  const float* xr = x + size_t(blockIdx.x) * n;
+  float* xr = x + size_t(blockIdx.x) * n;
+  const float* dr = delta ? delta + size_t(blockIdx.x) * n : nullptr;
   float* yr = y + size_t(blockIdx.x) * n;
   double ss = 0;
   float xv[kPer > 0 ? kPer : 1];
@@ -34,11 +37,15 @@ __global__ void rms_norm_kernel(const float* __restrict__ x, int n, const float*
     for (int j = 0; j < kPer; ++j) {
       const int i = threadIdx.x + j * kNormThreads;
       xv[j] = i < n ? xr[i] : 0.f;
+      if (dr && i < n) xr[i] = xv[j] = xv[j] + dr[i];
     }
 #pragma unroll
     for (int j = 0; j < kPer; ++j) ss += double(xv[j]) * xv[j];
   } else {
-    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += double(xr[i]) * xr[i];
+    for (int i = threadIdx.x; i < n; i += blockDim.x) {
+      const float v = dr ? (xr[i] = xr[i] + dr[i]) : xr[i];  // a thread re-reads only its own elements
+      ss += double(v) * v;
+    }
   }
   ss = cuda::block_sum(ss, red);
   const float inv = float(1.0 / sqrt(ss / n + eps));
@@ -94,17 +101,29 @@ __global__ void attnres_mix_kernel(MixEntries entries, int n_entries, int D, con
 
 }  // namespace
 
+/// rms_norm (delta null; x only read) or add_rms_norm (x += delta written back) of T rows of n.
+static void launch_rms_norm(CudaBackend::Impl& m, float* x, const float* delta, int T, int n, const float* wd, float eps,
+                            float* y, const char* what) {
+  const int per = (n + kNormThreads - 1) / kNormThreads;
+  if (per <= 4) rms_norm_kernel<4><<<T, kNormThreads, 0, m.stream>>>(x, delta, n, wd, eps, y);
+  else if (per <= 8) rms_norm_kernel<8><<<T, kNormThreads, 0, m.stream>>>(x, delta, n, wd, eps, y);
+  else if (per <= 16) rms_norm_kernel<16><<<T, kNormThreads, 0, m.stream>>>(x, delta, n, wd, eps, y);
+  else if (per <= 32) rms_norm_kernel<32><<<T, kNormThreads, 0, m.stream>>>(x, delta, n, wd, eps, y);
+  else rms_norm_kernel<0><<<T, kNormThreads, 0, m.stream>>>(x, delta, n, wd, eps, y);
+  m.launched(what);
+}
+
 void CudaBackend::rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) {
   Impl& m = *impl_;
   if (T <= 0) return;
-  const float* wd = m.dense(w, "rms_norm");
-  const int per = (n + kNormThreads - 1) / kNormThreads;
-  if (per <= 4) rms_norm_kernel<4><<<T, kNormThreads, 0, m.stream>>>(x, n, wd, eps, y);
-  else if (per <= 8) rms_norm_kernel<8><<<T, kNormThreads, 0, m.stream>>>(x, n, wd, eps, y);
-  else if (per <= 16) rms_norm_kernel<16><<<T, kNormThreads, 0, m.stream>>>(x, n, wd, eps, y);
-  else if (per <= 32) rms_norm_kernel<32><<<T, kNormThreads, 0, m.stream>>>(x, n, wd, eps, y);
-  else rms_norm_kernel<0><<<T, kNormThreads, 0, m.stream>>>(x, n, wd, eps, y);
-  m.launched("rms_norm kernel");
+  // The kernel writes x only when given a delta.
+  launch_rms_norm(m, const_cast<float*>(x), nullptr, T, n, m.dense(w, "rms_norm"), eps, y, "rms_norm kernel");
+}
+
+void CudaBackend::add_rms_norm(float* y, const float* x, int T, int n, const DenseWeight& w, float eps, float* out) {
+  Impl& m = *impl_;
+  if (T <= 0) return;
+  launch_rms_norm(m, y, x, T, n, m.dense(w, "add_rms_norm"), eps, out, "add_rms_norm kernel");
 }
 
 void CudaBackend::attnres_mix(const float* const* entries, int n_entries, int T, int D, const DenseWeight& w,
