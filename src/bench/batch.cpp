@@ -116,11 +116,16 @@ void run_batch(BatchArgs a) {
           {"graph_kernels_per_step", (c1.graph_kernels - c0.graph_kernels) / n},
           {"host_syncs_per_step", (c1.host_syncs - c0.host_syncs) / n},
           {"expert_visits_per_step", double(c1.expert_visits - c0.expert_visits) / n},
-          {"expert_mb_per_token", mb_tok}};
+          {"expert_mb_per_token", mb_tok},
+          {"record_host_ms_per_step", (c1.record_host_s - c0.record_host_s) / n * 1e3}};
       if (B == 1) {
         row["vs_floor"] = per / floor_s;
         std::printf("       batch 1%s: %.3f ms a token = %.2fx the floor (%.3f ms)\n", mode ? " (eager)" : "", per * 1e3,
                     per / floor_s, floor_s * 1e3);
+      }
+      if (c1.graph_launches > c0.graph_launches) {  // the device idles while the host records a step
+        std::printf("       batch %d: host time recording a step %.3f ms (capture, graph update, launch)\n", B,
+                    (c1.record_host_s - c0.record_host_s) / n * 1e3);
       }
       if (a.profile && gpu &&
           mode == 0) {  // one more step, every launch followed by an event (same numerics)

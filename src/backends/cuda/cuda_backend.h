@@ -75,6 +75,10 @@ struct CudaStats {
   uint64_t device_expert_visits = 0;
   uint64_t device_expert_bytes = 0;
   uint64_t graph_rows_max = 0;  ///< most rows of one recorded step (1 = only single-token steps)
+  /// Host seconds spent recording decode steps: from graph_begin to cudaGraphLaunch's return
+  /// (every op's host work and capture, cudaGraphExecUpdate or instantiation, the launch). The
+  /// device waits for this each step (docs/gpu-method.md#recorded-step-host-time).
+  double record_host_s = 0;
 };
 
 /// Which form of the fused KDA decode step (kda_decode.cu, docs/gpu-method.md#kda-decode) runs

@@ -4,6 +4,7 @@
 #pragma once
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -156,6 +157,7 @@ struct CudaBackend::Impl {
   cuda::Placer* placer = nullptr;  ///< load-time placement state (owned; cuda::placer_destroy)
   // Decode graphs (graph.cu).
   bool capturing = false;        ///< the stream is being recorded
+  std::chrono::steady_clock::time_point record_t0;  ///< graph_begin's time (CudaStats::record_host_s)
   cudaGraphExec_t graph_exec = nullptr;  ///< decode graph of the step being recorded (graph_execs[graph_rows])
   std::map<int, cudaGraphExec_t> graph_execs;  ///< row count -> its executable graph (owned; updated in place)
   std::set<int> eager_rows;      ///< 2·rows + fast of steps run op by op since the last upload (graph.cu)

@@ -38,6 +38,7 @@ bool CudaBackend::graph_begin() {
   Impl& m = *impl_;
   if (m.capturing) return false;
   check_cuda(cudaGetLastError(), "before graph capture");
+  m.record_t0 = std::chrono::steady_clock::now();
   check_cuda(cudaStreamBeginCapture(m.stream, cudaStreamCaptureModeRelaxed), "cudaStreamBeginCapture");
   m.capturing = true;
   return true;
@@ -74,6 +75,7 @@ void CudaBackend::graph_launch() {
   if (m.graph_rows > 0) m.graph_execs[m.graph_rows] = m.graph_exec;  // kept per row count
   check_cuda(cudaGraphLaunch(m.graph_exec, m.stream), "cudaGraphLaunch");
   ++m.stats.graph_launches;
+  m.stats.record_host_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - m.record_t0).count();
   // Buffers replaced while recording: the new graph names their successors and earlier work on
   // them finished before this step began (each step ends with a synchronizing copy), but cudaFree
   // waits for the device anyway.
