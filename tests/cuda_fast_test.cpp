@@ -143,8 +143,9 @@ TEST_F(CudaFast, GemmMatchesCpu) {
               lt.cases, lt.rel, tc.cases, tc.rel, f32.cases, f32.rel);
 }
 
-// The tensor-core GEMV (T = 1, BF16) with 1, 2, 4 and 8 warps to a 16-row tile (the test hook of
-// set_decode_streams; 0 = the default, 8) on shapes from 1 to 140000 rows, against the CPU; then
+// The tensor-core GEMV (T = 1, BF16) with 1, 2, 4 and 8 warps to a 16-row tile and in each of its
+// forms (the test hooks of set_decode_streams; 0 = the default) on shapes from 1 to 140000 rows,
+// against the CPU; then
 // Backend::gemm_batch: 12 jobs (10 the tensor-core GEMV takes, an f32 one and a BF16 one of 48
 // columns it declines) in launches of at most 8 products, each y equal bit for bit to gemm on its
 // job alone, and one launch for a batch of 8 it takes.
@@ -181,11 +182,13 @@ TEST_F(CudaFast, GemvBatchesAndWarpsPerTileMatchCpu) {
     cpu_.gemm(hw[i].w, xs[i].data(), 1, ref[i].data());  // the f32 weight: the bf16 rounding is part of the error
   }
   Worst worst;
-  for (int wt : {0, 1, 2, 4, 8}) {
-    be_->set_decode_streams(true, 0, wt);
+  // Every warp count with the default form, then every form (gemv_tc.cu kForms) with the default warps.
+  const std::pair<int, int> settings[] = {{0, 0}, {1, 0}, {2, 0}, {4, 0}, {8, 0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}};
+  for (const auto& [wt, form] : settings) {
+    be_->set_decode_streams(true, 0, wt, form);
     for (size_t i = 0; i + 1 < n; ++i) {
       const std::string sh = "rows=" + std::to_string(W[i].rows) + " cols=" + std::to_string(W[i].cols) +
-                             " warps a tile=" + std::to_string(wt);
+                             " warps a tile=" + std::to_string(wt) + " form=" + std::to_string(form);
       float* dy = poisoned(W[i].rows);
       const uint64_t tc0 = be_->stats().tc_gemvs;
       be_->gemm(W[i], dxs[i], 1, dy);
@@ -549,16 +552,20 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
     bool pdl;
     int lines, wt;
     const char* name;
+    int form = 0;
   };
-  // GEMV: also with a warp to a 16-row tile (the default is 8, a tile a block).
-  const std::vector<Variant> gemv_variants = {
-      {false, 0, 0, "plain"}, {true, 0, 0, "pdl"}, {true, 0, 1, "pdl 1w"}, {true, 2, 0, "pdl+2"}};
+  // GEMV: also with a warp to a 16-row tile (the default is 8, a tile a block) and in its other
+  // forms (gemv_tc.cu kForms: f1 3 blocks an SM and a span a step, f2 4 and 1, f3 the default
+  // kernel split for 4 blocks an SM, f4 for 1).
+  const std::vector<Variant> gemv_variants = {{false, 0, 0, "plain"}, {true, 0, 0, "pdl"},  {true, 0, 1, "pdl 1w"},
+                                              {true, 2, 0, "pdl+2"},  {true, 0, 0, "f1", 1}, {true, 0, 0, "f2", 2},
+                                              {true, 0, 0, "f3", 3},  {true, 0, 0, "f4", 4}};
   const std::vector<Variant> moe_variants = {{false, 0, 0, "plain"}, {true, 0, 0, "pdl"}, {true, 2, 0, "pdl+2"}};
   auto report = [&](const std::string& what, double bytes, const std::function<double()>& timed,
                     const std::vector<Variant>& variants) {
     std::string line = "[ decode streams ] " + what + ":";
     for (const auto& v : variants) {
-      be_->set_decode_streams(v.pdl, v.lines, v.wt);
+      be_->set_decode_streams(v.pdl, v.lines, v.wt, v.form);
       const double t = timed();
       char buf[96];
       std::snprintf(buf, sizeof buf, "  %s %7.2f us %5.0f GB/s %3.0f%%", v.name, t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy);

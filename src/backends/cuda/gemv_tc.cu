@@ -36,6 +36,14 @@ namespace {
 
 constexpr int kWarps = 8, kThreads = kWarps * kWarp, kRows = 16, kSpan = 128, kMaxJobs = 8;
 
+/// The forms set_decode_streams(…, gemv_form) picks (a benchmark/test hook; 0 = the default): the
+/// kernel instance (blocks an SM, spans a step) and the column-split target (blocks an SM).
+struct GemvForm {
+  int min_blocks, step, slots_per_sm;
+};
+constexpr GemvForm kForms[] = {{2, 2, 2}, {3, 1, 3}, {4, 1, 4}, {2, 2, 4}, {2, 2, 1}};
+constexpr int kNumForms = int(sizeof(kForms) / sizeof(kForms[0]));
+
 /// One product of a launch: its blocks are linear blocks [block0, block0 + blocks_x · blocks_y)
 /// of the grid, block (bx, by) = tiles bx · (8 / wt) … of 16 rows and spans [by · per, (by + 1) ·
 /// per) of 128 columns (by > 0 only with wt == 8: a column split, blocks_y partial sums).
@@ -61,7 +69,10 @@ struct GemvJobs {
 /// again) sums them in by order. Launched as a programmatic dependent launch: a warp first asks
 /// L2 for `pf` lines of each of its rows (weights only), then waits for the kernel before it (x,
 /// y, part and count are touched only after that).
-__global__ void __launch_bounds__(kThreads, 2) gemv_tc_kernel(const __grid_constant__ GemvJobs jobs, int pf) {
+/// kMinBlocks: blocks an SM the registers are budgeted for (2: 128 registers a thread); kStep: spans
+/// whose loads a warp issues before its first MMA (the sums are the same for every kStep).
+template <int kMinBlocks, int kStep>
+__global__ void __launch_bounds__(kThreads, kMinBlocks) gemv_tc_kernel(const __grid_constant__ GemvJobs jobs, int pf) {
   __shared__ float red[kWarps][kWarp][2];
   __shared__ bool last;
   int j = 0;
@@ -82,19 +93,19 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_tc_kernel(const __grid_const
   pdl_trigger();  // after the wait: when a dependent starts, everything before this kernel is done
   const int ra = r0 + g, rb = r0 + g + 8;
   float c[4] = {0.f, 0.f, 0.f, 0.f};
-  // Two spans a step (s and s + wt): the loads of both are issued before the first MMA, so a warp
-  // has twice the bytes in flight (the MMAs still run span after span: the same sums).
-  for (int s = s_begin + wi; s < s_end; s += 2 * wt) {
-    uint32_t lo[2][16], hi[2][16];
+  // kStep spans a step (s, s + wt, ...): the loads of all are issued before the first MMA, so a warp
+  // has kStep times the bytes in flight (the MMAs still run span after span: the same sums).
+  for (int s = s_begin + wi; s < s_end; s += kStep * wt) {
+    uint32_t lo[kStep][16], hi[kStep][16];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < kStep; ++u) {
       // A span past the block's share loads nothing (col = cols: zeros).
       const int col = s + u * wt < s_end ? (s + u * wt) * kSpan + 32 * t4 : cols;
       load_bf16(w, ra, rows, col, cols, lo[u]);
       load_bf16(w, rb, rows, col, cols, hi[u]);
     }
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < kStep; ++u) {
       const int col = (s + u * wt) * kSpan + 32 * t4;
       if (s + u * wt >= s_end) break;
       const bool in = col < cols;
@@ -163,7 +174,8 @@ bool takes(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, co
 /// 2304 lm_head at 97% of the copy bandwidth with a warp a tile, 99% with 8).
 GemvJob plan(const CudaBackend::Impl& m, const uint16_t* w, const float* x, float* y, int rows, int cols) {
   GemvJob j{w, x, y, nullptr, nullptr, rows, cols, kWarps, 0, 0, 1, 0};
-  const int tiles = (rows + kRows - 1) / kRows, spans = (cols + kSpan - 1) / kSpan, slots = 2 * std::max(m.sm_count, 1);
+  const int tiles = (rows + kRows - 1) / kRows, spans = (cols + kSpan - 1) / kSpan;
+  const int slots = kForms[m.gemv_form].slots_per_sm * std::max(m.sm_count, 1);
   j.wt = m.gemv_wt > 0 ? m.gemv_wt : kWarps;
   const int tpb = kWarps / j.wt;
   j.blocks_x = (tiles + tpb - 1) / tpb;
@@ -206,7 +218,11 @@ void launch(CudaBackend::Impl& m, GemvJobs& jobs) {
   }
   check(blocks <= INT32_MAX, "gemm (fast, tensor-core gemv): too many blocks for one launch");
   const char* what = "gemm (fast) bf16 tensor-core gemv kernel";
-  launch_ex(m, gemv_tc_kernel, dim3(unsigned(blocks)), dim3(kThreads), 0, 0, m.stream_pdl, what, jobs, m.stream_prefetch);
+  switch (m.gemv_form) {
+    case 1: launch_ex(m, gemv_tc_kernel<3, 1>, dim3(unsigned(blocks)), dim3(kThreads), 0, 0, m.stream_pdl, what, jobs, m.stream_prefetch); break;
+    case 2: launch_ex(m, gemv_tc_kernel<4, 1>, dim3(unsigned(blocks)), dim3(kThreads), 0, 0, m.stream_pdl, what, jobs, m.stream_prefetch); break;
+    default: launch_ex(m, gemv_tc_kernel<2, 2>, dim3(unsigned(blocks)), dim3(kThreads), 0, 0, m.stream_pdl, what, jobs, m.stream_prefetch);
+  }
   m.launched(what);
   m.stats.tc_gemvs += uint64_t(jobs.n);
 }
@@ -236,14 +252,17 @@ int gemv_tc_batch(CudaBackend::Impl& m, const GemmJob* in, int n, int T, bool* t
 
 namespace wren {
 
-void CudaBackend::set_decode_streams(bool pdl, int prefetch_lines, int gemv_warps_per_tile) {
+void CudaBackend::set_decode_streams(bool pdl, int prefetch_lines, int gemv_warps_per_tile, int gemv_form) {
   check(prefetch_lines >= 0 && prefetch_lines <= 64, "CUDA backend: set_decode_streams: expected 0..64 prefetch lines");
   check(gemv_warps_per_tile == 0 || gemv_warps_per_tile == 1 || gemv_warps_per_tile == 2 || gemv_warps_per_tile == 4 ||
             gemv_warps_per_tile == 8,
         "CUDA backend: set_decode_streams: expected 0 (the default, 8), 1, 2, 4 or 8 GEMV warps a tile");
   impl_->stream_pdl = pdl;
   impl_->stream_prefetch = prefetch_lines;
+  check(gemv_form >= 0 && gemv_form < cuda::kNumForms,
+        "CUDA backend: set_decode_streams: expected a GEMV form 0.." + std::to_string(cuda::kNumForms - 1));
   impl_->gemv_wt = gemv_warps_per_tile;
+  impl_->gemv_form = gemv_form;
 }
 
 }  // namespace wren
