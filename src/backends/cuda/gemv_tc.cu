@@ -27,6 +27,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "backends/cuda/gemm_quant.cuh"
 
@@ -218,11 +219,14 @@ void launch(CudaBackend::Impl& m, GemvJobs& jobs) {
   }
   check(blocks <= INT32_MAX, "gemm (fast, tensor-core gemv): too many blocks for one launch");
   const char* what = "gemm (fast) bf16 tensor-core gemv kernel";
-  switch (m.gemv_form) {
-    case 1: launch_ex(m, gemv_tc_kernel<3, 1>, dim3(unsigned(blocks)), dim3(kThreads), 0, 0, m.stream_pdl, what, jobs, m.stream_prefetch); break;
-    case 2: launch_ex(m, gemv_tc_kernel<4, 1>, dim3(unsigned(blocks)), dim3(kThreads), 0, 0, m.stream_pdl, what, jobs, m.stream_prefetch); break;
-    default: launch_ex(m, gemv_tc_kernel<2, 2>, dim3(unsigned(blocks)), dim3(kThreads), 0, 0, m.stream_pdl, what, jobs, m.stream_prefetch);
-  }
+  // The kernel instance of each form, from kForms itself (forms sharing an instance share its code).
+  auto instance = [&]<int... F>(std::integer_sequence<int, F...>) {
+    using Kernel = void (*)(const GemvJobs, int);
+    constexpr Kernel kernels[] = {gemv_tc_kernel<kForms[F].min_blocks, kForms[F].step>...};
+    return kernels[m.gemv_form];
+  };
+  launch_ex(m, instance(std::make_integer_sequence<int, kNumForms>{}), dim3(unsigned(blocks)), dim3(kThreads), 0, 0,
+            m.stream_pdl, what, jobs, m.stream_prefetch);
   m.launched(what);
   m.stats.tc_gemvs += uint64_t(jobs.n);
 }
@@ -257,10 +261,10 @@ void CudaBackend::set_decode_streams(bool pdl, int prefetch_lines, int gemv_warp
   check(gemv_warps_per_tile == 0 || gemv_warps_per_tile == 1 || gemv_warps_per_tile == 2 || gemv_warps_per_tile == 4 ||
             gemv_warps_per_tile == 8,
         "CUDA backend: set_decode_streams: expected 0 (the default, 8), 1, 2, 4 or 8 GEMV warps a tile");
-  impl_->stream_pdl = pdl;
-  impl_->stream_prefetch = prefetch_lines;
   check(gemv_form >= 0 && gemv_form < cuda::kNumForms,
         "CUDA backend: set_decode_streams: expected a GEMV form 0.." + std::to_string(cuda::kNumForms - 1));
+  impl_->stream_pdl = pdl;
+  impl_->stream_prefetch = prefetch_lines;
   impl_->gemv_wt = gemv_warps_per_tile;
   impl_->gemv_form = gemv_form;
 }
