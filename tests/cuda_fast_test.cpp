@@ -183,7 +183,8 @@ TEST_F(CudaFast, GemvBatchesAndWarpsPerTileMatchCpu) {
   }
   Worst worst;
   // Every warp count with the default form, then every form (gemv_tc.cu kForms) with the default warps.
-  const std::pair<int, int> settings[] = {{0, 0}, {1, 0}, {2, 0}, {4, 0}, {8, 0}, {0, 1}, {0, 2}, {0, 3}, {0, 4}};
+  std::vector<std::pair<int, int>> settings = {{0, 0}, {1, 0}, {2, 0}, {4, 0}, {8, 0}};
+  for (int form = 1; form < CudaBackend::kGemvForms; ++form) settings.emplace_back(0, form);
   for (const auto& [wt, form] : settings) {
     be_->set_decode_streams(true, 0, wt, form);
     for (size_t i = 0; i + 1 < n; ++i) {
@@ -555,11 +556,16 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
     int form = 0;
   };
   // GEMV: also with a warp to a 16-row tile (the default is 8, a tile a block) and in its other
-  // forms (gemv_tc.cu kForms: f1 3 blocks an SM and a span a step, f2 4 and 1, f3 the default
-  // kernel split for 4 blocks an SM, f4 for 1).
-  const std::vector<Variant> gemv_variants = {{false, 0, 0, "plain"}, {true, 0, 0, "pdl"},  {true, 0, 1, "pdl 1w"},
-                                              {true, 2, 0, "pdl+2"},  {true, 0, 0, "f1", 1}, {true, 0, 0, "f2", 2},
-                                              {true, 0, 0, "f3", 3},  {true, 0, 0, "f4", 4}};
+  // forms (gemv_tc.cu kForms: f1 the default kernel split for 2 blocks an SM, f2 3 blocks an SM
+  // and a span a step split for 3, f3 4 and 1 split for 4, f4 and f5 the kernels of f2 and f3
+  // split for 1 block an SM, f6 the default kernel never split).
+  std::vector<Variant> gemv_variants = {{false, 0, 0, "plain"}, {true, 0, 0, "pdl"}, {true, 0, 1, "pdl 1w"}, {true, 2, 0, "pdl+2"}};
+  static const char* kFormNames[] = {"f0", "f1", "f2", "f3", "f4", "f5", "f6", "f7", "f8", "f9"};
+  static_assert(CudaBackend::kGemvForms <= int(std::size(kFormNames)));
+  for (int form = 1; form < CudaBackend::kGemvForms; ++form) gemv_variants.push_back({true, 0, 0, kFormNames[form], form});
+  // With 4 lines of each row asked of L2 before the wait: the default and the 64-register form f5,
+  // whose blocks leave room for the next launch's to start early.
+  gemv_variants.push_back({true, 4, 0, "f0+4", 0}), gemv_variants.push_back({true, 4, 0, "f5+4", 5});
   const std::vector<Variant> moe_variants = {{false, 0, 0, "plain"}, {true, 0, 0, "pdl"}, {true, 2, 0, "pdl+2"}};
   auto report = [&](const std::string& what, double bytes, const std::function<double()>& timed,
                     const std::vector<Variant>& variants) {

@@ -10,7 +10,7 @@
 // k slots 2·t4, 2·t4 + 1, 2·t4 + 8, 2·t4 + 9 of A and B. A block is 8 warps on one 16-row tile,
 // each warp summing every 8th span of the block's share of the columns; the 8 warp sums are added
 // in warp order through shared memory. Matrices with few row tiles also split the columns over
-// blockIdx.y (kb blocks a tile, chosen so that the grid covers the SMs twice): each block writes
+// blockIdx.y (kb blocks a tile, chosen so that the grid covers each SM once): each block writes
 // its partial row sums, and the last of the tile's blocks to finish (a per-tile arrival counter)
 // adds the kb partials in order. Every sum has a fixed order: the result does not depend on
 // anything but the inputs, nor on which block finishes last. The kernel is a programmatic
@@ -38,12 +38,17 @@ namespace {
 constexpr int kWarps = 8, kThreads = kWarps * kWarp, kRows = 16, kSpan = 128, kMaxJobs = 8;
 
 /// The forms set_decode_streams(…, gemv_form) picks (a benchmark/test hook; 0 = the default): the
-/// kernel instance (blocks an SM, spans a step) and the column-split target (blocks an SM).
+/// kernel instance (blocks an SM, spans a step) and the column-split target (blocks an SM; 0: never
+/// split). The default splits the columns only of matrices with fewer 16-row tiles than SMs: run 35
+/// (H100) measured it against the split for two blocks an SM (form 1, the default of runs 30-34) at
+/// 66% / 53% of the copy bandwidth instead of 48% / 42% on Kimi Linear's 4096 x 2304 / 2304 x 4096,
+/// 74% instead of 53% on its KDA projections in one launch, and the same on the large shapes.
 struct GemvForm {
   int min_blocks, step, slots_per_sm;
 };
-constexpr GemvForm kForms[] = {{2, 2, 2}, {3, 1, 3}, {4, 1, 4}, {2, 2, 4}, {2, 2, 1}};
+constexpr GemvForm kForms[] = {{2, 2, 1}, {2, 2, 2}, {3, 1, 3}, {4, 1, 4}, {3, 1, 1}, {4, 1, 1}, {2, 2, 0}};
 constexpr int kNumForms = int(sizeof(kForms) / sizeof(kForms[0]));
+static_assert(kNumForms == CudaBackend::kGemvForms, "CudaBackend::kGemvForms names the forms of kForms");
 
 /// One product of a launch: its blocks are linear blocks [block0, block0 + blocks_x · blocks_y)
 /// of the grid, block (bx, by) = tiles bx · (8 / wt) … of 16 rows and spans [by · per, (by + 1) ·
@@ -170,7 +175,8 @@ bool takes(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, co
 }
 
 /// The shape of one job's blocks: 8 warps to a tile (a tile a block) unless set_decode_streams
-/// asks otherwise, with the columns split over blocks so that the grid covers the SMs twice. A warp
+/// asks otherwise, with the columns split over blocks so that the grid covers the form's slots
+/// (the default: a block an SM, so only matrices with fewer tiles than SMs are split). A warp
 /// to a tile for long streams of short rows was measured and not kept (run 30, H100: the 163840 ×
 /// 2304 lm_head at 97% of the copy bandwidth with a warp a tile, 99% with 8).
 GemvJob plan(const CudaBackend::Impl& m, const uint16_t* w, const float* x, float* y, int rows, int cols) {
@@ -181,7 +187,7 @@ GemvJob plan(const CudaBackend::Impl& m, const uint16_t* w, const float* x, floa
   const int tpb = kWarps / j.wt;
   j.blocks_x = (tiles + tpb - 1) / tpb;
   int kb = 1;
-  if (j.wt == kWarps) {  // column splits: enough blocks for two per SM, each warp at least one span
+  if (j.wt == kWarps) {  // column splits: enough blocks for the form's slots, each warp at least one span
     const int want = (slots + tiles - 1) / tiles;
     kb = std::clamp(want, 1, std::max(1, spans / kWarps));
   }
