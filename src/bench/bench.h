@@ -143,10 +143,14 @@ void run_prefill(PrefillArgs a);
 /// first size, and on the GPU the launches, host syncs, graph launches and device-routed expert
 /// bytes per generated token. `profile`: one more step per size with per-launch device timing
 /// (op by op: a profiled step is never recorded). `eager`: each size also through a forward pass
-/// that records no step (rows "Be"), side by side with the recorded one.
+/// that records no step (rows "Be"), side by side with the recorded one. `gemv_forms` (CUDA, a
+/// benchmark knob): every size once per form of the fast mode's tensor-core GEMV (comma-separated
+/// 0 .. CudaBackend::kGemvForms - 1, rows "B/fN"; a form's column split changes the order of a
+/// row's sum, not the math); empty: the default form alone.
 struct BatchArgs {
   EngineOptions engine;
   std::string batches = "1,4,16";
+  std::string gemv_forms;
   int prompt = 64, steps = 32;
   bool profile = false, eager = false;
   uint64_t seed = 1;
