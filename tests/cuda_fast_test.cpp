@@ -184,7 +184,7 @@ TEST_F(CudaFast, GemvBatchesAndWarpsPerTileMatchCpu) {
   Worst worst;
   // Every warp count with the default form, then every form (gemv_tc.cu kForms) with the default warps.
   std::vector<std::pair<int, int>> settings = {{0, 0}, {1, 0}, {2, 0}, {4, 0}, {8, 0}};
-  for (int form = 1; form < CudaBackend::kGemvForms; ++form) settings.emplace_back(0, form);
+  for (int form = 1; form < CudaBackend::gemv_forms(); ++form) settings.emplace_back(0, form);
   for (const auto& [wt, form] : settings) {
     be_->set_decode_streams(true, 0, wt, form);
     for (size_t i = 0; i + 1 < n; ++i) {
@@ -462,8 +462,9 @@ TEST_F(CudaFast, RoutedMoeMxfp4DecodeMatchesCpu) {
 // The routed dense (BF16) experts of one decode token in fast mode (moe_decode.cu's kernels without
 // the MXFP4 decode: Kimi Linear) against the CPU: widths inside and past the 128-column blocks up to
 // the Kimi-Linear-48B sizes (io 2304, inter 1024), top-1 … top-8, SiLU and SiTU, several routings;
-// the profile shows the decode kernels ran (no grouped launch), two runs give the same bits, and
-// shapes the kernels cannot take (io or inter not a multiple of 32) still go to the grouped kernels.
+// the profile shows the decode kernels ran (no grouped launch), two runs give the same bits, every
+// warps-a-tile pair of set_dense_expert_warps matches the CPU too, and shapes the kernels cannot
+// take (io or inter not a multiple of 32) still go to the grouped kernels.
 TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
   std::mt19937 g(41);
   struct Case {
@@ -475,7 +476,7 @@ TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
                         {8, 3, 544, 288, 1.f, false}, {9, 8, 2304, 1024, 2.446f, true}, {4, 2, 72, 40, 1.f, true}};
   Worst worst;
   be_->profile_begin();
-  int calls = 0, declined = 0;
+  int calls = 0, declined = 0, hooked = 0;  // hooked: calls under set_dense_expert_warps
   for (const Case& c : cases) {
     std::vector<std::unique_ptr<DenseExpert>> dne;
     MoeWeights mw;
@@ -520,6 +521,21 @@ TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
       be_->routed_moe(p, mw, dl, dz, 1, work(poisoned(size_t(c.k) * c.io), c.inter), dout2);
       const auto again = host(dout2, size_t(c.io));
       EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4)) << sh << ": not deterministic";
+      if (rep == 0 && takes) {  // the warps a tile of each kernel (set_dense_expert_warps), against the CPU
+        for (const auto& [gu, dn] : {std::pair{1, 1}, {2, 2}, {4, 4}, {8, 8}, {8, 1}, {1, 8}, {4, 2}}) {
+          be_->set_dense_expert_warps(gu, dn);
+          float* dout3 = poisoned(size_t(c.io));
+          be_->routed_moe(p, mw, dl, dz, 1, work(poisoned(size_t(c.k) * c.io), c.inter), dout3);
+          const auto w = host(dout3, size_t(c.io));
+          const std::string wsh = sh + " warps a tile " + std::to_string(gu) + "/" + std::to_string(dn);
+          EXPECT_EQ(nan_count(w), 0u) << wsh;
+          const double rw = test::rel_l2(w.data(), ref.data(), ref.size());
+          EXPECT_LE(rw, 6e-3) << wsh;
+          worst.add(rw);
+          hooked += 1;
+        }
+        be_->set_dense_expert_warps(0, 0);
+      }
     }
   }
   double total = 0;
@@ -529,10 +545,10 @@ TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
     if (t.name == "routed_moe (fast) dense decode down kernel") down = t.launches;
     if (t.name.find("dense gate/up grouped") != std::string::npos) grouped += t.launches;
   }
-  EXPECT_EQ(gate_up, uint64_t(2 * calls)) << "every fast T = 1 call on a 32-multiple shape took the decode kernels";
-  EXPECT_EQ(down, uint64_t(2 * calls));
+  EXPECT_EQ(gate_up, uint64_t(2 * calls + hooked)) << "every fast T = 1 call on a 32-multiple shape took the decode kernels";
+  EXPECT_EQ(down, uint64_t(2 * calls + hooked));
   EXPECT_EQ(grouped, uint64_t(2 * declined)) << "the other shapes kept the grouped kernels";
-  std::printf("[ cuda fast ] dense decode experts: %d calls, worst rel-L2 %.3g (%d calls on the grouped kernels)\n",
+  std::printf("[ cuda fast ] dense decode experts: %d calls (every warps-a-tile pair), worst rel-L2 %.3g (%d calls on the grouped kernels)\n",
               worst.cases, worst.rel, 2 * declined);
 }
 
@@ -554,15 +570,17 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
     int lines, wt;
     const char* name;
     int form = 0;
+    int dense_gu = 0, dense_dn = 0;  ///< set_dense_expert_warps
   };
   // GEMV: also with a warp to a 16-row tile (the default is 8, a tile a block) and in its other
   // forms (gemv_tc.cu kForms: f1 the default kernel split for 2 blocks an SM, f2 3 blocks an SM
   // and a span a step split for 3, f3 4 and 1 split for 4, f4 and f5 the kernels of f2 and f3
-  // split for 1 block an SM, f6 the default kernel never split).
+  // split for 1 block an SM, f6 the default kernel never split, f7 and f8 the kernels of f1 and f3
+  // split into as many blocks a tile as fit in one wave of 2 or 4 blocks an SM).
   std::vector<Variant> gemv_variants = {{false, 0, 0, "plain"}, {true, 0, 0, "pdl"}, {true, 0, 1, "pdl 1w"}, {true, 2, 0, "pdl+2"}};
-  static const char* kFormNames[] = {"f0", "f1", "f2", "f3", "f4", "f5", "f6", "f7", "f8", "f9"};
-  static_assert(CudaBackend::kGemvForms <= int(std::size(kFormNames)));
-  for (int form = 1; form < CudaBackend::kGemvForms; ++form) gemv_variants.push_back({true, 0, 0, kFormNames[form], form});
+  static const char* kFormNames[] = {"f0", "f1", "f2", "f3", "f4", "f5", "f6", "f7", "f8", "f9", "f10", "f11"};
+  ASSERT_LE(CudaBackend::gemv_forms(), int(std::size(kFormNames)));
+  for (int form = 1; form < CudaBackend::gemv_forms(); ++form) gemv_variants.push_back({true, 0, 0, kFormNames[form], form});
   // With 4 lines of each row asked of L2 before the wait: the default and the 64-register form f5,
   // whose blocks leave room for the next launch's to start early.
   gemv_variants.push_back({true, 4, 0, "f0+4", 0}), gemv_variants.push_back({true, 4, 0, "f5+4", 5});
@@ -572,6 +590,7 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
     std::string line = "[ decode streams ] " + what + ":";
     for (const auto& v : variants) {
       be_->set_decode_streams(v.pdl, v.lines, v.wt, v.form);
+      be_->set_dense_expert_warps(v.dense_gu, v.dense_dn);
       const double t = timed();
       char buf[96];
       std::snprintf(buf, sizeof buf, "  %s %7.2f us %5.0f GB/s %3.0f%%", v.name, t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy);
@@ -579,6 +598,7 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
     }
     std::printf("%s\n", line.c_str());
     be_->set_decode_streams(true, 0);
+    be_->set_dense_expert_warps(0, 0);
   };
   struct Shape {
     const char* name;
@@ -647,6 +667,11 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
   projections("K3 KDA q,k,v,f_a,b,g (4 x 12288 x 7168, 128, 96)",
               {{12288, 7168}, {12288, 7168}, {12288, 7168}, {128, 7168}, {96, 7168}, {12288, 7168}});
   projections("KL MoE router, shared gate, up (256, 2 x 1024 x 2304)", {{256, 2304}, {1024, 2304}, {1024, 2304}});
+  // Dense experts: also every warps-a-tile pair of interest for the gate/up and down kernels.
+  const std::vector<Variant> dense_variants = {
+      {false, 0, 0, "plain"},     {true, 0, 0, "pdl"},        {true, 2, 0, "pdl+2"},      {true, 0, 0, "1/1", 0, 1, 1},
+      {true, 0, 0, "2/1", 0, 2, 1}, {true, 0, 0, "4/1", 0, 4, 1}, {true, 0, 0, "8/1", 0, 8, 1}, {true, 0, 0, "4/2", 0, 4, 2},
+      {true, 0, 0, "4/4", 0, 4, 4}, {true, 0, 0, "2/2", 0, 2, 2}};
   auto moe = [&](const std::string& what, bool mx, int E, int k, int io, int inter, std::vector<ExpertRef> experts) {
     MoeWeights mw;
     mw.experts = std::move(experts);
@@ -674,7 +699,7 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
     for (float* l : logits) be_->routed_moe(p, mw, l, dz, 1, ws, dout);  // tables built before any recording
     report(what, bytes, [&] {
       return be_->time_recorded([&](int i) { be_->routed_moe(p, mw, logits[size_t(i % sets)], dz, 1, ws, dout); }, R, 10);
-    }, moe_variants);
+    }, mx ? moe_variants : dense_variants);
     ASSERT_EQ(be_->fallbacks(), 0u) << what;
     be_->profile_begin();
     be_->routed_moe(p, mw, logits[0], dz, 1, ws, dout);

@@ -48,7 +48,7 @@ void run_batch(BatchArgs a) {
   if (!a.gemv_forms.empty()) {
 #ifdef WREN_HAVE_CUDA
     check(dynamic_cast<CudaBackend*>(&e.backend()) != nullptr, "bench batch: --gemv-forms needs the CUDA backend");
-    forms = parse_count_list(a.gemv_forms, "--gemv-forms", 0, CudaBackend::kGemvForms - 1, "GEMV form");
+    forms = parse_count_list(a.gemv_forms, "--gemv-forms", 0, CudaBackend::gemv_forms() - 1, "GEMV form");
 #else
     check(false, "bench batch: --gemv-forms needs the CUDA backend (this build has none)");
 #endif

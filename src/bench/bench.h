@@ -145,7 +145,7 @@ void run_prefill(PrefillArgs a);
 /// (op by op: a profiled step is never recorded). `eager`: each size also through a forward pass
 /// that records no step (rows "Be"), side by side with the recorded one. `gemv_forms` (CUDA, a
 /// benchmark knob): every size once per form of the fast mode's tensor-core GEMV (comma-separated
-/// 0 .. CudaBackend::kGemvForms - 1, rows "B/fN"; a form's column split changes the order of a
+/// 0 .. CudaBackend::gemv_forms() - 1, rows "B/fN"; a form's column split changes the order of a
 /// row's sum, not the math); empty: the default form alone.
 struct BatchArgs {
   EngineOptions engine;

@@ -197,14 +197,19 @@ class CudaBackend final : public Backend {
   /// blocks start while the kernel before them drains), how many 128-byte lines of each row a
   /// warp asks of L2 before waiting for that kernel (default 0), and how many warps of the
   /// tensor-core GEMV share a 16-row tile (1, 2, 4 or 8; 0 = the default, 8), and the GEMV's form
-  /// (gemv_form, 0 = the default; 1 .. kGemvForms - 1: other occupancies and column splits,
+  /// (gemv_form, 0 = the default; 1 .. gemv_forms() - 1: other occupancies and column splits,
   /// gemv_tc.cu kForms).
   /// Pdl and lines change timing only, never a result; the warps a tile and the form's column
   /// split change the order of a row's sum. Throws wren::Error for prefetch_lines outside 0..64,
   /// other warp counts or forms.
   void set_decode_streams(bool pdl, int prefetch_lines, int gemv_warps_per_tile = 0, int gemv_form = 0);
-  /// The number of GEMV forms set_decode_streams takes (0 .. kGemvForms - 1).
-  static constexpr int kGemvForms = 7;
+  /// The number of GEMV forms set_decode_streams takes (0 .. gemv_forms() - 1).
+  static int gemv_forms();
+  /// Benchmark/test hook: warps that share a 16-row tile in the fast mode's dense (BF16) decode
+  /// experts (moe_decode.cu), for the gate/up kernel and for the down kernel: 1, 2, 4 or 8 (8 / wt
+  /// tiles a block, the tile's columns split over its wt warps), 0 = the default rule. Changes the
+  /// order of a row's sum (fast mode), never the math. Throws wren::Error for other counts.
+  void set_dense_expert_warps(int gate_up, int down);
   /// One KDA decode step (T = 1) for each of B sequences, sequence b on its own state
   /// *states[b] (shapes as kda_core: q, k, v, z, gate, out [B, P], beta [B, H], P = heads ·
   /// head_dim; device pointers). The same arithmetic, per sequence, as B kda_core calls with T = 1

@@ -232,15 +232,16 @@ __device__ __forceinline__ void prefetch_bf16_head(const uint16_t* w, int rows, 
   if (pf > 0) prefetch_rows(reinterpret_cast<const uint8_t*>(w), size_t(cols) * 2, rows, r0, 0, pf);
 }
 
-/// c += M[r0 + g, r0 + g + 8, :] · x for this warp's 16 rows of a BF16 matrix (rows × cols, cols %
-/// 32 == 0, 16-byte aligned), x the token's values as BF16 pairs: the 8 MMA steps of a 128-column
-/// block per iteration.
+/// c += M[r0 + g, r0 + g + 8, cols of this warp] · x for this warp's 16 rows of a BF16 matrix
+/// (rows × cols, cols % 32 == 0, 16-byte aligned), x the token's values as BF16 pairs: the 8 MMA
+/// steps of a 128-column block per iteration. The columns come in steps of 256; warp wi of the wt
+/// warps sharing the tile takes steps wi, wi + wt, … (wt = 1: all of them).
 __device__ __forceinline__ void gemv_bf16(const uint16_t* __restrict__ w, int rows, int cols, int r0,
-                                          const uint32_t* x_pairs, float (&c)[4]) {
+                                          const uint32_t* x_pairs, float (&c)[4], int wi, int wt) {
   const int lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
   // Two 128-column blocks a step: both blocks' loads are issued before the first MMA (twice the
   // bytes in flight; the MMAs still run block after block: the same sums).
-  for (int c0 = 0; c0 < cols; c0 += 2 * kCols) {
+  for (int c0 = wi * 2 * kCols; c0 < cols; c0 += wt * 2 * kCols) {
     uint32_t lo[2][16], hi[2][16];
 #pragma unroll
     for (int u = 0; u < 2; ++u) {
@@ -263,19 +264,42 @@ __device__ __forceinline__ void gemv_bf16(const uint16_t* __restrict__ w, int ro
   }
 }
 
-/// Gate/up: act[j, r] = GLU(W1[e]·z, W3[e]·z)[r] (BF16) for the 16 rows of each warp (GLU: SiLU(g)·u
-/// when silu, else SiTU).
+/// The (row g, row g + 8) sums of the wt warps sharing this warp's tile, added in warp order
+/// through `red` (one slot a warp and lane); returns them in the tile's first warp (wi == 0),
+/// lanes t4 = 0 (column 0 of the product), for N accumulators. wt == 1: the warp's own. Whole block
+/// (a barrier when wt > 1).
+template <int N>
+__device__ __forceinline__ void tile_sums(float (&red)[kWarps][kWarp][2 * N], float (&c)[N][4], int wt) {
+  if (wt == 1) return;
+  const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
+#pragma unroll
+  for (int n = 0; n < N; ++n) red[warp][lane][2 * n] = c[n][0], red[warp][lane][2 * n + 1] = c[n][2];
+  __syncthreads();
+  if (warp % wt != 0) return;
+#pragma unroll
+  for (int n = 0; n < N; ++n) {
+    float a = 0.f, b = 0.f;
+    for (int v = 0; v < wt; ++v) a += red[warp + v][lane][2 * n], b += red[warp + v][lane][2 * n + 1];
+    c[n][0] = a, c[n][2] = b;
+  }
+}
+
+/// Gate/up: act[j, r] = GLU(W1[e]·z, W3[e]·z)[r] (BF16) for the 16 rows of each tile (GLU:
+/// SiLU(g)·u when silu, else SiTU); a block is 8 / wt tiles of wt warps each (gemv_bf16's column
+/// steps split over the tile's warps, their sums added in warp order).
 __global__ void __launch_bounds__(kThreads, 2) dense_gate_up_kernel(
     const DenseExpertPtrs* __restrict__ table, const int* __restrict__ ids, const float* __restrict__ z, int io,
     int inter, float b1, float b2, int silu, __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ traffic,
-    unsigned long long ebytes, int pf) {
+    unsigned long long ebytes, int pf, int wt) {
   extern __shared__ __align__(16) uint32_t zs[];  // z as BF16 pairs [io / 2]
-  const int j = int(blockIdx.y), lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+  __shared__ float red[kWarps][kWarp][4];
+  const int j = int(blockIdx.y), warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp, g = lane / 4,
+            t4 = lane % 4;
   pdl_wait();  // ids come from the router kernel just before
   pdl_trigger();
   if (traffic && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(traffic, 1ull), atomicAdd(traffic + 1, ebytes);
   const DenseExpertPtrs e = table[ids[j]];
-  const int r0 = (int(blockIdx.x) * kWarps + int(threadIdx.x) / kWarp) * kRows;
+  const int r0 = (int(blockIdx.x) * (kWarps / wt) + warp / wt) * kRows, wi = warp % wt;
   prefetch_bf16_head(e.w1, inter, io, r0, pf);  // in flight while the token is staged
   prefetch_bf16_head(e.w3, inter, io, r0, pf);
   for (int i = int(threadIdx.x); i < io / 2; i += kThreads) {
@@ -284,40 +308,51 @@ __global__ void __launch_bounds__(kThreads, 2) dense_gate_up_kernel(
     zs[i] = *reinterpret_cast<const uint32_t*>(&b);
   }
   __syncthreads();
-  if (r0 >= inter) return;
-  float cg[4] = {0.f, 0.f, 0.f, 0.f}, cu[4] = {0.f, 0.f, 0.f, 0.f};
-  gemv_bf16(e.w1, inter, io, r0, zs, cg);
-  gemv_bf16(e.w3, inter, io, r0, zs, cu);
-  if (t4 != 0) return;  // column 0 of the product: c0 (row g) and c2 (row g + 8) of lanes t4 = 0
+  float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // gate, up
+  if (r0 < inter) {  // a whole tile or none (inter % 32 == 0); every warp reaches tile_sums' barrier
+    gemv_bf16(e.w1, inter, io, r0, zs, c[0], wi, wt);
+    gemv_bf16(e.w3, inter, io, r0, zs, c[1], wi, wt);
+  }
+  tile_sums<2>(red, c, wt);
+  if (wi != 0 || t4 != 0 || r0 >= inter) return;  // column 0 of the product: c0 (row g), c2 (row g + 8)
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int r = r0 + g + 8 * h;
-    const float gv = cg[2 * h], uv = cu[2 * h];
-    if (r < inter)
-      act[size_t(j) * inter + r] = __float2bfloat16_rn(silu ? gv / (1.f + __expf(-gv)) * uv : situ_f(gv, uv, b1, b2));
+    const float gv = c[0][2 * h], uv = c[1][2 * h];
+    act[size_t(j) * inter + r] = __float2bfloat16_rn(silu ? gv / (1.f + __expf(-gv)) * uv : situ_f(gv, uv, b1, b2));
   }
 }
 
-/// Down: ys[j, r] = (W2[e] · act[j])[r] for the 16 rows of each warp.
+/// Down: ys[j, r] = (W2[e] · act[j])[r] for the 16 rows of each tile, tiles as in the gate/up kernel.
 __global__ void __launch_bounds__(kThreads, 2) dense_down_kernel(const DenseExpertPtrs* __restrict__ table,
                                                               const int* __restrict__ ids,
                                                               const __nv_bfloat16* __restrict__ act, int io, int inter,
-                                                              float* __restrict__ ys, int pf) {
-  const int j = int(blockIdx.y), lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+                                                              float* __restrict__ ys, int pf, int wt) {
+  __shared__ float red[kWarps][kWarp][2];
+  const int j = int(blockIdx.y), warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp, g = lane / 4,
+            t4 = lane % 4;
   const DenseExpertPtrs e = table[ids[j]];  // known before the wait, as in mx_down_kernel
-  const int r0 = (int(blockIdx.x) * kWarps + int(threadIdx.x) / kWarp) * kRows;
+  const int r0 = (int(blockIdx.x) * (kWarps / wt) + warp / wt) * kRows, wi = warp % wt;
   prefetch_bf16_head(e.w2, io, inter, r0, pf);
   pdl_wait();
   pdl_trigger();
-  if (r0 >= io) return;
-  float c[4] = {0.f, 0.f, 0.f, 0.f};
-  gemv_bf16(e.w2, io, inter, r0, reinterpret_cast<const uint32_t*>(act + size_t(j) * inter), c);
-  if (t4 != 0) return;
+  float c[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  if (r0 < io) gemv_bf16(e.w2, io, inter, r0, reinterpret_cast<const uint32_t*>(act + size_t(j) * inter), c[0], wi, wt);
+  tile_sums<1>(red, c, wt);
+  if (wi != 0 || t4 != 0 || r0 >= io) return;
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int r = r0 + g + 8 * h;
-    if (r < io) ys[size_t(j) * io + r] = c[2 * h];
-  }
+  for (int h = 0; h < 2; ++h) ys[size_t(j) * io + r0 + g + 8 * h] = c[0][2 * h];
+}
+
+/// Warps a 16-row tile of the dense decode experts (1, 2, 4 or 8) for a kernel over `rows` rows
+/// and `cols` columns of k experts: `hook` when set (set_dense_expert_warps), else the fewest that
+/// give at least a block an SM, each warp at least one 256-column step.
+int dense_warps(const CudaBackend::Impl& m, int hook, int rows, int cols, int k) {
+  if (hook > 0) return hook;
+  const int tiles = (rows + kRows - 1) / kRows, steps = (cols + 2 * kCols - 1) / (2 * kCols);
+  int wt = 1;
+  while (wt < kWarps && 2 * wt <= steps && (long long)(tiles * wt + kWarps - 1) / kWarps * k < m.sm_count) wt *= 2;
+  return wt;
 }
 
 /// Opts `kernel` in to `bytes` of dynamic shared memory when past the default 48 KiB (once per
@@ -366,16 +401,30 @@ void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const 
   const size_t zs_bytes = size_t(io) * 2;  // z as BF16
   opt_in_smem(dense_gate_up_kernel, zs_bytes, opted, "cudaFuncSetAttribute (dense decode gate/up)");
   const unsigned long long ebytes = device_expert_bytes(false, io, inter);
-  const int per_block = kWarps * kRows;
+  const int gu_wt = dense_warps(m, m.dense_gu_wt, inter, io, k), dn_wt = dense_warps(m, m.dense_dn_wt, io, inter, k);
+  const int gu_rows = kWarps / gu_wt * kRows, dn_rows = kWarps / dn_wt * kRows;  // rows a block
   const char* gu = "routed_moe (fast) dense decode gate/up kernel";
-  launch_ex(m, dense_gate_up_kernel, dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), dim3(kThreads),
+  launch_ex(m, dense_gate_up_kernel, dim3(unsigned((inter + gu_rows - 1) / gu_rows), unsigned(k)), dim3(kThreads),
             zs_bytes, 0, m.stream_pdl, gu, table, ids, z, io, inter, b1, b2, silu ? 1 : 0, act, m.traffic_counters(),
-            ebytes, m.stream_prefetch);
+            ebytes, m.stream_prefetch, gu_wt);
   m.launched(gu);
   const char* dn = "routed_moe (fast) dense decode down kernel";
-  launch_ex(m, dense_down_kernel, dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)), dim3(kThreads), 0, 0,
-            m.stream_pdl, dn, table, ids, static_cast<const __nv_bfloat16*>(act), io, inter, ys, m.stream_prefetch);
+  launch_ex(m, dense_down_kernel, dim3(unsigned((io + dn_rows - 1) / dn_rows), unsigned(k)), dim3(kThreads), 0, 0,
+            m.stream_pdl, dn, table, ids, static_cast<const __nv_bfloat16*>(act), io, inter, ys, m.stream_prefetch,
+            dn_wt);
   m.launched(dn);
 }
 
 }  // namespace wren::cuda
+
+namespace wren {
+
+void CudaBackend::set_dense_expert_warps(int gate_up, int down) {
+  const auto ok = [](int w) { return w == 0 || w == 1 || w == 2 || w == 4 || w == 8; };
+  check(ok(gate_up) && ok(down),
+        "CUDA backend: set_dense_expert_warps: expected 0 (the default rule), 1, 2, 4 or 8 warps a tile for each kernel");
+  impl_->dense_gu_wt = gate_up;
+  impl_->dense_dn_wt = down;
+}
+
+}  // namespace wren
