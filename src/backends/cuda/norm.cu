@@ -25,7 +25,8 @@ constexpr int kMaxMix = 32;  ///< AttnRes entries per mix (K3 needs <= 9: ceil(9
 template <int kPer>
 __global__ void rms_norm_kernel(float* __restrict__ x, const float* __restrict__ delta, int n,
                                 const float* __restrict__ w, float eps, float* __restrict__ y) {
-  cuda::pdl_trigger();  // an ordinary launch: a programmatic dependent behind it may start now
+  cuda::pdl_wait();  // launched as a programmatic dependent (pdl_launch): nothing is touched before
+  cuda::pdl_trigger();
   __shared__ double red[32];
   float* xr = x + size_t(blockIdx.x) * n;
   const float* dr = delta ? delta + size_t(blockIdx.x) * n : nullptr;
@@ -67,7 +68,8 @@ struct MixEntries {
 
 __global__ void attnres_mix_kernel(MixEntries entries, int n_entries, int D, const float* __restrict__ w,
                                    float eps, float* __restrict__ out) {
-  cuda::pdl_trigger();  // an ordinary launch: a programmatic dependent behind it may start now
+  cuda::pdl_wait();  // launched as a programmatic dependent (pdl_launch): nothing is touched before
+  cuda::pdl_trigger();
   __shared__ double red[32];
   __shared__ float prob[kMaxMix];
   __shared__ double score[kMaxMix];
@@ -105,12 +107,12 @@ __global__ void attnres_mix_kernel(MixEntries entries, int n_entries, int D, con
 static void launch_rms_norm(CudaBackend::Impl& m, float* x, const float* delta, int T, int n, const float* wd, float eps,
                             float* y, const char* what) {
   const int per = (n + kNormThreads - 1) / kNormThreads;
-  if (per <= 4) rms_norm_kernel<4><<<T, kNormThreads, 0, m.stream>>>(x, delta, n, wd, eps, y);
-  else if (per <= 8) rms_norm_kernel<8><<<T, kNormThreads, 0, m.stream>>>(x, delta, n, wd, eps, y);
-  else if (per <= 16) rms_norm_kernel<16><<<T, kNormThreads, 0, m.stream>>>(x, delta, n, wd, eps, y);
-  else if (per <= 32) rms_norm_kernel<32><<<T, kNormThreads, 0, m.stream>>>(x, delta, n, wd, eps, y);
-  else rms_norm_kernel<0><<<T, kNormThreads, 0, m.stream>>>(x, delta, n, wd, eps, y);
-  m.launched(what);
+  const auto kernel = per <= 4    ? rms_norm_kernel<4>
+                      : per <= 8  ? rms_norm_kernel<8>
+                      : per <= 16 ? rms_norm_kernel<16>
+                      : per <= 32 ? rms_norm_kernel<32>
+                                  : rms_norm_kernel<0>;
+  cuda::pdl_launch(m, kernel, unsigned(T), kNormThreads, what, x, delta, n, wd, eps, y);
 }
 
 void CudaBackend::rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) {
@@ -135,8 +137,8 @@ void CudaBackend::attnres_mix(const float* const* entries, int n_entries, int T,
   if (T <= 0) return;
   MixEntries e{};
   for (int i = 0; i < n_entries; ++i) e.p[i] = entries[i];
-  attnres_mix_kernel<<<T, kNormThreads, 0, m.stream>>>(e, n_entries, D, m.dense(w, "attnres_mix"), eps, out);
-  m.launched("attnres_mix kernel");
+  cuda::pdl_launch(m, attnres_mix_kernel, unsigned(T), kNormThreads, "attnres_mix kernel", e, n_entries, D,
+                   m.dense(w, "attnres_mix"), eps, out);
 }
 
 }  // namespace wren
