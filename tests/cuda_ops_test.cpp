@@ -435,8 +435,11 @@ TEST_F(CudaOps, AddRmsNormMatchesCpuAndTheTwoOps) {
       const auto x = random_vec(g, size_t(T) * n);
       for (int t = 0; t < T; ++t) y[size_t(t) * n] *= float(1 + 10 * t);  // rows of different scale
       float* dy = dev(y);
+      float* dx = dev(x);
       float* dout = poisoned(y.size());
-      be_->add_rms_norm(dy, dev(x), T, n, w.w, 1e-5f, dout);
+      const uint64_t l0 = be_->stats().launches;  // each op is one kernel, counted once
+      be_->add_rms_norm(dy, dx, T, n, w.w, 1e-5f, dout);
+      EXPECT_EQ(be_->stats().launches - l0, 1u) << "add_rms_norm launches";
       std::vector<float> ry = y, rout(y.size());
       cpu_.add(ry.data(), x.data(), ry.size());
       cpu_.rms_norm(ry.data(), T, n, w.w, 1e-5f, rout.data());
@@ -446,8 +449,11 @@ TEST_F(CudaOps, AddRmsNormMatchesCpuAndTheTwoOps) {
       expect_close("add_rms_norm", sh, gout, rout, 1e-6);
       float* dy2 = dev(y);
       float* dout2 = poisoned(y.size());
-      be_->add(dy2, dev(x), y.size());
+      const uint64_t l1 = be_->stats().launches;
+      be_->add(dy2, dx, y.size());
+      EXPECT_EQ(be_->stats().launches - l1, 1u) << "add launches";
       be_->rms_norm(dy2, T, n, w.w, 1e-5f, dout2);
+      EXPECT_EQ(be_->stats().launches - l1, 2u) << "rms_norm launches";
       EXPECT_EQ(0, std::memcmp(gout.data(), host(dout2, y.size()).data(), y.size() * 4)) << "add_rms_norm vs add + rms_norm " << sh;
     }
 }

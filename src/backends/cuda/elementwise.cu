@@ -45,27 +45,23 @@ __global__ void sigmoid_gate_kernel(float* __restrict__ y, const float* __restri
 void CudaBackend::add(float* y, const float* x, size_t n) {
   if (n == 0) return;
   cuda::pdl_launch(*impl_, add_kernel, cuda::grid_for(n, kThreads), kThreads, "add kernel", y, x, n);
-  impl_->launched("add kernel");
 }
 
 void CudaBackend::situ_glu(const float* g, const float* u, int T, int n, float b1, float b2, float* out) {
   const size_t N = size_t(T) * n;
   if (N == 0) return;
   cuda::pdl_launch(*impl_, situ_glu_kernel, cuda::grid_for(N, kThreads), kThreads, "situ_glu kernel", g, u, N, b1, b2, out);
-  impl_->launched("situ_glu kernel");
 }
 
 void CudaBackend::silu_glu(const float* g, const float* u, int T, int n, float* out) {
   const size_t N = size_t(T) * n;
   if (N == 0) return;
   cuda::pdl_launch(*impl_, silu_glu_kernel, cuda::grid_for(N, kThreads), kThreads, "silu_glu kernel", g, u, N, out);
-  impl_->launched("silu_glu kernel");
 }
 
 void CudaBackend::sigmoid_gate(float* y, const float* gate, size_t n) {
   if (n == 0) return;
   cuda::pdl_launch(*impl_, sigmoid_gate_kernel, cuda::grid_for(n, kThreads), kThreads, "sigmoid_gate kernel", y, gate, n);
-  impl_->launched("sigmoid_gate kernel");
 }
 
 }  // namespace wren
