@@ -522,6 +522,7 @@ TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
       const auto again = host(dout2, size_t(c.io));
       EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4)) << sh << ": not deterministic";
       if (rep == 0 && takes) {  // the warps a tile of each kernel (set_dense_expert_warps), against the CPU
+        std::vector<float> one;  // the 1/1 result: with 2+ column steps in both kernels, 2/2 sums in another order
         for (const auto& [gu, dn] : {std::pair{1, 1}, {2, 2}, {4, 4}, {8, 8}, {8, 1}, {1, 8}, {4, 2}}) {
           be_->set_dense_expert_warps(gu, dn);
           float* dout3 = poisoned(size_t(c.io));
@@ -533,6 +534,10 @@ TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
           EXPECT_LE(rw, 6e-3) << wsh;
           worst.add(rw);
           hooked += 1;
+          if (gu == 1 && dn == 1) one = w;
+          if (gu == 2 && dn == 2 && c.io >= 512 && c.inter >= 512) {  // the hook took effect
+            EXPECT_NE(0, std::memcmp(one.data(), w.data(), w.size() * 4)) << wsh << ": same bits as 1/1";
+          }
         }
         be_->set_dense_expert_warps(0, 0);
       }

@@ -32,6 +32,17 @@ double secs(Clock::duration d) { return std::chrono::duration<double>(d).count()
 
 void run_batch(BatchArgs a) {
   const std::vector<int> batches = parse_count_list(a.batches, "--batches", 1, 4096, "batch size");
+  // --gemv-forms: every size once per form of the CUDA fast mode's tensor-core GEMV, side by side.
+  std::vector<int> forms = {0};
+  if (!a.gemv_forms.empty()) {
+#ifdef WREN_HAVE_CUDA
+    forms = parse_count_list(a.gemv_forms, "--gemv-forms", 0, CudaBackend::gemv_forms() - 1, "GEMV form");
+    usage_check(a.engine.cuda.precision == GpuPrecision::Fast,
+                "bench batch: --gemv-forms times the tensor-core GEMV of --gpu-precision fast (exact mode has none)");
+#else
+    usage_check(false, "bench batch: --gemv-forms needs a CUDA build (this one has no CUDA backend)");
+#endif
+  }
   check(a.prompt >= 1 && a.steps >= 1, "bench batch: --prompt and --steps must be at least 1");
   a.engine.ctx = std::max(a.engine.ctx, a.prompt + a.steps + 8);
   a.engine.cpu_fallback = false;
@@ -43,16 +54,10 @@ void run_batch(BatchArgs a) {
   const std::string options = gpu ? describe(a.engine.cuda) : a.cpu_line;
   std::fprintf(stderr, "wren bench batch: %s loaded in %.1f s; backend %s, chunk %d; %s\n",
                e.dir().c_str(), load_s, e.backend().name(), e.chunk(), options.c_str());
-  // --gemv-forms: every size once per form of the CUDA fast mode's tensor-core GEMV, side by side.
-  std::vector<int> forms = {0};
-  if (!a.gemv_forms.empty()) {
 #ifdef WREN_HAVE_CUDA
-    check(dynamic_cast<CudaBackend*>(&e.backend()) != nullptr, "bench batch: --gemv-forms needs the CUDA backend");
-    forms = parse_count_list(a.gemv_forms, "--gemv-forms", 0, CudaBackend::gemv_forms() - 1, "GEMV form");
-#else
-    check(false, "bench batch: --gemv-forms needs the CUDA backend (this build has none)");
+  usage_check(a.gemv_forms.empty() || dynamic_cast<CudaBackend*>(&e.backend()) != nullptr,
+              "bench batch: --gemv-forms needs the CUDA backend (--backend cuda)");
 #endif
-  }
   const auto set_form = [&](int form) {
 #ifdef WREN_HAVE_CUDA
     if (auto* cu = dynamic_cast<CudaBackend*>(&e.backend()); cu && !a.gemv_forms.empty())
@@ -152,9 +157,9 @@ void run_batch(BatchArgs a) {
         if (c1.graph_launches >
             c0.graph_launches) {  // the device idles while the host records a step
           std::printf(
-              "       batch %d: host time recording a step %.3f ms (capture, graph update, "
+              "       batch %s: host time recording a step %.3f ms (capture, graph update, "
               "launch)\n",
-              B, (c1.record_host_s - c0.record_host_s) / n * 1e3);
+              label.c_str(), (c1.record_host_s - c0.record_host_s) / n * 1e3);
         }
         if (a.profile && gpu &&
             mode == 0) {  // one more step, every launch followed by an event (same numerics)
@@ -163,10 +168,10 @@ void run_batch(BatchArgs a) {
           double total = 0;
           const std::vector<GpuOpTime> prof = gpu_profile_end(e.backend(), &total);
           std::printf(
-              "  profile, batch %d: %.3f ms of device timeline (launch-to-launch; host-bound gaps "
+              "  profile, batch %s: %.3f ms of device timeline (launch-to-launch; host-bound gaps "
               "charged to the "
               "launch that waited)\n",
-              B, total);
+              label.c_str(), total);
           nlohmann::json pj = nlohmann::json::array();
           int shown = 0;
           for (const GpuOpTime& op : prof) {

@@ -193,7 +193,8 @@ class CudaBackend final : public Backend {
   /// before waiting for that kernel (never when the previous launches touched the same state).
   void set_kda_decode_pdl(bool on);
   /// Benchmark/test hook: whether the decode weight streams of fast mode (the tensor-core GEMV,
-  /// the routed experts of a decode token) are programmatic dependent launches (default on: their
+  /// the routed experts of a decode token) and the small kernels of a step in either mode (norms,
+  /// element-wise ops, the AttnRes mix) are programmatic dependent launches (default on: their
   /// blocks start while the kernel before them drains), how many 128-byte lines of each row a
   /// warp asks of L2 before waiting for that kernel (default 0), and how many warps of the
   /// tensor-core GEMV share a 16-row tile (1, 2, 4 or 8; 0 = the default, 8), and the GEMV's form

@@ -580,12 +580,13 @@ uint64_t launch_count(const CudaBackend::Impl& m) { return m.stats.launches + m.
 
 /// The launch rule of a decode step on the states st.S[0..n): a programmatic dependent launch
 /// (it reads its state before the kernel before it has finished) unless a kernel that may still
-/// be running touches one of these states. Only decode steps are launched that way, so what may
-/// still run is the run of decode steps launched back to back since the last ordinary launch, and
-/// that launch itself (a token or chunked KDA kernel says which state it touched through
-/// kda_note_launch). Updates that record; returns whether to launch programmatically.
+/// be running touches one of these states. Only decode steps read memory before their wait (the
+/// other programmatic launches wait before touching anything but weights, and trigger only after
+/// their wait), so what may still run is the run of decode steps launched back to back since the
+/// last other launch, and that launch itself (a token or chunked KDA kernel says which state it
+/// touched through kda_note_launch). Updates that record; returns whether to launch programmatically.
 bool decode_may_overlap(CudaBackend::Impl& m, const KdaDecodeStates& st, int n, size_t bytes) {
-  if (launch_count(m) != m.kda_chain_at) m.kda_chain.clear();  // an ordinary launch came between
+  if (launch_count(m) != m.kda_chain_at) m.kda_chain.clear();  // another kernel came between
   bool clash = false;
   for (int i = 0; i < n && !clash; ++i)
     for (size_t t = 0; t + 1 < m.kda_chain.size() && !clash; t += 2)

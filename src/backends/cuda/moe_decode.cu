@@ -33,6 +33,8 @@
 // Numerics: the fast mode's class (docs/gpu-method.md#modes): exact weights, a token rounded to
 // ~8 bits (BF16, or e4m3 hi + lo), f32 accumulation in the tensor core's order; each (slot, row) is
 // one fixed loop, so a token's result does not depend on its slot order or on the other slots.
+// The dense kernels' warps a tile (dense_warps) follow from the shape, top-k and the device's SM
+// count, so their order of a row's sum is fixed for a device but may differ between GPU models.
 #include "backends/cuda/moe_decode.cuh"
 
 #include <cuda_bf16.h>
@@ -226,10 +228,12 @@ __device__ __forceinline__ void token_values(const uint32_t* pairs, bool mine, u
   }
 }
 
-/// The first `pf` lines of each of a warp's 16 rows of a BF16 matrix (rows × cols), asked of L2;
-/// nothing when pf == 0.
-__device__ __forceinline__ void prefetch_bf16_head(const uint16_t* w, int rows, int cols, int r0, int pf) {
-  if (pf > 0) prefetch_rows(reinterpret_cast<const uint8_t*>(w), size_t(cols) * 2, rows, r0, 0, pf);
+/// The first `pf` lines of warp wi's share (gemv_bf16's column step wi) of each of its 16 rows of
+/// a BF16 matrix (rows × cols), asked of L2; nothing when pf == 0 or the warp has no columns.
+__device__ __forceinline__ void prefetch_bf16_head(const uint16_t* w, int rows, int cols, int r0, int pf, int wi) {
+  const int c0 = wi * 2 * kCols;
+  if (pf > 0 && c0 < cols)
+    prefetch_rows(reinterpret_cast<const uint8_t*>(w), size_t(cols) * 2, rows, r0, size_t(c0) * 2, pf);
 }
 
 /// c += M[r0 + g, r0 + g + 8, cols of this warp] · x for this warp's 16 rows of a BF16 matrix
@@ -300,8 +304,8 @@ __global__ void __launch_bounds__(kThreads, 2) dense_gate_up_kernel(
   if (traffic && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(traffic, 1ull), atomicAdd(traffic + 1, ebytes);
   const DenseExpertPtrs e = table[ids[j]];
   const int r0 = (int(blockIdx.x) * (kWarps / wt) + warp / wt) * kRows, wi = warp % wt;
-  prefetch_bf16_head(e.w1, inter, io, r0, pf);  // in flight while the token is staged
-  prefetch_bf16_head(e.w3, inter, io, r0, pf);
+  prefetch_bf16_head(e.w1, inter, io, r0, pf, wi);  // in flight while the token is staged
+  prefetch_bf16_head(e.w3, inter, io, r0, pf, wi);
   for (int i = int(threadIdx.x); i < io / 2; i += kThreads) {
     const float2 v = reinterpret_cast<const float2*>(z)[i];
     const __nv_bfloat162 b = __floats2bfloat162_rn(v.x, v.y);
@@ -333,7 +337,7 @@ __global__ void __launch_bounds__(kThreads, 2) dense_down_kernel(const DenseExpe
             t4 = lane % 4;
   const DenseExpertPtrs e = table[ids[j]];  // known before the wait, as in mx_down_kernel
   const int r0 = (int(blockIdx.x) * (kWarps / wt) + warp / wt) * kRows, wi = warp % wt;
-  prefetch_bf16_head(e.w2, io, inter, r0, pf);
+  prefetch_bf16_head(e.w2, io, inter, r0, pf, wi);
   pdl_wait();
   pdl_trigger();
   float c[1][4] = {{0.f, 0.f, 0.f, 0.f}};
@@ -367,9 +371,12 @@ void opt_in_smem(K kernel, size_t bytes, size_t& opted, const char* what) {
 }  // namespace
 
 bool moe_decode_ok(const CudaBackend::Impl& m, int T, int io, int inter, const float* z, bool mx) {
-  // Shared memory: MXFP4 stages the token as 2 bytes a value (hi, lo), dense as BF16 (2 bytes).
+  // Shared memory: MXFP4 stages the token as 2 bytes a value (hi, lo), dense as BF16 (2 bytes);
+  // static: MXFP4 a float a warp, dense gate/up tile_sums' 4 floats a lane (4 KiB).
+  const size_t fixed = mx ? 64 : sizeof(float) * kWarps * kWarp * 4 + 64;
   return m.opts.precision == GpuPrecision::Fast && T == 1 && io > 0 && inter > 0 && io % 32 == 0 && inter % 32 == 0 &&
-         reinterpret_cast<uintptr_t>(z) % (mx ? 16 : 8) == 0 && size_t(std::max(io, mx ? inter : 0)) * 2 + 64 <= size_t(m.max_smem_optin);
+         reinterpret_cast<uintptr_t>(z) % (mx ? 16 : 8) == 0 &&
+         size_t(std::max(io, mx ? inter : 0)) * 2 + fixed <= size_t(m.max_smem_optin);
 }
 
 void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, const float* z, int k, int io,
