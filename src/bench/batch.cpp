@@ -55,13 +55,12 @@ void run_batch(BatchArgs a) {
   std::fprintf(stderr, "wren bench batch: %s loaded in %.1f s; backend %s, chunk %d; %s\n",
                e.dir().c_str(), load_s, e.backend().name(), e.chunk(), options.c_str());
 #ifdef WREN_HAVE_CUDA
-  usage_check(a.gemv_forms.empty() || dynamic_cast<CudaBackend*>(&e.backend()) != nullptr,
-              "bench batch: --gemv-forms needs the CUDA backend (--backend cuda)");
+  CudaBackend* const cu = a.gemv_forms.empty() ? nullptr : dynamic_cast<CudaBackend*>(&e.backend());
+  usage_check(a.gemv_forms.empty() || cu != nullptr, "bench batch: --gemv-forms needs the CUDA backend (--backend cuda)");
 #endif
-  const auto set_form = [&](int form) {
+  const auto set_form = [&](int form) {  // only with --gemv-forms: else the backend's own setting stays
 #ifdef WREN_HAVE_CUDA
-    if (auto* cu = dynamic_cast<CudaBackend*>(&e.backend()); cu && !a.gemv_forms.empty())
-      cu->set_decode_streams(true, 0, 0, form);
+    if (cu) cu->set_decode_streams(true, 0, 0, form);
 #else
     (void)form;
 #endif
@@ -89,102 +88,101 @@ void run_batch(BatchArgs a) {
     eager = std::make_unique<Forward>(e.model(), e.backend(), fo);
   }
   double first = 0;
-  for (const int form : forms) {
+  // Each batch size once per form (the default form alone without --gemv-forms).
+  std::vector<std::pair<int, int>> runs;  // (form, batch size)
+  for (const int form : forms)
+    for (const int B : batches) runs.emplace_back(form, B);
+  for (const auto& [form, B] : runs) {
     set_form(form);
-    for (const int B : batches) {
-      for (int mode = 0; mode < (eager ? 2 : 1); ++mode) {
-        TokenStep& fwd = mode == 0 ? static_cast<TokenStep&>(e.forward()) : *eager;
-        std::mt19937 g(uint32_t(a.seed) + uint32_t(B));
-        std::vector<std::unique_ptr<SequenceState>> st;
-        std::vector<float> logits(size_t(B) * V);
-        std::vector<int> pending(static_cast<size_t>(B));
-        for (int b = 0; b < B; ++b) {  // each sequence prefilled alone
-          std::vector<int> ids(size_t(a.prompt));
-          for (int& id : ids) id = int(g() % unsigned(V));
-          st.push_back(e.new_sequence());
-          fwd.run(*st.back(), ids.data(), nullptr, a.prompt, logits.data() + size_t(b) * V, false);
-          pending[size_t(b)] = argmax(logits.data() + size_t(b) * V, V);
-        }
-        std::vector<BatchEntry> es(static_cast<size_t>(B));
-        for (int b = 0; b < B; ++b)
-          es[size_t(b)] = {st[size_t(b)].get(), &pending[size_t(b)], 1,
-                           logits.data() + size_t(b) * V};
-        double fwd_s = 0, draw_s = 0;
-        auto step = [&](bool timed) {
-          const auto s0 = Clock::now();
-          fwd.run_mixed(es.data(), B);
-          const auto s1 = Clock::now();
-          for (int b = 0; b < B; ++b) pending[size_t(b)] = argmax(logits.data() + size_t(b) * V, V);
-          if (timed) fwd_s += secs(s1 - s0), draw_s += secs(Clock::now() - s1);
-        };
-        step(false),
-            step(false);  // warm-up: first use of this batch size (tables, algorithms, graphs)
-        const GpuCounters c0 = gpu_counters(e.backend());
-        for (int s = 0; s < a.steps; ++s) step(true);
-        const GpuCounters c1 = gpu_counters(e.backend());
-        const double per = (fwd_s + draw_s) / a.steps, tok_s = B / per;
-        if (first == 0) first = tok_s;  // the first size through the engine's forward pass
-        const double n = a.steps;
-        const double mb_tok = double(c1.expert_bytes - c0.expert_bytes) / 1e6 / (n * B);
-        const std::string label = std::to_string(B) + (mode ? "e" : "") +
-                                  (forms.size() > 1 ? "/f" + std::to_string(form) : "");
-        std::printf(
-            "%-6s %10.3f %10.3f %10.3f %10.1f %7.2fx %10.1f %9.1f %8.1f %8.1f %12.2f\n",
-            label.c_str(), per * 1e3, fwd_s / n * 1e3, draw_s / n * 1e3, tok_s, tok_s / first,
-            (c1.launches - c0.launches) / n, (c1.graph_launches - c0.graph_launches) / n,
-            (c1.host_syncs - c0.host_syncs) / n, (c1.graph_kernels - c0.graph_kernels) / n, mb_tok);
-        nlohmann::json row = {
-            {"batch", B},
-            {"recorded", mode == 0},
-            {"gemv_form", form},
-            {"ms_per_step", per * 1e3},
-            {"forward_ms", fwd_s / n * 1e3},
-            {"draw_ms", draw_s / n * 1e3},
-            {"tok_s", tok_s},
-            {"vs_first", tok_s / first},
-            {"launches_per_step", (c1.launches - c0.launches) / n},
-            {"graph_launches_per_step", (c1.graph_launches - c0.graph_launches) / n},
-            {"graph_kernels_per_step", (c1.graph_kernels - c0.graph_kernels) / n},
-            {"host_syncs_per_step", (c1.host_syncs - c0.host_syncs) / n},
-            {"expert_visits_per_step", double(c1.expert_visits - c0.expert_visits) / n},
-            {"expert_mb_per_token", mb_tok},
-            {"record_host_ms_per_step", (c1.record_host_s - c0.record_host_s) / n * 1e3}};
-        if (B == 1) {
-          row["vs_floor"] = per / floor_s;
-          std::printf("       batch %s: %.3f ms a token = %.2fx the floor (%.3f ms)\n",
-                      label.c_str(), per * 1e3, per / floor_s, floor_s * 1e3);
-        }
-        if (c1.graph_launches >
-            c0.graph_launches) {  // the device idles while the host records a step
-          std::printf(
-              "       batch %s: host time recording a step %.3f ms (capture, graph update, "
-              "launch)\n",
-              label.c_str(), (c1.record_host_s - c0.record_host_s) / n * 1e3);
-        }
-        if (a.profile && gpu &&
-            mode == 0) {  // one more step, every launch followed by an event (same numerics)
-          gpu_profile_begin(e.backend());
-          fwd.run_mixed(es.data(), B);
-          double total = 0;
-          const std::vector<GpuOpTime> prof = gpu_profile_end(e.backend(), &total);
-          std::printf(
-              "  profile, batch %s: %.3f ms of device timeline (launch-to-launch; host-bound gaps "
-              "charged to the "
-              "launch that waited)\n",
-              label.c_str(), total);
-          nlohmann::json pj = nlohmann::json::array();
-          int shown = 0;
-          for (const GpuOpTime& op : prof) {
-            if (shown++ < 16)
-              std::printf("    %-64s %9.3f %6.1f%% %6llu\n", op.name.c_str(), op.ms,
-                          100 * op.ms / std::max(total, 1e-9), (unsigned long long)op.launches);
-            pj.push_back({{"name", op.name}, {"ms", op.ms}, {"launches", op.launches}});
-          }
-          row["profile"] = pj;
-          row["profile_total_ms"] = total;
-        }
-        out["runs"].push_back(row);
+    for (int mode = 0; mode < (eager ? 2 : 1); ++mode) {
+      TokenStep& fwd = mode == 0 ? static_cast<TokenStep&>(e.forward()) : *eager;
+      std::mt19937 g(uint32_t(a.seed) + uint32_t(B));
+      std::vector<std::unique_ptr<SequenceState>> st;
+      std::vector<float> logits(size_t(B) * V);
+      std::vector<int> pending(static_cast<size_t>(B));
+      for (int b = 0; b < B; ++b) {  // each sequence prefilled alone
+        std::vector<int> ids(size_t(a.prompt));
+        for (int& id : ids) id = int(g() % unsigned(V));
+        st.push_back(e.new_sequence());
+        fwd.run(*st.back(), ids.data(), nullptr, a.prompt, logits.data() + size_t(b) * V, false);
+        pending[size_t(b)] = argmax(logits.data() + size_t(b) * V, V);
       }
+      std::vector<BatchEntry> es(static_cast<size_t>(B));
+      for (int b = 0; b < B; ++b)
+        es[size_t(b)] = {st[size_t(b)].get(), &pending[size_t(b)], 1,
+                         logits.data() + size_t(b) * V};
+      double fwd_s = 0, draw_s = 0;
+      auto step = [&](bool timed) {
+        const auto s0 = Clock::now();
+        fwd.run_mixed(es.data(), B);
+        const auto s1 = Clock::now();
+        for (int b = 0; b < B; ++b) pending[size_t(b)] = argmax(logits.data() + size_t(b) * V, V);
+        if (timed) fwd_s += secs(s1 - s0), draw_s += secs(Clock::now() - s1);
+      };
+      step(false),
+          step(false);  // warm-up: first use of this batch size (tables, algorithms, graphs)
+      const GpuCounters c0 = gpu_counters(e.backend());
+      for (int s = 0; s < a.steps; ++s) step(true);
+      const GpuCounters c1 = gpu_counters(e.backend());
+      const double per = (fwd_s + draw_s) / a.steps, tok_s = B / per;
+      if (first == 0) first = tok_s;  // the first size through the engine's forward pass
+      const double n = a.steps;
+      const double mb_tok = double(c1.expert_bytes - c0.expert_bytes) / 1e6 / (n * B);
+      const std::string label = std::to_string(B) + (mode ? "e" : "") +
+                                (forms.size() > 1 ? "/f" + std::to_string(form) : "");
+      std::printf("%-6s %10.3f %10.3f %10.3f %10.1f %7.2fx %10.1f %9.1f %8.1f %8.1f %12.2f\n",
+                  label.c_str(), per * 1e3, fwd_s / n * 1e3,
+                  draw_s / n * 1e3, tok_s, tok_s / first, (c1.launches - c0.launches) / n,
+                  (c1.graph_launches - c0.graph_launches) / n, (c1.host_syncs - c0.host_syncs) / n,
+                  (c1.graph_kernels - c0.graph_kernels) / n, mb_tok);
+      nlohmann::json row = {
+          {"batch", B},
+          {"recorded", mode == 0},
+          {"gemv_form", form},
+          {"ms_per_step", per * 1e3},
+          {"forward_ms", fwd_s / n * 1e3},
+          {"draw_ms", draw_s / n * 1e3},
+          {"tok_s", tok_s},
+          {"vs_first", tok_s / first},
+          {"launches_per_step", (c1.launches - c0.launches) / n},
+          {"graph_launches_per_step", (c1.graph_launches - c0.graph_launches) / n},
+          {"graph_kernels_per_step", (c1.graph_kernels - c0.graph_kernels) / n},
+          {"host_syncs_per_step", (c1.host_syncs - c0.host_syncs) / n},
+          {"expert_visits_per_step", double(c1.expert_visits - c0.expert_visits) / n},
+          {"expert_mb_per_token", mb_tok},
+          {"record_host_ms_per_step", (c1.record_host_s - c0.record_host_s) / n * 1e3}};
+      if (B == 1) {
+        row["vs_floor"] = per / floor_s;
+        std::printf("       batch %s: %.3f ms a token = %.2fx the floor (%.3f ms)\n",
+                    label.c_str(), per * 1e3, per / floor_s, floor_s * 1e3);
+      }
+      if (c1.graph_launches > c0.graph_launches) {  // the device idles while the host records a step
+        std::printf("       batch %s: host time recording a step %.3f ms (capture, graph update, launch)\n",
+                    label.c_str(), (c1.record_host_s - c0.record_host_s) / n * 1e3);
+      }
+      if (a.profile && gpu &&
+          mode == 0) {  // one more step, every launch followed by an event (same numerics)
+        gpu_profile_begin(e.backend());
+        fwd.run_mixed(es.data(), B);
+        double total = 0;
+        const std::vector<GpuOpTime> prof = gpu_profile_end(e.backend(), &total);
+        std::printf(
+            "  profile, batch %s: %.3f ms of device timeline (launch-to-launch; host-bound gaps "
+            "charged to the "
+            "launch that waited)\n",
+            label.c_str(), total);
+        nlohmann::json pj = nlohmann::json::array();
+        int shown = 0;
+        for (const GpuOpTime& op : prof) {
+          if (shown++ < 16)
+            std::printf("    %-64s %9.3f %6.1f%% %6llu\n", op.name.c_str(), op.ms,
+                        100 * op.ms / std::max(total, 1e-9), (unsigned long long)op.launches);
+          pj.push_back({{"name", op.name}, {"ms", op.ms}, {"launches", op.launches}});
+        }
+        row["profile"] = pj;
+        row["profile_total_ms"] = total;
+      }
+      out["runs"].push_back(row);
     }
   }
   set_form(0);

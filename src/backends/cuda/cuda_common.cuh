@@ -378,6 +378,10 @@ void launch_ex(CudaBackend::Impl& m, void (*kern)(Exp...), dim3 grid, dim3 block
   check_cuda(cudaLaunchKernelEx(&cfg, kern, std::forward<Act>(args)...), what);
 }
 
+/// Whether `w` is a warps-a-tile setting of the decode weight streams' test hooks
+/// (set_decode_streams, set_dense_expert_warps): 0 (the default) or 1, 2, 4, 8 warps of a block.
+inline bool warps_a_tile_ok(int w) { return w == 0 || w == 1 || w == 2 || w == 4 || w == 8; }
+
 /// The small kernels of a step (norms, element-wise ops, the AttnRes mix): `kern` over `grid`
 /// blocks of `threads`, a programmatic dependent launch when Impl::stream_pdl (set_decode_streams;
 /// default on), so that its blocks are resident when the kernel before it ends, then launched().

@@ -268,8 +268,7 @@ int CudaBackend::gemv_forms() { return cuda::kNumForms; }
 
 void CudaBackend::set_decode_streams(bool pdl, int prefetch_lines, int gemv_warps_per_tile, int gemv_form) {
   check(prefetch_lines >= 0 && prefetch_lines <= 64, "CUDA backend: set_decode_streams: expected 0..64 prefetch lines");
-  check(gemv_warps_per_tile == 0 || gemv_warps_per_tile == 1 || gemv_warps_per_tile == 2 || gemv_warps_per_tile == 4 ||
-            gemv_warps_per_tile == 8,
+  check(cuda::warps_a_tile_ok(gemv_warps_per_tile),
         "CUDA backend: set_decode_streams: expected 0 (the default, 8), 1, 2, 4 or 8 GEMV warps a tile");
   check(gemv_form >= 0 && gemv_form < cuda::kNumForms,
         "CUDA backend: set_decode_streams: expected a GEMV form 0.." + std::to_string(cuda::kNumForms - 1));

@@ -273,7 +273,9 @@ __device__ __forceinline__ void gemv_bf16(const uint16_t* __restrict__ w, int ro
 /// lanes t4 = 0 (column 0 of the product), for N accumulators. wt == 1: the warp's own. Whole block
 /// (a barrier when wt > 1).
 template <int N>
-__device__ __forceinline__ void tile_sums(float (&red)[kWarps][kWarp][2 * N], float (&c)[N][4], int wt) {
+using TileRed = float[kWarps][kWarp][2 * N];  ///< tile_sums' shared memory for N accumulators
+template <int N>
+__device__ __forceinline__ void tile_sums(TileRed<N>& red, float (&c)[N][4], int wt) {
   if (wt == 1) return;
   const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
 #pragma unroll
@@ -296,7 +298,7 @@ __global__ void __launch_bounds__(kThreads, 2) dense_gate_up_kernel(
     int inter, float b1, float b2, int silu, __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ traffic,
     unsigned long long ebytes, int pf, int wt) {
   extern __shared__ __align__(16) uint32_t zs[];  // z as BF16 pairs [io / 2]
-  __shared__ float red[kWarps][kWarp][4];
+  __shared__ TileRed<2> red;
   const int j = int(blockIdx.y), warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp, g = lane / 4,
             t4 = lane % 4;
   pdl_wait();  // ids come from the router kernel just before
@@ -332,7 +334,7 @@ __global__ void __launch_bounds__(kThreads, 2) dense_down_kernel(const DenseExpe
                                                               const int* __restrict__ ids,
                                                               const __nv_bfloat16* __restrict__ act, int io, int inter,
                                                               float* __restrict__ ys, int pf, int wt) {
-  __shared__ float red[kWarps][kWarp][2];
+  __shared__ TileRed<1> red;
   const int j = int(blockIdx.y), warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp, g = lane / 4,
             t4 = lane % 4;
   const DenseExpertPtrs e = table[ids[j]];  // known before the wait, as in mx_down_kernel
@@ -372,8 +374,8 @@ void opt_in_smem(K kernel, size_t bytes, size_t& opted, const char* what) {
 
 bool moe_decode_ok(const CudaBackend::Impl& m, int T, int io, int inter, const float* z, bool mx) {
   // Shared memory: MXFP4 stages the token as 2 bytes a value (hi, lo), dense as BF16 (2 bytes);
-  // static: MXFP4 a float a warp, dense gate/up tile_sums' 4 floats a lane (4 KiB).
-  const size_t fixed = mx ? 64 : sizeof(float) * kWarps * kWarp * 4 + 64;
+  // static: MXFP4 a float a warp, dense gate/up tile_sums' TileRed<2> (4 KiB).
+  const size_t fixed = mx ? 64 : sizeof(TileRed<2>) + 64;
   return m.opts.precision == GpuPrecision::Fast && T == 1 && io > 0 && inter > 0 && io % 32 == 0 && inter % 32 == 0 &&
          reinterpret_cast<uintptr_t>(z) % (mx ? 16 : 8) == 0 &&
          size_t(std::max(io, mx ? inter : 0)) * 2 + fixed <= size_t(m.max_smem_optin);
@@ -427,8 +429,7 @@ void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const 
 namespace wren {
 
 void CudaBackend::set_dense_expert_warps(int gate_up, int down) {
-  const auto ok = [](int w) { return w == 0 || w == 1 || w == 2 || w == 4 || w == 8; };
-  check(ok(gate_up) && ok(down),
+  check(cuda::warps_a_tile_ok(gate_up) && cuda::warps_a_tile_ok(down),
         "CUDA backend: set_dense_expert_warps: expected 0 (the default rule), 1, 2, 4 or 8 warps a tile for each kernel");
   impl_->dense_gu_wt = gate_up;
   impl_->dense_dn_wt = down;
