@@ -40,16 +40,20 @@ constexpr int kWarps = 8, kThreads = kWarps * kWarp, kRows = 16, kSpan = 128, kM
 /// The forms set_decode_streams(…, gemv_form) picks (a benchmark/test hook; 0 = the default): the
 /// kernel instance (blocks an SM, spans a step) and the column-split target (blocks an SM; 0: never
 /// split): ceil(target / tiles) blocks a tile, or with `fit` floor(target / tiles) (the most that
-/// still fit in one wave of the target; at least 1). The default splits the columns only of matrices with fewer 16-row tiles than SMs: run 35
+/// still fit in one wave of the target; at least 1); with `split_below` > 0 only a matrix of fewer
+/// tiles than that is split (a rule on the job alone: gemm_batch's jobs must not depend on their
+/// batch mates, so a batch cannot turn splitting off for itself). The default splits the columns only of matrices with fewer 16-row tiles than SMs: run 35
 /// (H100) measured it against the split for two blocks an SM (form 1, the default of runs 30-34) at
 /// 66% / 53% of the copy bandwidth instead of 48% / 42% on Kimi Linear's 4096 x 2304 / 2304 x 4096,
 /// 74% instead of 53% on its KDA projections in one launch, and the same on the large shapes.
 struct GemvForm {
   int min_blocks, step, slots_per_sm;
   bool fit = false;
+  int split_below = 0;
 };
 constexpr GemvForm kForms[] = {{2, 2, 1}, {2, 2, 2}, {3, 1, 3}, {4, 1, 4}, {3, 1, 1},
-                               {4, 1, 1}, {2, 2, 0}, {2, 2, 2, true}, {4, 1, 4, true}};
+                               {4, 1, 1}, {2, 2, 0}, {2, 2, 2, true}, {4, 1, 4, true},
+                               {2, 2, 1, false, 32}, {2, 2, 1, false, 64}};
 constexpr int kNumForms = int(sizeof(kForms) / sizeof(kForms[0]));
 
 /// One product of a launch: its blocks are linear blocks [block0, block0 + blocks_x · blocks_y)
@@ -189,7 +193,8 @@ GemvJob plan(const CudaBackend::Impl& m, const uint16_t* w, const float* x, floa
   const int tpb = kWarps / j.wt;
   j.blocks_x = (tiles + tpb - 1) / tpb;
   int kb = 1;
-  if (j.wt == kWarps) {  // column splits: enough blocks for the form's slots, each warp at least one span
+  const int below = kForms[m.gemv_form].split_below;
+  if (j.wt == kWarps && (below == 0 || tiles < below)) {  // column splits: enough blocks for the form's slots, each warp at least one span
     const int want = kForms[m.gemv_form].fit ? slots / tiles : (slots + tiles - 1) / tiles;
     kb = std::clamp(want, 1, std::max(1, spans / kWarps));
   }
