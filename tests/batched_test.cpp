@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "backends/cpu/cpu_backend.h"
+#include "core/argmax.h"
 #include "core/error.h"
 #include "runtime/generate.h"
 #include "runtime/runner.h"
@@ -21,8 +22,6 @@ namespace wren {
 namespace {
 
 using test::some_ids;
-
-int argmax(const float* v, int n) { return int(std::max_element(v, v + n) - v); }
 
 class Batched : public ::testing::Test {
  protected:
@@ -271,6 +270,78 @@ TEST_F(Batched, MixedStepOfDecodesAndPrefillChunksEqualsSoloRuns) {
   EXPECT_EQ(int(b.history().size()), 11) << "the runner logs mixed ids";
   const BatchEntry twice[] = {{&a, &id, 1, nullptr}, {&a, &id, 1, nullptr}};
   EXPECT_THROW(fwd.run_mixed(twice, 2), Error);
+}
+
+// Greedy ids (BatchEntry::greedy): a greedy-only entry gets the host argmax of the logits its solo
+// run gives, without those logits leaving the backend; an entry may ask for both. Mixed with
+// logits-only entries, in groups that split entries, the logits rows stay bit-identical.
+TEST_F(Batched, GreedyIdsOfAMixedStepAreTheArgmaxOfTheSoloLogits) {
+  const Config& c = model_->config;
+  const size_t V = c.vocab;
+  CpuBackend be;
+  Runner fwd(*model_, be, {8, -1});
+  const std::vector<int> pa = some_ids(6, c.vocab, 41), pb = some_ids(11, c.vocab, 42), pc = some_ids(9, c.vocab, 43),
+                         pd = some_ids(5, c.vocab, 44);
+  std::vector<float> wa(V), wb(V), wc(V), wd(V), gb(V), gd(V);
+  const int id = 7;
+  {
+    SequenceState a(be, c, 64), b(be, c, 64), cc(be, c, 64), d(be, c, 64);
+    fwd.run(a, pa.data(), nullptr, int(pa.size()), nullptr, false);
+    fwd.run(a, &id, nullptr, 1, wa.data(), false);
+    fwd.run(b, pb.data(), nullptr, int(pb.size()), wb.data(), false);
+    fwd.run(cc, pc.data(), nullptr, 9, wc.data(), false);
+    fwd.run(d, pd.data(), nullptr, int(pd.size()), nullptr, false);
+    fwd.run(d, &id, nullptr, 1, wd.data(), false);
+  }
+  SequenceState a(be, c, 64), b(be, c, 64), cc(be, c, 64), d(be, c, 64);
+  fwd.run(a, pa.data(), nullptr, int(pa.size()), nullptr, false);
+  fwd.run(cc, pc.data(), nullptr, 4, nullptr, false);
+  fwd.run(d, pd.data(), nullptr, int(pd.size()), nullptr, false);
+  int ia = -1, ib = -1, ic = -1;
+  const BatchEntry es[] = {{&a, &id, 1, nullptr, &ia},
+                           {&b, pb.data(), 11, gb.data(), &ib},
+                           {&cc, pc.data() + 4, 5, nullptr, &ic},
+                           {&d, &id, 1, gd.data()}};
+  fwd.run_mixed(es, 4);  // 18 rows in groups of 8: b spans groups 1-2, c groups 2-3
+  EXPECT_EQ(ia, argmax(wa.data(), int(V)));
+  EXPECT_EQ(ib, argmax(wb.data(), int(V)));
+  EXPECT_EQ(ic, argmax(wc.data(), int(V)));
+  EXPECT_EQ(0, std::memcmp(gb.data(), wb.data(), V * 4));
+  EXPECT_EQ(0, std::memcmp(gd.data(), wd.data(), V * 4));
+  EXPECT_EQ(a.position(), 7);
+  EXPECT_EQ(cc.position(), 9);
+  // The backend's rule itself: first index of the maximum, -0 == +0, -1 for a non-finite row.
+  const float inf = INFINITY, nan = std::nanf("");
+  const std::vector<float> rows = {1.f, 3.f, 3.f, 2.f, -2.f, -0.f, 0.f, -1.f, 5.f, 4.f, inf, 0.f, 0.f, nan, 9.f, 1.f};
+  float* dr = be.alloc(rows.size());
+  float* dout = be.alloc(4);
+  be.from_host(rows.data(), rows.size(), dr);
+  be.argmax_rows(dr, 4, 4, dout);
+  std::vector<float> got(4);
+  be.to_host(dout, 4, got.data());
+  EXPECT_EQ(got, (std::vector<float>{1.f, 1.f, -1.f, -1.f}));
+  be.release(dr), be.release(dout);
+}
+
+// generate() of a plain greedy request draws from each step's greedy id (the logits stay with the
+// backend); with the logits hash on it draws on the host from the copied rows: the same ids.
+TEST_F(Batched, GreedyGenerateDrawsTheSameIdsWithoutTheHostLogits) {
+  const Config& c = model_->config;
+  CpuBackend be;
+  Runner fwd(*model_, be, {8, -1});
+  for (int seed : {51, 52, 53}) {
+    const std::vector<int> p = some_ids(5 + seed % 7, c.vocab, seed);
+    GenerateOptions o;
+    o.max_new_tokens = 12;
+    ASSERT_FALSE(o.needs_logits());
+    SequenceState s1(be, c, 64), s2(be, c, 64);
+    const std::vector<int> device_draw = generate(fwd, s1, p, o);
+    o.hash_logits = true;
+    ASSERT_TRUE(o.needs_logits());
+    const std::vector<int> host_draw = generate(fwd, s2, p, o);
+    EXPECT_EQ(device_draw, host_draw) << "seed " << seed;
+    EXPECT_EQ(s1.position(), s2.position());
+  }
 }
 
 // A measurement, not a check (disabled; run with --gtest_also_run_disabled_tests): decode

@@ -154,6 +154,57 @@ TEST_F(CudaBatched, ExactModeBatchedDecodeEqualsSoloRunsBitForBit) {
   EXPECT_EQ(r.ids_equal_before_tie, r.ids_compared);
 }
 
+// Greedy ids on the device (BatchEntry::greedy: argmax_rows at the end of the recorded step, one
+// graph per row count and ending): each id equals the host argmax of the logits the same step
+// copies out; and two copies of each sequence, one stepped with greedy ids alone (no logits copy),
+// one with logits too, draw the same ids step after step (exact mode: asserted; fast: printed).
+TEST_F(CudaBatched, GreedyIdsOfRecordedStepsEqualTheArgmaxOfTheirLogits) {
+  const Config& c = model_->config;
+  const size_t V = c.vocab;
+  for (GpuPrecision prec : {GpuPrecision::Exact, GpuPrecision::Fast}) {
+    be_->set_precision(prec);
+    Forward fwd(*model_, *be_, {8, -1});
+    const uint64_t graphs0 = be_->stats().graph_launches;
+    int same = 0, steps = 0;
+    for (int B : {1, 4}) {
+      std::vector<std::unique_ptr<SequenceState>> a, b;
+      std::vector<int> ia(static_cast<size_t>(B)), ib(static_cast<size_t>(B)), na(static_cast<size_t>(B)),
+          nb(static_cast<size_t>(B));
+      std::vector<float> logits(size_t(B) * V);
+      for (int k = 0; k < B; ++k) {
+        const std::vector<int> p = some_ids(5 + k, c.vocab, 70 + k);
+        a.push_back(std::make_unique<SequenceState>(*be_, c, 64));
+        b.push_back(std::make_unique<SequenceState>(*be_, c, 64));
+        fwd.run(*a.back(), p.data(), nullptr, int(p.size()), logits.data(), false);
+        fwd.run(*b.back(), p.data(), nullptr, int(p.size()), logits.data(), false);
+        ia[size_t(k)] = ib[size_t(k)] = argmax_of(logits.data(), int(V));
+      }
+      for (int step = 0; step < 6; ++step) {
+        std::vector<BatchEntry> ea, eb;
+        for (int k = 0; k < B; ++k) {
+          ea.push_back({a[size_t(k)].get(), &ia[size_t(k)], 1, nullptr, &na[size_t(k)]});
+          eb.push_back({b[size_t(k)].get(), &ib[size_t(k)], 1, logits.data() + size_t(k) * V, &nb[size_t(k)]});
+        }
+        fwd.run_mixed(ea.data(), B);
+        fwd.run_mixed(eb.data(), B);
+        for (int k = 0; k < B; ++k) {
+          EXPECT_EQ(nb[size_t(k)], argmax_of(logits.data() + size_t(k) * V, int(V))) << "B " << B << " step " << step;
+          if (prec == GpuPrecision::Exact) {
+            EXPECT_EQ(na[size_t(k)], nb[size_t(k)]) << "B " << B << " step " << step;
+          }
+          same += na[size_t(k)] == nb[size_t(k)], ++steps;
+        }
+        ia = na, ib = nb;
+      }
+    }
+    std::printf("[ cuda greedy ids %s ] %d/%d ids equal with and without the logits copy; %llu graphs launched\n",
+                prec == GpuPrecision::Exact ? "exact" : "fast", same, steps,
+                (unsigned long long)(be_->stats().graph_launches - graphs0));
+    EXPECT_GT(be_->stats().graph_launches, graphs0) << "the decode steps were recorded";
+  }
+  be_->set_precision(GpuPrecision::Exact);
+}
+
 TEST_F(CudaBatched, FastModeBatchedDecodeGreedyIdsEqualSoloBeforeANearTie) {
   be_->set_precision(GpuPrecision::Fast);
   const BatchCompare r = batched_decode_vs_solo(*model_, *be_);

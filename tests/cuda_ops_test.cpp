@@ -20,6 +20,7 @@
 
 #include "backends/cpu/cpu_backend.h"
 #include "backends/cpu/kernels.h"
+#include "core/argmax.h"
 #include "core/error.h"
 #include "core/mxfp4.h"
 #include "model/quant.h"
@@ -518,6 +519,53 @@ TEST_F(CudaOps, ElementwiseMatchCpu) {
       expect_close("sigmoid_gate", shape({{"n", long(n)}}), host(dy, n), ref, 1e-6);
     }
   }
+}
+
+// argmax_rows (argmax.cu): the greedy id of each row equals the CPU's (core/argmax.h: the first
+// index of the largest value, -0 == +0; -1 for a row with a NaN or an infinity), exactly, on many
+// shapes (one segment a row up to the 2 x SMs split, rows of the 163,840-id vocabulary) with
+// planted ties: the maximum copied to a later index, to an earlier one, across segment bounds.
+TEST_F(CudaOps, ArgmaxRowsMatchesCpu) {
+  std::mt19937 g(41);
+  const int cases[][2] = {{1, 1}, {1, 7}, {5, 17}, {3, 1000}, {2, 4097}, {1, 12345}, {8, 32768},
+                          {1, 163840}, {16, 163840}, {33, 50000}, {4, 262144}};
+  int rows_checked = 0, ties = 0;
+  for (const auto& c : cases) {
+    const int R = c[0], C = c[1];
+    std::vector<float> x = random_vec(g, size_t(R) * C, -8.f, 8.f);
+    for (int r = 0; r < R; ++r) {
+      float* row = x.data() + size_t(r) * C;
+      const int at = int(g() % unsigned(C));
+      row[at] = 9.f + float(r % 3);  // the maximum
+      switch (r % 6) {
+        case 1: row[C - 1] = row[at], ++ties; break;                  // a tie after it
+        case 2: row[g() % unsigned(at + 1)] = row[at], ++ties; break;  // a tie at or before it
+        case 3: row[size_t(C) / 2] = row[at], row[(size_t(C) / 2 + 4096) % size_t(C)] = row[at], ++ties; break;
+        case 4:  // all negative but two zeros: -0 first, then +0 (equal: the first wins)
+          for (int i = 0; i < C; ++i) row[i] = -1.f - std::fabs(row[i]);
+          row[C / 3] = -0.f, row[C - 1] = 0.f;
+          break;
+        case 5:
+          if (r % 12 == 5) row[g() % unsigned(C)] = std::nanf("");
+          else row[g() % unsigned(C)] = -INFINITY;
+          break;
+        default: break;
+      }
+    }
+    float* dx = dev(x);
+    float* d_ids = poisoned(size_t(R));
+    be_->argmax_rows(dx, R, C, d_ids);
+    const std::vector<float> got = host(d_ids, size_t(R));
+    std::vector<float> ref(static_cast<size_t>(R));
+    cpu_.argmax_rows(x.data(), R, C, ref.data());
+    for (int r = 0; r < R; ++r) {
+      EXPECT_EQ(got[size_t(r)], ref[size_t(r)]) << shape({{"rows", R}, {"cols", C}, {"row", r}});
+      EXPECT_EQ(ref[size_t(r)], float(finite_argmax(x.data() + size_t(r) * C, C)));
+      ++rows_checked;
+    }
+  }
+  std::printf("argmax_rows: %d rows equal to the CPU's (%d with planted ties)\n", rows_checked, ties);
+  EXPECT_THROW(be_->argmax_rows(dev(std::vector<float>(4, 1.f)), 1, (1 << 24) + 1, poisoned(1)), Error);
 }
 
 // ---- KDA ----

@@ -94,12 +94,16 @@ void run_batch(BatchArgs a) {
     for (const int B : batches) runs.emplace_back(form, B);
   for (const auto& [form, B] : runs) {
     set_form(form);
+    // draw 0: each sequence's greedy id from the step (BatchEntry::greedy: arg-max on the device,
+    // what the scheduler does for plain greedy requests); 1 (--host-draw): the logits rows to the
+    // host and the arg-max there (what sampled, logprob and constrained requests take).
+    for (int draw = 0; draw < (a.host_draw ? 2 : 1); ++draw)
     for (int mode = 0; mode < (eager ? 2 : 1); ++mode) {
       TokenStep& fwd = mode == 0 ? static_cast<TokenStep&>(e.forward()) : *eager;
       std::mt19937 g(uint32_t(a.seed) + uint32_t(B));
       std::vector<std::unique_ptr<SequenceState>> st;
       std::vector<float> logits(size_t(B) * V);
-      std::vector<int> pending(static_cast<size_t>(B));
+      std::vector<int> pending(static_cast<size_t>(B)), next(static_cast<size_t>(B));
       for (int b = 0; b < B; ++b) {  // each sequence prefilled alone
         std::vector<int> ids(size_t(a.prompt));
         for (int& id : ids) id = int(g() % unsigned(V));
@@ -109,14 +113,16 @@ void run_batch(BatchArgs a) {
       }
       std::vector<BatchEntry> es(static_cast<size_t>(B));
       for (int b = 0; b < B; ++b)
-        es[size_t(b)] = {st[size_t(b)].get(), &pending[size_t(b)], 1,
-                         logits.data() + size_t(b) * V};
+        es[size_t(b)] = draw == 0 ? BatchEntry{st[size_t(b)].get(), &pending[size_t(b)], 1, nullptr, &next[size_t(b)]}
+                                  : BatchEntry{st[size_t(b)].get(), &pending[size_t(b)], 1, logits.data() + size_t(b) * V};
       double fwd_s = 0, draw_s = 0;
       auto step = [&](bool timed) {
         const auto s0 = Clock::now();
         fwd.run_mixed(es.data(), B);
         const auto s1 = Clock::now();
-        for (int b = 0; b < B; ++b) pending[size_t(b)] = argmax(logits.data() + size_t(b) * V, V);
+        if (draw == 0) pending = next;
+        else
+          for (int b = 0; b < B; ++b) pending[size_t(b)] = argmax(logits.data() + size_t(b) * V, V);
         if (timed) fwd_s += secs(s1 - s0), draw_s += secs(Clock::now() - s1);
       };
       step(false),
@@ -128,7 +134,7 @@ void run_batch(BatchArgs a) {
       if (first == 0) first = tok_s;  // the first size through the engine's forward pass
       const double n = a.steps;
       const double mb_tok = double(c1.expert_bytes - c0.expert_bytes) / 1e6 / (n * B);
-      const std::string label = std::to_string(B) + (mode ? "e" : "") +
+      const std::string label = std::to_string(B) + (mode ? "e" : "") + (draw ? "h" : "") +
                                 (forms.size() > 1 ? "/f" + std::to_string(form) : "");
       std::printf("%-6s %10.3f %10.3f %10.3f %10.1f %7.2fx %10.1f %9.1f %8.1f %8.1f %12.2f\n",
                   label.c_str(), per * 1e3, fwd_s / n * 1e3,
@@ -138,6 +144,7 @@ void run_batch(BatchArgs a) {
       nlohmann::json row = {
           {"batch", B},
           {"recorded", mode == 0},
+          {"host_draw", draw == 1},
           {"gemv_form", form},
           {"ms_per_step", per * 1e3},
           {"forward_ms", fwd_s / n * 1e3},

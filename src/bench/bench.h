@@ -138,8 +138,10 @@ void run_prefill(PrefillArgs a);
 /// `bench batch`: the batched decode step itself (Forward::run_mixed with B one-token entries, as
 /// the server's scheduler runs it) at each batch size of `batches` (comma-separated, 1..4096): B
 /// sequences each prefilled with `prompt` random ids (solo), 2 untimed steps, then `steps` timed
-/// steps, greedy (host arg-max of each row). Per batch size: ms per step split into the forward
-/// call (device work and the logits copy) and the host draw, generated tok/s and its ratio to the
+/// steps, greedy (each step's greedy ids, BatchEntry::greedy, as the scheduler takes them for
+/// plain greedy requests; `host_draw`: also rows "Bh" that copy the logits rows and take the host
+/// arg-max, the path of sampled requests). Per batch size: ms per step split into the forward
+/// call (device work and the logits or ids copy) and the host draw, generated tok/s and its ratio to the
 /// first size, and on the GPU the launches, host syncs, graph launches and device-routed expert
 /// bytes per generated token. `profile`: one more step per size with per-launch device timing
 /// (op by op: a profiled step is never recorded). `eager`: each size also through a forward pass
@@ -152,7 +154,7 @@ struct BatchArgs {
   std::string batches = "1,4,16";
   std::string gemv_forms;
   int prompt = 64, steps = 32;
-  bool profile = false, eager = false;
+  bool profile = false, eager = false, host_draw = false;
   uint64_t seed = 1;
   bool json = false;
   std::string cpu_line;

@@ -50,6 +50,8 @@ void add_bench_batch(CLI::App* bench) {
   sub->add_option("--seed", a->seed, "Seed of the random prompt ids");
   sub->add_flag("--profile", a->profile, "GPU: one more step per batch size with per-launch device timing");
   sub->add_flag("--eager", a->eager, "Also time each batch size with no step recorded (rows 'Be')");
+  sub->add_flag("--host-draw", a->host_draw,
+                "Also time each batch size with the logits copied to the host and drawn there (rows 'Bh')");
   sub->add_option("--gemv-forms", a->gemv_forms,
                   "CUDA fast mode: time every size once per tensor-core GEMV form (e.g. 0,1,4; rows 'B/fN')");
   cpu->add_to(sub);

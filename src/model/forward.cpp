@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/argmax.h"
 #include "core/error.h"
 
 namespace wren {
@@ -44,6 +45,7 @@ struct Forward::Buffers {
   std::vector<const float*> entries;
   // Head
   float *hnorm, *logits;
+  float* greedy;  // [T]: argmax_rows of the head rows (run_mixed entries asking for greedy ids)
 };
 
 Forward::Forward(const Model& model, Backend& backend, ForwardOptions opts)
@@ -125,6 +127,7 @@ void Forward::Buffers::plan(const Config& c, size_t T) {
   b.ys = b.make(T * c.top_k * io), b.lsum = b.make(T * io), b.lnorm = b.make(T * io);
   if (b.be) b.entries.reserve(c.max_mix_entries() + 1);  // host only
   b.hnorm = b.make(T * D), b.logits = b.make(T * size_t(c.vocab));
+  b.greedy = b.make(T);
 }
 
 Forward::~Forward() = default;
@@ -176,6 +179,16 @@ void Forward::run(SequenceState& st, const int* ids, const float* x0, int T, flo
   }
 }
 
+void run_entry(TokenStep& step, const BatchEntry& e) {
+  if (!e.greedy) return step.run(*e.st, e.ids, nullptr, e.n, e.logits, false);
+  const int V = step.config().vocab;
+  std::vector<float> own;
+  float* row = e.logits;
+  if (!row) own.resize(size_t(V)), row = own.data();
+  step.run(*e.st, e.ids, nullptr, e.n, row, false);  // throws on non-finite logits
+  *e.greedy = argmax(row, V);
+}
+
 void Forward::run_batch(SequenceState* const* states, const int* ids, int B, float* logits) {
   for (int b = 0; b < B; ++b) {
     check(states[b]->holds(be_, opts_.first_layer, n_layers_), "forward: a sequence state of the batch belongs to another backend");
@@ -211,10 +224,10 @@ void Forward::run_mixed(const BatchEntry* entries, int n) {
   const int C = opts_.max_chunk;
   // Groups of at most C rows, in entry order; an entry may continue into the next group (its
   // state advances in between, so the order of its tokens is kept).
-  std::vector<float*> outs;  // per head row of the group: where its logits go
+  std::vector<float*> outs;  // per head row of the group: where its logits go (null: greedy id only)
   int i = 0, done = 0;       // entry i has `done` of its tokens run
   while (i < n) {
-    segs_.clear(), head_rows_.clear(), mixed_ids_.clear(), outs.clear();
+    segs_.clear(), head_rows_.clear(), mixed_ids_.clear(), outs.clear(), greedy_outs_.clear();
     int rows = 0;
     while (i < n && rows < C) {
       const BatchEntry& e = entries[i];
@@ -223,14 +236,15 @@ void Forward::run_mixed(const BatchEntry* entries, int n) {
       mixed_ids_.insert(mixed_ids_.end(), e.ids + done, e.ids + done + take);
       rows += take, done += take;
       if (done == e.n) {
-        if (e.logits) head_rows_.push_back(rows - 1), outs.push_back(e.logits);
+        if (e.logits || e.greedy) head_rows_.push_back(rows - 1), outs.push_back(e.logits), greedy_outs_.push_back(e.greedy);
         ++i, done = 0;
       }
     }
-    const bool want = !head_rows_.empty();
-    // The head rows' logits go straight to the caller's rows when those are consecutive (the
-    // scheduler's decode rows), else through mixed_logits_.
-    bool direct = want;
+    bool want = false;  // logits to the host (some entry asks for them)
+    for (float* o : outs) want = want || o;
+    // The head rows' logits go straight to the caller's rows when every head row wants them and
+    // they are consecutive (the scheduler's decode rows), else through mixed_logits_.
+    bool direct = want && outs[0];
     for (size_t r = 1; r < outs.size() && direct; ++r) direct = outs[r] == outs[0] + r * V;
     if (want && !direct) mixed_logits_.resize(head_rows_.size() * V);
     const bool recorded = be_.step_begin(step_info(rows, nullptr, nullptr));
@@ -239,13 +253,13 @@ void Forward::run_mixed(const BatchEntry* entries, int n) {
                 nullptr, recorded);
     } catch (...) {
       if (recorded) be_.step_abort();
-      head_rows_.clear();
+      head_rows_.clear(), greedy_outs_.clear();
       throw;
     }
-    if (!direct)
+    if (want && !direct)
       for (size_t r = 0; r < outs.size(); ++r)
-        std::copy(mixed_logits_.begin() + long(r * V), mixed_logits_.begin() + long((r + 1) * V), outs[r]);
-    head_rows_.clear();
+        if (outs[r]) std::copy(mixed_logits_.begin() + long(r * V), mixed_logits_.begin() + long((r + 1) * V), outs[r]);
+    head_rows_.clear(), greedy_outs_.clear();
   }
 }
 
@@ -328,11 +342,43 @@ void Forward::chunk_ops(const int* ids, const float* x0, int T, int t0, float* l
     return;
   }
   for (const Segment& sg : segs_) sg.st->advance(sg.n);
-  const int rows = logits ? head(n_blocks, T, all_logits) : 0;
+  const bool greedy = wants_greedy();
+  const int rows = logits || greedy ? head(n_blocks, T, all_logits) : 0;
+  if (greedy) be_.argmax_rows(b.logits, rows, c.vocab, b.greedy);
   if (recorded) be_.step_end();
   if (logits) {
     be_.to_host(b.logits, size_t(rows) * c.vocab, logits);
     check_rows(logits, rows, c.vocab, pos0 + (all_logits ? 0 : T - 1), "the logits");
+  }
+  if (greedy) deliver_greedy(rows);
+}
+
+bool Forward::wants_greedy() const {
+  for (int* g : greedy_outs_)
+    if (g) return true;
+  return false;
+}
+
+void Forward::deliver_greedy(int rows) {
+  Buffers& b = *buf_;
+  const size_t V = cfg_.vocab;
+  greedy_host_.resize(size_t(rows));
+  be_.to_host(b.greedy, size_t(rows), greedy_host_.data());
+  for (int r = 0; r < rows; ++r) {
+    if (!greedy_outs_[size_t(r)]) continue;
+    const float id = greedy_host_[size_t(r)];
+    if (id < 0.f) {  // a non-finite row: its logits name the element (check_rows throws)
+      check_buf_.resize(V);
+      be_.to_host(b.logits + size_t(r) * V, V, check_buf_.data());
+      const Segment* sg = &segs_[0];
+      for (const Segment& s : segs_)
+        if (s.r0 <= head_rows_[size_t(r)]) sg = &s;
+      check_rows(check_buf_.data(), 1, V, sg->st->position() - 1, "the logits");
+      throw Error("argmax_rows: row " + std::to_string(r) + " was flagged non-finite, yet its logits are finite");
+    }
+    check(id < float(V) && id == float(int(id)), "argmax_rows: row " + std::to_string(r) + " gave id " +
+                                                     std::to_string(id) + ", outside the vocabulary");
+    *greedy_outs_[size_t(r)] = int(id);
   }
 }
 
@@ -357,6 +403,7 @@ StepInfo Forward::step_info(int T, const float* x0, const ForwardHooks* hooks) c
                   ep_ != nullptr;  // expert parallelism: the transport waits on the host
   s.moe = step_moe_.data();
   s.n_moe = int(step_moe_.size());
+  s.greedy_ids = wants_greedy();
   return s;
 }
 
@@ -505,8 +552,14 @@ int Forward::head(int n_blocks, int T, bool all_logits) {
   const float* mixed = pre_mix(w.out_mix, b.blocks, n_blocks, T);  // final mix (the residual itself when plain)
   if (!head_rows_.empty()) {  // run_mixed: the last row of each entry that wants logits
     const int n = int(head_rows_.size());
-    for (int r = 0; r < n; ++r)
-      be_.rms_norm(mixed + size_t(head_rows_[r]) * D, 1, int(D), w.final_norm, cfg_.rms_eps, b.hnorm + size_t(r) * D);
+    bool consecutive = true;  // e.g. a step of decodes only: one norm over the rows (row-independent)
+    for (int r = 1; r < n && consecutive; ++r) consecutive = head_rows_[size_t(r)] == head_rows_[0] + r;
+    if (consecutive) {
+      be_.rms_norm(mixed + size_t(head_rows_[0]) * D, n, int(D), w.final_norm, cfg_.rms_eps, b.hnorm);
+    } else {
+      for (int r = 0; r < n; ++r)
+        be_.rms_norm(mixed + size_t(head_rows_[r]) * D, 1, int(D), w.final_norm, cfg_.rms_eps, b.hnorm + size_t(r) * D);
+    }
     be_.gemm(w.lm_head, b.hnorm, n, b.logits);
     return n;
   }

@@ -78,13 +78,22 @@ inline float* chunk_logits(float* logits, bool all_logits, int t0, int n, int T,
 
 /// One sequence's part of a mixed step (TokenStep::run_mixed): `n` >= 1 tokens `ids` consumed at
 /// the state's position (a decode step is n = 1, a prefill chunk n > 1); `logits` host [V] of its
-/// last token, or null when not needed.
+/// last token, or null when not needed; `greedy` host: the greedy draw from those logits
+/// (core/argmax.h's argmax; Backend::argmax_rows on the device), or null. With `greedy` alone the
+/// logits stay on the device (a greedy sequence needs only its next id). Non-finite logits throw
+/// wren::Error either way.
 struct BatchEntry {
   SequenceState* st;
   const int* ids;
   int n;
   float* logits;
+  int* greedy = nullptr;
 };
+
+class TokenStep;
+/// Runs one entry through `step.run` (logits to the host; the greedy id drawn there): what a
+/// TokenStep without a batched path does for each entry of run_mixed.
+void run_entry(TokenStep& step, const BatchEntry& e);
 
 /// Something that consumes tokens into a sequence state: the forward pass itself (Forward), or the
 /// engine's runner that adds the CPU fallback after a device failure (runtime/runner.h).
@@ -106,8 +115,7 @@ class TokenStep {
   /// batching: the running decodes and new requests' prefill chunks together). This default runs
   /// them one by one; Forward batches them.
   virtual void run_mixed(const BatchEntry* entries, int n) {
-    for (int i = 0; i < n; ++i)
-      run(*entries[i].st, entries[i].ids, nullptr, entries[i].n, entries[i].logits, false);
+    for (int i = 0; i < n; ++i) run_entry(*this, entries[i]);
   }
   /// The backend new sequence states belong on (the one the next run uses).
   virtual Backend& backend() = 0;
@@ -209,6 +217,13 @@ class Forward final : public TokenStep {
   std::vector<Segment> segs_;           ///< the sequences of the chunk being run
   /// Non-empty: the head runs only on these rows of the chunk (run_mixed), in this order.
   std::vector<int> head_rows_;
+  std::vector<int*> greedy_outs_;       ///< [head row]: where its greedy id goes (run_mixed), or null
+  std::vector<float> greedy_host_;      ///< host copy of the step's argmax_rows
+  /// True when some head row of the chunk asks for its greedy id.
+  bool wants_greedy() const;
+  /// After the step: the greedy ids of rows [0, rows) to greedy_outs_ (throws naming the element
+  /// of a non-finite row, as check_rows).
+  void deliver_greedy(int rows);
   std::vector<int> mixed_ids_;          ///< host ids of a run_mixed group
   std::vector<float> mixed_logits_;     ///< host logits of a run_mixed group's head rows
   std::vector<int> next_moe_;           ///< [layer]: the next MXFP4 MoE layer run, or -1

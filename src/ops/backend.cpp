@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "core/argmax.h"
 #include "core/error.h"
 
 namespace wren {
@@ -32,6 +33,15 @@ void Backend::add_rms_norm(float* y, const float* x, int T, int n, const DenseWe
 
 void Backend::gemm_batch(const GemmJob* jobs, int n, int T) {
   for (int i = 0; i < n; ++i) gemm(*jobs[i].W, jobs[i].x, T, jobs[i].y);
+}
+
+void Backend::argmax_rows(const float* x, int rows, int cols, float* out) {
+  check(cols >= 1 && cols <= (1 << 24), "argmax_rows: " + std::to_string(cols) +
+                                            " columns; a float holds every index exactly only up to 2^24");
+  std::vector<float> h(size_t(rows) * size_t(cols)), ids(static_cast<size_t>(rows));
+  to_host(x, h.size(), h.data());
+  for (int r = 0; r < rows; ++r) ids[size_t(r)] = float(finite_argmax(h.data() + size_t(r) * size_t(cols), cols));
+  from_host(ids.data(), ids.size(), out);
 }
 
 void Backend::place_dense(DenseWeight& w, const PlaceRequest& r) {

@@ -82,6 +82,7 @@ struct StepInfo {
   bool host_midway = false;
   const StepMoeLayer* moe = nullptr;  ///< the step's MoE layers with routed MXFP4 experts
   int n_moe = 0;
+  bool greedy_ids = false;  ///< the step ends with argmax_rows (its recording differs from one that does not)
 };
 
 /// One dense tensor for Backend::place_dense, as the loader hands it over (model/load.h).
@@ -203,6 +204,13 @@ class Backend {
   }
   /// y [n] = Σ_j w[j] · ys[j] over j < m, in j order (ys [m, n], weights HOST [m]).
   virtual void weighted_sum(const float* ys, const float* weights, int m, int n, float* y) = 0;
+
+  /// Greedy ids of logits rows (the draw of a greedy sequence, without copying its logits to the
+  /// host): out[r] = finite_argmax of row r of x [rows, cols] (core/argmax.h: the first index of
+  /// the largest value, or -1 when the row holds a NaN or an infinity), stored as a float (exact:
+  /// cols <= 2^24, checked). out is a buffer of this backend [rows]. The default copies the rows
+  /// to the host and back (CPU: plain memory); CUDA runs a kernel (recordable in a decode graph).
+  virtual void argmax_rows(const float* x, int rows, int cols, float* out);
 
   // ---- the routed MoE: one coarse op, always handled ----
   /// Routed experts of one MoE layer (docs/model.md#moe, steps 2-5): router σ + bias top-k on logits

@@ -60,13 +60,21 @@ std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vecto
   PrefixCache* cache = prefill(fwd, state, prompt, opts, logits.data(), st);
   const auto t1 = clock::now();
   uint64_t hash = kFnv1a64Offset;
+  // Plain greedy: each decode step hands back its greedy id instead of its logits (the prompt's
+  // last logits are on the host: the first token is drawn from them).
+  const bool greedy_ids = !opts.needs_logits();
+  bool host_logits = true;  // `logits` holds the row the next token is drawn from
+  int next = -1;            // else the step's greedy id
   for (int n = 0; n < opts.max_new_tokens; ++n) {
-    if (opts.hash_logits) hash = fnv1a64(logits.data(), logits.size() * sizeof(float), hash);
-    if (opts.constrain) opts.constrain(logits.data(), V);
-    TokenLogprobs lp;
-    const bool want_lp = opts.top_logprobs >= 0 && opts.on_logprobs;
-    const int id = sampler.sample(logits.data(), V, want_lp ? &lp : nullptr, opts.top_logprobs);
-    if (want_lp) opts.on_logprobs(lp);
+    int id = next;
+    if (host_logits) {
+      if (opts.hash_logits) hash = fnv1a64(logits.data(), logits.size() * sizeof(float), hash);
+      if (opts.constrain) opts.constrain(logits.data(), V);
+      TokenLogprobs lp;
+      const bool want_lp = opts.top_logprobs >= 0 && opts.on_logprobs;
+      id = sampler.sample(logits.data(), V, want_lp ? &lp : nullptr, opts.top_logprobs);
+      if (want_lp) opts.on_logprobs(lp);
+    }
     if (n == 0) st.ttft_s = secs(clock::now() - t0);
     out.push_back(id);
     if (on_token) on_token(id);
@@ -74,11 +82,18 @@ std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vecto
     st.cancelled = opts.cancel && opts.cancel->load();
     const bool last = st.stopped || st.cancelled || n + 1 == opts.max_new_tokens;
     if (last && !opts.commit_last) break;
-    fwd.run(state, &id, nullptr, 1, logits.data(), false);
+    if (greedy_ids) {
+      const BatchEntry e{&state, &id, 1, nullptr, &next};
+      fwd.run_mixed(&e, 1);
+      host_logits = false;
+    } else {
+      fwd.run(state, &id, nullptr, 1, logits.data(), false);
+    }
     if (last) break;
   }
-  // The end of the exchange (next turns); masked logits (constrain) are not the model's: not kept.
-  if (cache && !out.empty()) cache->store(state, opts.constrain ? nullptr : logits.data(), V);
+  // The end of the exchange (next turns); masked logits (constrain) are not the model's, and a
+  // greedy-id step left none on the host: then the snapshot keeps none.
+  if (cache && !out.empty()) cache->store(state, opts.constrain || !host_logits ? nullptr : logits.data(), V);
   st.generated_tokens = int(out.size());
   if (opts.hash_logits) st.logits_fnv1a64 = hash;
   st.prefill_s = secs(t1 - t0);

@@ -35,6 +35,13 @@ struct GenerateOptions {
   /// Called on each logits row [V] just before a token is drawn from it (after the hash): may set
   /// ids to -inf so they cannot be drawn (constrained decoding, runtime/reply_constraint.h).
   std::function<void(float* logits, int n)> constrain;
+  /// True when a decode step needs its logits row on the host: sampling (temperature > 0),
+  /// logprobs, a constraint or the logits hash. Otherwise (plain greedy) the draw is the step's
+  /// greedy id (BatchEntry::greedy: Backend::argmax_rows, the same id as the host's argmax) and
+  /// the logits stay on the device.
+  bool needs_logits() const {
+    return sampling.temperature > 0.f || (top_logprobs >= 0 && on_logprobs) || constrain || hash_logits;
+  }
 };
 
 /// Timings of one generation, in seconds.

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <vector>
 
+#include "core/argmax.h"
 #include "core/error.h"
 
 namespace wren {
@@ -73,8 +74,14 @@ void Runner::run_mixed(const BatchEntry* es, int n) {
       start_fallback(e);
     }
   }
-  for (int i = 0; i < n; ++i)  // on the fallback: one by one (each state rebuilt first)
-    run_fallback(*es[i].st, es[i].ids, nullptr, es[i].n, es[i].logits, false, nullptr);
+  std::vector<float> own;  // on the fallback: one by one (each state rebuilt first)
+  for (int i = 0; i < n; ++i) {
+    const BatchEntry& e = es[i];
+    float* row = e.logits;
+    if (!row && e.greedy) own.resize(config().vocab), row = own.data();
+    run_fallback(*e.st, e.ids, nullptr, e.n, row, false, nullptr);
+    if (e.greedy) *e.greedy = argmax(row, config().vocab);
+  }
 }
 
 void Runner::run_fallback(SequenceState& st, const int* ids, const float* x0, int T, float* logits,

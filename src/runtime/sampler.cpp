@@ -9,27 +9,6 @@
 
 namespace wren {
 
-int argmax(const float* logits, int n) {
-  // The first index of the largest value, as the strict '>' scan from index 0 gives it, in two
-  // passes the compiler can vectorize (8 independent running maxima, then the first index equal to
-  // their maximum): a 163,840-id row took ~0.67 ms with the one-pass scan on the GPU machine's host
-  // (bench batch, run 24-serve), 16 of them a third of a batched decode step. A NaN never wins
-  // (nothing compares greater than it, and it is greater than nothing), except at index 0, where
-  // the scan keeps it.
-  if (n <= 1 || std::isnan(logits[0])) return 0;
-  float m[8];
-  for (float& x : m) x = logits[0];
-  int i = 0;
-  for (; i + 8 <= n; i += 8)
-    for (int j = 0; j < 8; ++j) m[j] = logits[i + j] > m[j] ? logits[i + j] : m[j];
-  float best = m[0];
-  for (int j = 1; j < 8; ++j) best = m[j] > best ? m[j] : best;
-  for (; i < n; ++i) best = logits[i] > best ? logits[i] : best;
-  for (i = 0; i < n; ++i)
-    if (logits[i] == best) return i;
-  return 0;
-}
-
 Sampler::Sampler(const SamplerOptions& o) : o_(o), state_(o.seed ^ 0x2545f4914f6cdd1dull) {
   check(o.top_p > 0.f && o.top_p <= 1.f, "--top-p must be in (0, 1], got " + std::to_string(o.top_p));
   check(o.top_k >= 0, "--top-k must be >= 0");

@@ -4,6 +4,8 @@
 #include <utility>
 #include <vector>
 
+#include "core/argmax.h"  // argmax: the greedy draw
+
 namespace wren {
 
 /// Sampling controls. temperature <= 0 means greedy (argmax, ties to the lower id).
@@ -44,8 +46,5 @@ class Sampler {
   std::vector<int> idx_;
   std::vector<double> p_;
 };
-
-/// Index of the largest logit; ties go to the lower id.
-int argmax(const float* logits, int n);
 
 }  // namespace wren

@@ -22,10 +22,15 @@ struct Scheduler::Seq {
   PrefixCache* cache = nullptr;
   GenerateStats stats;
   int pending = -1;  ///< the drawn id the next decode step consumes
+  /// Plain greedy (GenerateOptions::needs_logits false): decode steps give the greedy id (into
+  /// `next`) and leave the logits on the device; `logits` then no longer holds the last row.
+  bool greedy_ids = false, host_logits = true;
+  int next = -1;
   int fed = 0;       ///< prompt tokens in the state (restored or prefilled)
   bool prefilling = false;
   Clock::time_point t0, t1;
-  Seq(SeqRequest r, int V) : req(std::move(r)), sampler(req.opts.sampling), logits(size_t(V)) {}
+  Seq(SeqRequest r, int V)
+      : req(std::move(r)), sampler(req.opts.sampling), logits(size_t(V)), greedy_ids(!req.opts.needs_logits()) {}
 };
 
 Scheduler::Scheduler(TokenStep& fwd, std::function<std::unique_ptr<SequenceState>()> make_state, int max_seqs,
@@ -55,11 +60,14 @@ Scheduler::~Scheduler() = default;
 
 bool Scheduler::draw(Seq& s) {
   const GenerateOptions& o = s.req.opts;
-  if (o.constrain) o.constrain(s.logits.data(), int(s.logits.size()));  // as generate(): mask, then draw
-  TokenLogprobs lp;
-  const bool want_lp = o.top_logprobs >= 0 && o.on_logprobs;
-  const int id = s.sampler.sample(s.logits.data(), int(s.logits.size()), want_lp ? &lp : nullptr, o.top_logprobs);
-  if (want_lp) o.on_logprobs(lp);
+  int id = s.next;  // a greedy-id step's draw
+  if (s.host_logits) {
+    if (o.constrain) o.constrain(s.logits.data(), int(s.logits.size()));  // as generate(): mask, then draw
+    TokenLogprobs lp;
+    const bool want_lp = o.top_logprobs >= 0 && o.on_logprobs;
+    id = s.sampler.sample(s.logits.data(), int(s.logits.size()), want_lp ? &lp : nullptr, o.top_logprobs);
+    if (want_lp) o.on_logprobs(lp);
+  }
   if (s.stats.generated_tokens++ == 0) s.stats.ttft_s = secs(Clock::now() - s.t0);
   if (s.req.on_token) s.req.on_token(id);
   s.stats.stopped = std::find(o.stop_ids.begin(), o.stop_ids.end(), id) != o.stop_ids.end();
@@ -70,9 +78,10 @@ bool Scheduler::draw(Seq& s) {
 
 void Scheduler::finish(Seq& s) {
   // The end of the exchange, as generate() stores it (the last drawn id not run; its logits row).
-  // Masked logits (constrain) are not the model's: then the snapshot keeps none.
+  // Masked logits (constrain) are not the model's, and a greedy-id step left none on the host:
+  // then the snapshot keeps none.
   if (s.cache && s.stats.generated_tokens > 0)
-    s.cache->store(*s.state, s.req.opts.constrain ? nullptr : s.logits.data(), int(s.logits.size()));
+    s.cache->store(*s.state, s.req.opts.constrain || !s.host_logits ? nullptr : s.logits.data(), int(s.logits.size()));
   s.stats.decode_s = secs(Clock::now() - s.t1);
   if (s.req.on_done) s.req.on_done(s.stats);
 }
@@ -175,9 +184,13 @@ void Scheduler::step() {
     Seq& s = *sp;
     float* row = step_logits_.data() + rows * size_t(V);
     if (!s.prefilling) {
-      es.push_back({s.state.get(), &s.pending, 1, row});
+      if (s.greedy_ids) {
+        es.push_back({s.state.get(), &s.pending, 1, nullptr, &s.next});
+      } else {
+        es.push_back({s.state.get(), &s.pending, 1, row});
+        ++rows;
+      }
       who.push_back(&s);
-      ++rows;
       continue;
     }
     if (left <= 0) continue;
@@ -208,6 +221,7 @@ void Scheduler::step() {
   for (size_t k = 0; k < es.size(); ++k) {
     Seq& s = *who[k];
     if (es[k].logits) std::copy(es[k].logits, es[k].logits + V, s.logits.begin());
+    if (!s.prefilling) s.host_logits = es[k].logits != nullptr;
     if (!s.prefilling) {
       if (!advance(s, false)) gone.push_back(&s);
       continue;

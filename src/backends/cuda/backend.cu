@@ -174,7 +174,8 @@ CudaBackend::~CudaBackend() {
   if (m.stream) cudaStreamSynchronize(m.stream);
   cuda::lt_destroy(m);
   cuda::placer_destroy(m);
-  for (cuda::Scratch* s : {&m.ids, &m.act, &m.scores, &m.router_ids, &m.router_w, &m.pair_table})
+  for (cuda::Scratch* s : {&m.ids, &m.act, &m.scores, &m.router_ids, &m.router_w, &m.pair_table, &m.gemv_part, &m.gemv_count,
+                            &m.argmax_part, &m.argmax_count})
     if (s->ptr) cudaFree(s->ptr);
   for (void* a : m.arenas) cudaFree(a);
   m.tier_reset();

@@ -249,6 +249,8 @@ class CudaBackend final : public Backend {
   /// Fast mode, T = 1: the jobs the tensor-core GEMV takes in one launch (gemv_tc.cu), the others
   /// through gemm in order.
   void gemm_batch(const GemmJob* jobs, int n, int T) override;
+  /// Backend::argmax_rows on the device (argmax.cu): one launch, recordable.
+  void argmax_rows(const float* x, int rows, int cols, float* out) override;
   void rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) override;
   void add_rms_norm(float* y, const float* x, int T, int n, const DenseWeight& w, float eps, float* out) override;
   void add(float* y, const float* x, size_t n) override;

@@ -155,15 +155,17 @@ struct CudaBackend::Impl {
   cuda::Scratch pair_table;     ///< device per-pair expert table (tier)
   cuda::Scratch gemv_part;      ///< column-split partial row sums of the tensor-core GEMV (gemv_tc.cu)
   cuda::Scratch gemv_count;     ///< per-tile arrival counters of the column-split GEMV (zero between launches)
+  cuda::Scratch argmax_part;    ///< argmax_rows: each segment's best (argmax.cu)
+  cuda::Scratch argmax_count;   ///< argmax_rows: per-row arrival counters (zero between launches)
   cuda::LtState* lt = nullptr;  ///< fast mode state, created on first use (owned; cuda::lt_destroy)
   cuda::Placer* placer = nullptr;  ///< load-time placement state (owned; cuda::placer_destroy)
   // Decode graphs (graph.cu).
   bool capturing = false;        ///< the stream is being recorded
   std::chrono::steady_clock::time_point record_t0;  ///< graph_begin's time (CudaStats::record_host_s)
-  cudaGraphExec_t graph_exec = nullptr;  ///< decode graph of the step being recorded (graph_execs[graph_rows])
-  std::map<int, cudaGraphExec_t> graph_execs;  ///< row count -> its executable graph (owned; updated in place)
+  cudaGraphExec_t graph_exec = nullptr;  ///< decode graph of the step being recorded (graph_execs[graph_key])
+  std::map<int, cudaGraphExec_t> graph_execs;  ///< graph_key -> its executable graph (owned; updated in place)
   std::set<int> eager_rows;      ///< 2·rows + fast of steps run op by op since the last upload (graph.cu)
-  int graph_rows = 0;            ///< rows of the step being recorded
+  int graph_key = 0;             ///< of the step being recorded: rows · 2 + (it ends with argmax_rows); 0 = none
   unsigned long long* expert_traffic = nullptr;  ///< device [2]: expert visits, bytes (grouped routed MoE)
   std::unordered_map<const void*, float*> kvb_f32;  ///< MLA: packed kv_b weight -> its f32 decode (owned)
   std::vector<void*> deferred_free;      ///< scratch replaced while recording (freed after launch)

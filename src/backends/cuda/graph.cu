@@ -6,8 +6,9 @@
 // time, because kernels bake per-step values into their arguments (the MLA cache length, the token
 // id, scratch addresses); the executable graph is then updated in place with cudaGraphExecUpdate
 // (cheap: same topology, new arguments) and instantiated again only when the update is refused.
-// One executable graph per row count (graph_execs), so a server alternating batch sizes updates
-// each in place instead of re-instantiating.
+// One executable graph per row count and ending (with or without the greedy ids of argmax_rows:
+// graph_execs keyed by graph_key), so a server alternating batch sizes updates each in place
+// instead of re-instantiating.
 // Launch bookkeeping: kernels recorded count as CudaStats::graph_kernels, not launches.
 #include "backends/cuda/cuda_common.cuh"
 
@@ -27,9 +28,9 @@ bool CudaBackend::step_begin(const StepInfo& s) {
   // recorded before its BF16 weight copies existed and threw.)
   const int seen = s.tokens * 2 + (m.opts.precision == GpuPrecision::Fast ? 1 : 0);
   if (s.tokens > 1 && m.eager_rows.insert(seen).second) return false;
-  const auto it = m.graph_execs.find(s.tokens);
+  m.graph_key = s.tokens * 2 + (s.greedy_ids ? 1 : 0);
+  const auto it = m.graph_execs.find(m.graph_key);
   m.graph_exec = it == m.graph_execs.end() ? nullptr : it->second;
-  m.graph_rows = s.tokens;
   if (uint64_t(s.tokens) > m.stats.graph_rows_max) m.stats.graph_rows_max = uint64_t(s.tokens);
   return graph_begin();
 }
@@ -58,7 +59,7 @@ void CudaBackend::graph_launch() {
       cudaGetLastError();  // the refused update is not a sticky error
       cudaGraphExecDestroy(m.graph_exec);
       m.graph_exec = nullptr;
-      if (m.graph_rows > 0) m.graph_execs.erase(m.graph_rows);
+      if (m.graph_key > 0) m.graph_execs.erase(m.graph_key);
     }
   }
   if (!m.graph_exec) {
@@ -66,13 +67,13 @@ void CudaBackend::graph_launch() {
     if (err != cudaSuccess) {
       cudaGraphDestroy(g);
       m.graph_exec = nullptr;
-      if (m.graph_rows > 0) m.graph_execs.erase(m.graph_rows);
+      if (m.graph_key > 0) m.graph_execs.erase(m.graph_key);
       check_cuda(err, "cudaGraphInstantiate");
     }
     ++m.stats.graph_instantiations;
   }
   cudaGraphDestroy(g);
-  if (m.graph_rows > 0) m.graph_execs[m.graph_rows] = m.graph_exec;  // kept per row count
+  if (m.graph_key > 0) m.graph_execs[m.graph_key] = m.graph_exec;  // kept per row count
   check_cuda(cudaGraphLaunch(m.graph_exec, m.stream), "cudaGraphLaunch");
   ++m.stats.graph_launches;
   m.stats.record_host_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - m.record_t0).count();
@@ -81,16 +82,16 @@ void CudaBackend::graph_launch() {
   // waits for the device anyway.
   for (void* p : m.deferred_free) check_cuda(cudaFree(p), "cudaFree (deferred scratch)");
   m.deferred_free.clear();
-  if (m.graph_rows > 0) m.graph_exec = nullptr;  // owned by graph_execs
-  m.graph_rows = 0;
+  if (m.graph_key > 0) m.graph_exec = nullptr;  // owned by graph_execs
+  m.graph_key = 0;
 }
 
 void CudaBackend::graph_abort() noexcept {
   Impl& m = *impl_;
   if (!m.capturing) return;
   m.capturing = false;
-  if (m.graph_rows > 0) m.graph_exec = nullptr;  // owned by graph_execs
-  m.graph_rows = 0;
+  if (m.graph_key > 0) m.graph_exec = nullptr;  // owned by graph_execs
+  m.graph_key = 0;
   cudaGraph_t g = nullptr;
   if (cudaStreamEndCapture(m.stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
   cudaGetLastError();  // an invalidated capture leaves an error behind; the caller reports its own
