@@ -581,8 +581,9 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
   // forms (gemv_tc.cu kForms: f1 the default kernel split for 2 blocks an SM, f2 3 blocks an SM
   // and a span a step split for 3, f3 4 and 1 split for 4, f4 and f5 the kernels of f2 and f3
   // split for 1 block an SM, f6 the default kernel never split, f7 and f8 the kernels of f1 and f3
-  // split into as many blocks a tile as fit in one wave of 2 or 4 blocks an SM, f9 and f10 the
-  // default split only for matrices of fewer than 32 or 64 tiles).
+  // split into as many blocks a tile as fit in one wave of 2 or 4 blocks an SM, f9 the default
+  // kernel split for a block an SM for every matrix of fewer tiles than SMs (the default of runs
+  // 35-36; f0 splits only below 32 tiles), f10 the same below 64 tiles).
   std::vector<Variant> gemv_variants = {{false, 0, 0, "plain"}, {true, 0, 0, "pdl"}, {true, 0, 1, "pdl 1w"}, {true, 2, 0, "pdl+2"}};
   static const char* kFormNames[] = {"f0", "f1", "f2", "f3", "f4", "f5", "f6", "f7", "f8", "f9", "f10", "f11"};
   ASSERT_LE(CudaBackend::gemv_forms(), int(std::size(kFormNames)));

@@ -42,18 +42,22 @@ constexpr int kWarps = 8, kThreads = kWarps * kWarp, kRows = 16, kSpan = 128, kM
 /// split): ceil(target / tiles) blocks a tile, or with `fit` floor(target / tiles) (the most that
 /// still fit in one wave of the target; at least 1); with `split_below` > 0 only a matrix of fewer
 /// tiles than that is split (a rule on the job alone: gemm_batch's jobs must not depend on their
-/// batch mates, so a batch cannot turn splitting off for itself). The default splits the columns only of matrices with fewer 16-row tiles than SMs: run 35
-/// (H100) measured it against the split for two blocks an SM (form 1, the default of runs 30-34) at
-/// 66% / 53% of the copy bandwidth instead of 48% / 42% on Kimi Linear's 4096 x 2304 / 2304 x 4096,
-/// 74% instead of 53% on its KDA projections in one launch, and the same on the large shapes.
+/// batch mates, so a batch cannot turn splitting off for itself). The default (f0) splits the
+/// columns only of matrices with fewer than 32 16-row tiles, for a block an SM. Run 35 (H100)
+/// measured the split of every matrix with fewer tiles than SMs (f9, the default of runs 35-36)
+/// against the split for two blocks an SM (f1, runs 30-34): 66% / 53% of the copy bandwidth
+/// instead of 48% / 42% on Kimi Linear's 4096 x 2304 / 2304 x 4096, 74% instead of 53% on its KDA
+/// projections in one launch. Run 37 measured f0 against f9: the same on every shape within 1-2%
+/// except Kimi Linear's router + shared gate/up in one launch, 46% instead of 33% (a 256-row
+/// router split, 1024-row matrices not), and the 48B-size token 1.085-1.090 ms against 1.107-1.113.
 struct GemvForm {
   int min_blocks, step, slots_per_sm;
   bool fit = false;
   int split_below = 0;
 };
-constexpr GemvForm kForms[] = {{2, 2, 1}, {2, 2, 2}, {3, 1, 3}, {4, 1, 4}, {3, 1, 1},
+constexpr GemvForm kForms[] = {{2, 2, 1, false, 32}, {2, 2, 2}, {3, 1, 3}, {4, 1, 4}, {3, 1, 1},
                                {4, 1, 1}, {2, 2, 0}, {2, 2, 2, true}, {4, 1, 4, true},
-                               {2, 2, 1, false, 32}, {2, 2, 1, false, 64}};
+                               {2, 2, 1}, {2, 2, 1, false, 64}};
 constexpr int kNumForms = int(sizeof(kForms) / sizeof(kForms[0]));
 
 /// One product of a launch: its blocks are linear blocks [block0, block0 + blocks_x · blocks_y)
