@@ -184,7 +184,7 @@ def main():
                 j = json.loads(line)
                 if "floor_ms" in j:  # bench batch: the one-sequence decode step against its floor
                     for r in j.get("runs", []):
-                        if r.get("batch") == 1 and r.get("recorded", True):
+                        if r.get("batch") == 1 and r.get("pass", "default") == "default" and not r.get("host_draw"):
                             decode = {"ms": r["ms_per_step"], "floor_ms": j["floor_ms"], "vs_floor": r["vs_floor"],
                                       "copy_GBps": j["copy_GBps"]}
                     continue

@@ -17,6 +17,7 @@
 #include "runtime/runner.h"
 #include "runtime/scheduler.h"
 #include "test_util.h"
+#include "wrapped_backend.h"
 
 namespace wren {
 namespace {
@@ -341,6 +342,38 @@ TEST_F(Batched, GreedyGenerateDrawsTheSameIdsWithoutTheHostLogits) {
     const std::vector<int> host_draw = generate(fwd, s2, p, o);
     EXPECT_EQ(device_draw, host_draw) << "seed " << seed;
     EXPECT_EQ(s1.position(), s2.position());
+  }
+}
+
+TEST_F(Batched, OnlySingleTokenStepsAreOfferedForRecordingByDefault) {
+  // ForwardOptions::graph_rows: the default pass offers a single-token step for recording and runs
+  // a batched step and a prefill chunk op by op; with graph_rows = 4 a batched decode step of up to
+  // 4 sequences is offered too; with graph off, nothing.
+  const Config& c = model_->config;
+  CpuBackend inner;
+  test::WrappedBackend be(inner);
+  std::vector<std::pair<int, bool>> seen;  // (tokens, may_record) of each step
+  be.on_step = [&](const StepInfo& s) { seen.emplace_back(s.tokens, s.may_record); };
+  for (const int rows : {1, 4, 0}) {
+    ForwardOptions o;
+    o.max_chunk = 8, o.graph_rows = std::max(rows, 1), o.graph = rows > 0;
+    Runner fwd(*model_, be, o);
+    std::vector<std::unique_ptr<SequenceState>> st;
+    std::vector<SequenceState*> batch;
+    std::vector<float> logits(size_t(5) * c.vocab);
+    for (int i = 0; i < 5; ++i) {
+      st.push_back(std::make_unique<SequenceState>(be, c, 64));
+      batch.push_back(st.back().get());
+      const std::vector<int> p = some_ids(3 + i, c.vocab, 90 + i);
+      fwd.run(*st.back(), p.data(), nullptr, int(p.size()), logits.data(), false);
+    }
+    seen.clear();
+    const int ids[5] = {1, 2, 3, 4, 5};
+    fwd.run(*st[0], ids, nullptr, 1, logits.data(), false);  // a single-token step
+    for (const int B : {2, 4, 5}) fwd.run_batch(batch.data(), ids, B, logits.data());
+    const std::vector<std::pair<int, bool>> want = {
+        {1, rows > 0}, {2, rows >= 2}, {4, rows >= 4}, {5, false}};
+    EXPECT_EQ(seen, want) << "graph_rows " << rows;
   }
 }
 

@@ -80,6 +80,14 @@ std::vector<float> solo_rows(TokenStep& fwd, Backend& be, const Config& c, const
   return rows;
 }
 
+/// Options of a pass that records batched decode steps too (ForwardOptions::graph_rows; the
+/// default records single-token steps only), for the tests of the recorded batched path.
+ForwardOptions recording_batches(int chunk) {
+  ForwardOptions o;
+  o.max_chunk = chunk, o.graph_rows = 1 << 20;
+  return o;
+}
+
 /// 8 sequences prefilled alone, then decoded together (batch 8, in two groups of the chunk 4):
 /// each row against the solo run's.
 struct BatchCompare {
@@ -163,7 +171,7 @@ TEST_F(CudaBatched, GreedyIdsOfRecordedStepsEqualTheArgmaxOfTheirLogits) {
   const size_t V = c.vocab;
   for (GpuPrecision prec : {GpuPrecision::Exact, GpuPrecision::Fast}) {
     be_->set_precision(prec);
-    Forward fwd(*model_, *be_, {8, -1});
+    Forward fwd(*model_, *be_, recording_batches(8));
     const uint64_t graphs0 = be_->stats().graph_launches;
     int same = 0, steps = 0;
     for (int B : {1, 4}) {
@@ -348,7 +356,7 @@ TEST_F(CudaBatched, ExactModeRecordedBatchedStepsEqualSoloRunsAsSequencesJoinAnd
   test::ScopedOptions mode(*be_, CudaOptions{CudaKda::Recurrent, 32});
   be_->set_precision(GpuPrecision::Exact);
   const Config& c = model_->config;
-  Runner fwd(*model_, *be_, {16, -1});
+  Runner fwd(*model_, *be_, recording_batches(16));
   const int N = 9, len = 10;
   std::vector<std::vector<int>> prompts;
   std::vector<int> join;
@@ -397,9 +405,7 @@ TEST(CudaBatchedKimiLinear, FastModeRecordedBatchedStepsWithDenseExpertsEqualOpB
   Forward eager(*m, be, off);
   const auto want = ragged_decode(eager, be, c, prompts, join, len);
   const CudaStats s0 = be.stats();
-  ForwardOptions on;
-  on.max_chunk = 16;
-  Forward recorded(*m, be, on);
+  Forward recorded(*m, be, recording_batches(16));
   const auto got = ragged_decode(recorded, be, c, prompts, join, len);
   const CudaStats s1 = be.stats();
   int total = 0;

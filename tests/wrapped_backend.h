@@ -1,6 +1,6 @@
 // A test backend that forwards every op to another backend, with two hooks: `before(op)` runs
 // before each op (fault injection: throw DeviceError there) and `after(op, out, n)` sees each
-// op's float output (planted bugs: perturb it). Used by the fallback and validate tests. With
+// op's float output (planted bugs: perturb it); `on_step` sees each step's StepInfo. Used by the fallback and validate tests. With
 // `place` set it also stands in for a backend that places its own weights at load (as CUDA does,
 // Backend::place_dense): it keeps them in its own host storage, upcast by the same rule (exact), so
 // the inner CPU backend reads them; `placed` counts them and a non-finite f32 weight is reported
@@ -29,6 +29,13 @@ class WrappedBackend final : public Backend {
 
   bool place = false;
   int placed = 0;  ///< weights placed so far
+  /// Sees what each step offers for recording (Backend::step_begin); the wrapper records nothing.
+  std::function<void(const StepInfo& s)> on_step;
+
+  bool step_begin(const StepInfo& s) override {
+    if (on_step) on_step(s);
+    return false;
+  }
 
   const char* name() const override { return "wrapped"; }
   bool places_dense() const override { return place; }

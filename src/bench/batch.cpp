@@ -80,12 +80,16 @@ void run_batch(BatchArgs a) {
   out["copy_GBps"] = bw / 1e9, out["floor_bytes_per_token"] = floor_bytes.total(), out["floor_ms"] = floor_s * 1e3;
   std::printf("%-6s %10s %10s %10s %10s %8s %10s %9s %8s %8s %12s\n", "batch", "ms/step", "forward",
               "draw", "tok/s", "vs 1st", "launches", "graphs", "syncs", "kernels", "expert MB/tok");
-  // --eager: each size also through a forward pass that never records a step (op by op).
-  std::unique_ptr<Forward> eager;
-  if (a.eager) {
+  // Each size through the engine's forward pass (pass 0) and, with --eager, one that never records
+  // a step (rows "Be"), with --record-batched one that records batched steps too (rows "Br").
+  std::vector<std::pair<std::string, std::unique_ptr<Forward>>> passes;
+  passes.emplace_back("", nullptr);
+  for (const auto& [on, suffix] : {std::pair{a.eager, "e"}, std::pair{a.record_batched, "r"}}) {
+    if (!on) continue;
     ForwardOptions fo;
-    fo.max_chunk = e.chunk(), fo.graph = false;
-    eager = std::make_unique<Forward>(e.model(), e.backend(), fo);
+    fo.max_chunk = e.chunk();
+    fo.graph = suffix[0] == 'r', fo.graph_rows = 1 << 20;
+    passes.emplace_back(suffix, std::make_unique<Forward>(e.model(), e.backend(), fo));
   }
   double first = 0;
   // Each batch size once per form (the default form alone without --gemv-forms).
@@ -98,8 +102,8 @@ void run_batch(BatchArgs a) {
     // what the scheduler does for plain greedy requests); 1 (--host-draw): the logits rows to the
     // host and the arg-max there (what sampled, logprob and constrained requests take).
     for (int draw = 0; draw < (a.host_draw ? 2 : 1); ++draw)
-    for (int mode = 0; mode < (eager ? 2 : 1); ++mode) {
-      TokenStep& fwd = mode == 0 ? static_cast<TokenStep&>(e.forward()) : *eager;
+    for (size_t mode = 0; mode < passes.size(); ++mode) {
+      TokenStep& fwd = mode == 0 ? static_cast<TokenStep&>(e.forward()) : *passes[mode].second;
       std::mt19937 g(uint32_t(a.seed) + uint32_t(B));
       std::vector<std::unique_ptr<SequenceState>> st;
       std::vector<float> logits(size_t(B) * V);
@@ -134,7 +138,7 @@ void run_batch(BatchArgs a) {
       if (first == 0) first = tok_s;  // the first size through the engine's forward pass
       const double n = a.steps;
       const double mb_tok = double(c1.expert_bytes - c0.expert_bytes) / 1e6 / (n * B);
-      const std::string label = std::to_string(B) + (mode ? "e" : "") + (draw ? "h" : "") +
+      const std::string label = std::to_string(B) + passes[mode].first + (draw ? "h" : "") +
                                 (forms.size() > 1 ? "/f" + std::to_string(form) : "");
       std::printf("%-6s %10.3f %10.3f %10.3f %10.1f %7.2fx %10.1f %9.1f %8.1f %8.1f %12.2f\n",
                   label.c_str(), per * 1e3, fwd_s / n * 1e3,
@@ -143,7 +147,8 @@ void run_batch(BatchArgs a) {
                   (c1.graph_kernels - c0.graph_kernels) / n, mb_tok);
       nlohmann::json row = {
           {"batch", B},
-          {"recorded", mode == 0},
+          {"pass", mode == 0 ? "default" : passes[mode].first == "e" ? "eager" : "record-batched"},
+          {"recorded", c1.graph_launches > c0.graph_launches},
           {"host_draw", draw == 1},
           {"gemv_form", form},
           {"ms_per_step", per * 1e3},

@@ -144,8 +144,10 @@ void run_prefill(PrefillArgs a);
 /// call (device work and the logits or ids copy) and the host draw, generated tok/s and its ratio to the
 /// first size, and on the GPU the launches, host syncs, graph launches and device-routed expert
 /// bytes per generated token. `profile`: one more step per size with per-launch device timing
-/// (op by op: a profiled step is never recorded). `eager`: each size also through a forward pass
-/// that records no step (rows "Be"), side by side with the recorded one. `gemv_forms` (CUDA, a
+/// (op by op: a profiled step is never recorded). The engine's forward pass records a single-token
+/// step and runs batched steps op by op (ForwardOptions::graph_rows); `eager`: each size also
+/// through a pass that records no step (rows "Be"); `record_batched`: also through one that records
+/// batched steps too (rows "Br"), side by side. `gemv_forms` (CUDA, a
 /// benchmark knob): every size once per form of the fast mode's tensor-core GEMV (comma-separated
 /// 0 .. CudaBackend::gemv_forms() - 1, rows "B/fN"; a form's column split changes the order of a
 /// row's sum, not the math); empty: the default form alone.
@@ -154,7 +156,7 @@ struct BatchArgs {
   std::string batches = "1,4,16";
   std::string gemv_forms;
   int prompt = 64, steps = 32;
-  bool profile = false, eager = false, host_draw = false;
+  bool profile = false, eager = false, record_batched = false, host_draw = false;
   uint64_t seed = 1;
   bool json = false;
   std::string cpu_line;

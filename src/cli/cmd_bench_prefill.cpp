@@ -50,6 +50,8 @@ void add_bench_batch(CLI::App* bench) {
   sub->add_option("--seed", a->seed, "Seed of the random prompt ids");
   sub->add_flag("--profile", a->profile, "GPU: one more step per batch size with per-launch device timing");
   sub->add_flag("--eager", a->eager, "Also time each batch size with no step recorded (rows 'Be')");
+  sub->add_flag("--record-batched", a->record_batched,
+                "Also time each batch size with batched steps recorded too (rows 'Br'; by default only single-token steps are)");
   sub->add_flag("--host-draw", a->host_draw,
                 "Also time each batch size with the logits copied to the host and drawn there (rows 'Bh')");
   sub->add_option("--gemv-forms", a->gemv_forms,

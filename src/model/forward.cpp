@@ -394,11 +394,12 @@ StepInfo Forward::step_info(int T, const float* x0, const ForwardHooks* hooks) c
   StepInfo s;
   s.tokens = T;
   // Recordable: a decode step, one token per sequence (a single-token step, or a batched step of
-  // one-token segments); a prefill chunk runs op by op. Whether the routed MoE (dense or MXFP4
-  // experts) can run without the host is the backend's call (Backend::routed_moe_on_device).
+  // at most ForwardOptions::graph_rows one-token segments); a prefill chunk runs op by op. Whether
+  // the routed MoE (dense or MXFP4 experts) can run without the host is the backend's call
+  // (Backend::routed_moe_on_device).
   bool decode = true;
   for (const Segment& sg : segs_) decode = decode && sg.n == 1;
-  s.may_record = opts_.graph && (T == 1 || decode);
+  s.may_record = opts_.graph && (T == 1 || (decode && T <= opts_.graph_rows));
   s.host_midway = opts_.check_finite || x0 || (hooks && (hooks->trace || hooks->dump || hooks->before_layer)) ||
                   ep_ != nullptr;  // expert parallelism: the transport waits on the host
   s.moe = step_moe_.data();

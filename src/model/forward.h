@@ -43,6 +43,14 @@ struct ForwardOptions {
   /// Let the backend record each step (Backend::step_begin; CUDA: a single-token step with
   /// every MoE layer routed on the device becomes one graph). False = every op runs as it comes.
   bool graph = true;
+  /// With `graph`: record a decode step of at most this many sequences (one token each); a larger
+  /// batched step runs op by op. Run 37 (H100, the Kimi-Linear-48B-size checkpoint) measured batched
+  /// steps op by op faster than recorded at 4 and 16 sequences (2.86-2.91 against 3.13-3.40 ms,
+  /// 5.42-5.54 against 5.77-6.45 ms): recording a batched step took 0.6-1.3 ms of host time while
+  /// the device waited, where op-by-op launches overlap the device's work. 1: a single-token step
+  /// only (one graph launch per token). Tests of the recorded batched path and `bench batch
+  /// --record-batched` raise it. No effect on results: a recorded step runs the same kernels.
+  int graph_rows = 1;
   /// Strict mode (`--check-finite`): after each layer's mixer and FFN, copy the activations to the
   /// host and throw naming the first layer and sub-block that produced a NaN or an infinity. Costs a
   /// device-to-host copy per sub-block (and turns graphs off); the logits are checked in any mode.

@@ -1,6 +1,7 @@
 // CUDA backend: decode graphs. The forward pass brackets each step with step_begin() and step_end();
 // a decode step that needs nothing from the host (one token, or a batched step of B sequences
-// with one token each) becomes graph_begin() ... graph_launch(), and
+// with one token each, when the forward pass offers it: ForwardOptions::graph_rows, by default
+// single-token steps only) becomes graph_begin() ... graph_launch(), and
 // every op in between is recorded by stream capture (relaxed mode, so a
 // scratch buffer may still grow with cudaMalloc) instead of running. The step is re-recorded every
 // time, because kernels bake per-step values into their arguments (the MLA cache length, the token
