@@ -345,6 +345,42 @@ TEST_F(Batched, GreedyGenerateDrawsTheSameIdsWithoutTheHostLogits) {
   }
 }
 
+TEST_F(Batched, OnlyTheRowsThatWantLogitsComeToTheHost) {
+  // A step of three decode entries, greedy-only, logits, greedy-only: one logits row and the three
+  // ids come to the host, not three logits rows (the greedy rows' logits stay on the device).
+  const Config& c = model_->config;
+  const size_t V = c.vocab;
+  CpuBackend inner;
+  test::WrappedBackend be(inner);
+  Runner fwd(*model_, be, {8, -1});
+  std::vector<std::unique_ptr<SequenceState>> st;
+  std::vector<float> want(V), got(V);
+  for (int i = 0; i < 3; ++i) {
+    st.push_back(std::make_unique<SequenceState>(be, c, 64));
+    const std::vector<int> p = some_ids(4 + i, c.vocab, 60 + i);
+    fwd.run(*st.back(), p.data(), nullptr, int(p.size()), want.data(), false);
+  }
+  {
+    SequenceState solo(be, c, 64);
+    const std::vector<int> p = some_ids(5, c.vocab, 61);
+    fwd.run(solo, p.data(), nullptr, int(p.size()), nullptr, false);
+    const int id = 3;
+    fwd.run(solo, &id, nullptr, 1, want.data(), false);
+  }
+  const int ids[3] = {1, 3, 5};
+  int g0 = -1, g2 = -1;
+  const BatchEntry es[] = {{st[0].get(), &ids[0], 1, nullptr, &g0},
+                           {st[1].get(), &ids[1], 1, got.data()},
+                           {st[2].get(), &ids[2], 1, nullptr, &g2}};
+  const size_t before = be.host_floats;
+  fwd.run_mixed(es, 3);
+  EXPECT_EQ(be.host_floats - before, V + 3) << "one logits row and three ids";
+  EXPECT_EQ(0, std::memcmp(got.data(), want.data(), V * 4)) << "the logits row is its solo run's";
+  EXPECT_GE(g0, 0);
+  EXPECT_GE(g2, 0);
+  EXPECT_EQ(ForwardOptions{}.graph_rows, 1) << "by default only single-token steps are recorded";
+}
+
 TEST_F(Batched, OnlySingleTokenStepsAreOfferedForRecordingByDefault) {
   // ForwardOptions::graph_rows: the default pass offers a single-token step for recording and runs
   // a batched step and a prefill chunk op by op; with graph_rows = 4 a batched decode step of up to

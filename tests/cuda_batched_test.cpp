@@ -165,7 +165,10 @@ TEST_F(CudaBatched, ExactModeBatchedDecodeEqualsSoloRunsBitForBit) {
 // Greedy ids on the device (BatchEntry::greedy: argmax_rows at the end of the recorded step, one
 // graph per row count and ending): each id equals the host argmax of the logits the same step
 // copies out; and two copies of each sequence, one stepped with greedy ids alone (no logits copy),
-// one with logits too, draw the same ids step after step (exact mode: asserted; fast: printed).
+// one with logits too, draw the same ids step after step (exact mode: asserted; fast: printed);
+// a third copy stepped with logits alone (a step of the same row count without argmax_rows) in
+// between: once each (row count, ending) has its graph, no step instantiates one again (a key
+// shared by the two endings would re-instantiate every step).
 TEST_F(CudaBatched, GreedyIdsOfRecordedStepsEqualTheArgmaxOfTheirLogits) {
   const Config& c = model_->config;
   const size_t V = c.vocab;
@@ -175,26 +178,33 @@ TEST_F(CudaBatched, GreedyIdsOfRecordedStepsEqualTheArgmaxOfTheirLogits) {
     const uint64_t graphs0 = be_->stats().graph_launches;
     int same = 0, steps = 0;
     for (int B : {1, 4}) {
-      std::vector<std::unique_ptr<SequenceState>> a, b;
+      std::vector<std::unique_ptr<SequenceState>> a, b, l;
       std::vector<int> ia(static_cast<size_t>(B)), ib(static_cast<size_t>(B)), na(static_cast<size_t>(B)),
-          nb(static_cast<size_t>(B));
-      std::vector<float> logits(size_t(B) * V);
+          nb(static_cast<size_t>(B)), il(static_cast<size_t>(B));
+      std::vector<float> logits(size_t(B) * V), logits_l(size_t(B) * V);
       for (int k = 0; k < B; ++k) {
         const std::vector<int> p = some_ids(5 + k, c.vocab, 70 + k);
         a.push_back(std::make_unique<SequenceState>(*be_, c, 64));
         b.push_back(std::make_unique<SequenceState>(*be_, c, 64));
+        l.push_back(std::make_unique<SequenceState>(*be_, c, 64));
         fwd.run(*a.back(), p.data(), nullptr, int(p.size()), logits.data(), false);
         fwd.run(*b.back(), p.data(), nullptr, int(p.size()), logits.data(), false);
-        ia[size_t(k)] = ib[size_t(k)] = argmax_of(logits.data(), int(V));
+        fwd.run(*l.back(), p.data(), nullptr, int(p.size()), logits.data(), false);
+        ia[size_t(k)] = ib[size_t(k)] = il[size_t(k)] = argmax_of(logits.data(), int(V));
       }
+      uint64_t inst_warm = 0;
       for (int step = 0; step < 6; ++step) {
-        std::vector<BatchEntry> ea, eb;
+        if (step == 2) inst_warm = be_->stats().graph_instantiations;  // steps 0-1: op by op, then recorded
+        std::vector<BatchEntry> ea, eb, el;
         for (int k = 0; k < B; ++k) {
           ea.push_back({a[size_t(k)].get(), &ia[size_t(k)], 1, nullptr, &na[size_t(k)]});
           eb.push_back({b[size_t(k)].get(), &ib[size_t(k)], 1, logits.data() + size_t(k) * V, &nb[size_t(k)]});
+          el.push_back({l[size_t(k)].get(), &il[size_t(k)], 1, logits_l.data() + size_t(k) * V});
         }
         fwd.run_mixed(ea.data(), B);
+        fwd.run_mixed(el.data(), B);
         fwd.run_mixed(eb.data(), B);
+        for (int k = 0; k < B; ++k) il[size_t(k)] = argmax_of(logits_l.data() + size_t(k) * V, int(V));
         for (int k = 0; k < B; ++k) {
           EXPECT_EQ(nb[size_t(k)], argmax_of(logits.data() + size_t(k) * V, int(V))) << "B " << B << " step " << step;
           if (prec == GpuPrecision::Exact) {
@@ -204,6 +214,8 @@ TEST_F(CudaBatched, GreedyIdsOfRecordedStepsEqualTheArgmaxOfTheirLogits) {
         }
         ia = na, ib = nb;
       }
+      EXPECT_EQ(be_->stats().graph_instantiations, inst_warm)
+          << "B " << B << ": a step instantiated a graph again after each ending had one";
     }
     std::printf("[ cuda greedy ids %s ] %d/%d ids equal with and without the logits copy; %llu graphs launched\n",
                 prec == GpuPrecision::Exact ? "exact" : "fast", same, steps,

@@ -29,6 +29,7 @@ class WrappedBackend final : public Backend {
 
   bool place = false;
   int placed = 0;  ///< weights placed so far
+  size_t host_floats = 0;  ///< floats copied to the host (to_host) so far
   /// Sees what each step offers for recording (Backend::step_begin); the wrapper records nothing.
   std::function<void(const StepInfo& s)> on_step;
 
@@ -82,7 +83,10 @@ class WrappedBackend final : public Backend {
   }
   float* alloc(size_t n) override { return in_.alloc(n); }
   void release(float* p) override { in_.release(p); }
-  void to_host(const float* s, size_t n, float* d) override { hook("to_host"), in_.to_host(s, n, d); }
+  void argmax_rows(const float* x, int rows, int cols, float* out) override {
+    hook("argmax_rows"), in_.argmax_rows(x, rows, cols, out);
+  }
+  void to_host(const float* s, size_t n, float* d) override { hook("to_host"), host_floats += n, in_.to_host(s, n, d); }
   void from_host(const float* s, size_t n, float* d) override { hook("from_host"), in_.from_host(s, n, d); }
   void copy(const float* s, size_t n, float* d) override { hook("copy"), in_.copy(s, n, d); }
   void fill_zero(float* p, size_t n) override { hook("fill_zero"), in_.fill_zero(p, n); }

@@ -246,20 +246,28 @@ void Forward::run_mixed(const BatchEntry* entries, int n) {
     // they are consecutive (the scheduler's decode rows), else through mixed_logits_.
     bool direct = want && outs[0];
     for (size_t r = 1; r < outs.size() && direct; ++r) direct = outs[r] == outs[0] + r * V;
-    if (want && !direct) mixed_logits_.resize(head_rows_.size() * V);
-    const bool recorded = be_.step_begin(step_info(rows, nullptr, nullptr));
+    if (want && !direct) {
+      mixed_logits_.resize(head_rows_.size() * V);
+      // Greedy-only rows beside rows that want logits: only the wanted rows come to the host.
+      bool all = true;
+      for (float* o : outs) all = all && o;
+      if (!all)
+        for (float* o : outs) host_rows_.push_back(o ? 1 : 0);
+    }
+    bool recorded = false;
     try {
+      recorded = be_.step_begin(step_info(rows, nullptr, nullptr));
       chunk_ops(mixed_ids_.data(), nullptr, rows, 0, !want ? nullptr : direct ? outs[0] : mixed_logits_.data(), false,
                 nullptr, recorded);
     } catch (...) {
       if (recorded) be_.step_abort();
-      head_rows_.clear(), greedy_outs_.clear();
+      head_rows_.clear(), greedy_outs_.clear(), host_rows_.clear();
       throw;
     }
     if (want && !direct)
       for (size_t r = 0; r < outs.size(); ++r)
         if (outs[r]) std::copy(mixed_logits_.begin() + long(r * V), mixed_logits_.begin() + long((r + 1) * V), outs[r]);
-    head_rows_.clear(), greedy_outs_.clear();
+    head_rows_.clear(), greedy_outs_.clear(), host_rows_.clear();
   }
 }
 
@@ -347,8 +355,19 @@ void Forward::chunk_ops(const int* ids, const float* x0, int T, int t0, float* l
   if (greedy) be_.argmax_rows(b.logits, rows, c.vocab, b.greedy);
   if (recorded) be_.step_end();
   if (logits) {
-    be_.to_host(b.logits, size_t(rows) * c.vocab, logits);
-    check_rows(logits, rows, c.vocab, pos0 + (all_logits ? 0 : T - 1), "the logits");
+    const size_t V = c.vocab;
+    // Each run of consecutive rows that want logits in one copy (all rows: one copy).
+    for (int r0 = 0; r0 < rows;) {
+      if (!host_rows_.empty() && !host_rows_[size_t(r0)]) {
+        ++r0;
+        continue;
+      }
+      int r1 = r0 + 1;
+      while (r1 < rows && (host_rows_.empty() || host_rows_[size_t(r1)])) ++r1;
+      be_.to_host(b.logits + size_t(r0) * V, size_t(r1 - r0) * V, logits + size_t(r0) * V);
+      check_rows(logits + size_t(r0) * V, r1 - r0, V, pos0 + (all_logits ? r0 : T - 1), "the logits");
+      r0 = r1;
+    }
   }
   if (greedy) deliver_greedy(rows);
 }

@@ -108,10 +108,8 @@ void CudaBackend::argmax_rows(const float* x, int rows, int cols, float* out) {
   const int S = std::clamp((2 * std::max(m.sm_count, 1) + rows - 1) / rows, 1, most);
   const int per = (cols + S - 1) / S;
   auto* part = static_cast<float2*>(m.scratch(m.argmax_part, size_t(rows) * S * sizeof(float2)));
-  const void* had = m.argmax_count.ptr;
-  auto* count = static_cast<unsigned*>(m.scratch(m.argmax_count, size_t(rows) * sizeof(unsigned)));
-  if (count != had)  // zero when made; every launch leaves them at zero
-    cuda::check_cuda(cudaMemsetAsync(count, 0, m.argmax_count.bytes, m.stream), "cudaMemsetAsync (argmax counters)");
+  auto* count = static_cast<unsigned*>(
+      m.counter_scratch(m.argmax_count, size_t(rows) * sizeof(unsigned), "cudaMemsetAsync (argmax counters)"));
   cuda::pdl_launch(m, argmax_rows_kernel, unsigned(rows * S), kThreads, "argmax_rows kernel", x, cols, S, per, part,
                    count, out);
 }

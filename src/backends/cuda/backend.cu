@@ -82,6 +82,22 @@ void* CudaBackend::Impl::scratch(cuda::Scratch& s, size_t n) {
   return s.ptr;
 }
 
+void* CudaBackend::Impl::counter_scratch(cuda::Scratch& s, size_t n, const char* what) {
+  const size_t had = s.bytes;
+  void* p = scratch(s, n);
+  if (s.bytes != had) {
+    check_cuda(cudaMemsetAsync(p, 0, s.bytes, stream), what);
+    if (capturing) zero_pending.push_back(&s);
+  }
+  return p;
+}
+
+void CudaBackend::Impl::rezero_pending() noexcept {
+  for (cuda::Scratch* s : zero_pending)
+    if (s->ptr) cudaMemsetAsync(s->ptr, 0, s->bytes, stream);
+  zero_pending.clear();
+}
+
 void CudaBackend::Impl::launched(const char* what) {
   ++(capturing ? stats.graph_kernels : stats.launches);
   if (opts.fault_at != 0 && stats.launches + stats.graph_kernels == opts.fault_at)

@@ -169,6 +169,9 @@ struct CudaBackend::Impl {
   unsigned long long* expert_traffic = nullptr;  ///< device [2]: expert visits, bytes (grouped routed MoE)
   std::unordered_map<const void*, float*> kvb_f32;  ///< MLA: packed kv_b weight -> its f32 decode (owned)
   std::vector<void*> deferred_free;      ///< scratch replaced while recording (freed after launch)
+  /// Counter scratches zeroed by a memset recorded into the step being captured: zeroed again
+  /// on the stream if that step is never launched (graph_abort, a failed instantiation or launch).
+  std::vector<cuda::Scratch*> zero_pending;
   // Per-launch profiling (profile_begin/_end in backend.cu).
   bool profiling = false;
   std::vector<cudaEvent_t> prof_events;   ///< pool (created on demand, reused)
@@ -182,6 +185,13 @@ struct CudaBackend::Impl {
   const uint8_t* bytes(const uint8_t* host, const char* op) const;
   /// Scratch `s` with at least `bytes` bytes.
   void* scratch(cuda::Scratch& s, size_t bytes);
+  /// Scratch of arrival counters (argmax_rows, the column-split GEMV): at least `bytes` bytes,
+  /// all zero when (re)made; the kernels leave them at zero. Growth is told by the size, not the
+  /// address (a freed buffer's address may come back); a zeroing recorded into a step is redone
+  /// if the step is not launched (zero_pending).
+  void* counter_scratch(cuda::Scratch& s, size_t bytes, const char* what);
+  /// Zeroes the counters of zero_pending on the stream (not recording) and clears the list.
+  void rezero_pending() noexcept;
   /// expert_traffic, allocated and zeroed on first use outside a recording (null while recording
   /// before any use: the kernels then count nothing).
   unsigned long long* traffic_counters();

@@ -186,7 +186,7 @@ bool takes(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, co
 
 /// The shape of one job's blocks: 8 warps to a tile (a tile a block) unless set_decode_streams
 /// asks otherwise, with the columns split over blocks so that the grid covers the form's slots
-/// (the default: a block an SM, so only matrices with fewer tiles than SMs are split). A warp
+/// (the default: a block an SM, and only matrices of fewer than 32 tiles are split). A warp
 /// to a tile for long streams of short rows was measured and not kept (run 30, H100: the 163840 ×
 /// 2304 lm_head at 97% of the copy bandwidth with a warp a tile, 99% with 8).
 GemvJob plan(const CudaBackend::Impl& m, const uint16_t* w, const float* x, float* y, int rows, int cols) {
@@ -219,10 +219,8 @@ void launch(CudaBackend::Impl& m, GemvJobs& jobs) {
   if (counters > 0) {
     part = static_cast<float*>(m.scratch(m.gemv_part, part_floats * sizeof(float)));
     // Counters: zero when made, and every launch leaves them at zero.
-    const void* had = m.gemv_count.ptr;
-    count = static_cast<unsigned*>(m.scratch(m.gemv_count, counters * sizeof(unsigned)));
-    if (count != had)
-      check_cuda(cudaMemsetAsync(count, 0, m.gemv_count.bytes, m.stream), "cudaMemsetAsync (tensor-core gemv counters)");
+    count = static_cast<unsigned*>(
+        m.counter_scratch(m.gemv_count, counters * sizeof(unsigned), "cudaMemsetAsync (tensor-core gemv counters)"));
   }
   long long blocks = 0;
   for (int i = 0; i < jobs.n; ++i) {

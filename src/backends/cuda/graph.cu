@@ -46,11 +46,10 @@ bool CudaBackend::graph_begin() {
   return true;
 }
 
-void CudaBackend::graph_launch() {
-  Impl& m = *impl_;
-  check(m.capturing, "CUDA backend: graph_launch without graph_begin");
-  cudaGraph_t g = nullptr;
-  m.capturing = false;
+namespace {
+
+/// graph_launch's capture end, update or instantiation, and launch.
+void graph_finish(CudaBackend::Impl& m, cudaGraph_t& g) {
   check_cuda(cudaStreamEndCapture(m.stream, &g), "cudaStreamEndCapture");
   if (m.graph_exec) {
     cudaGraphExecUpdateResultInfo info{};
@@ -77,6 +76,24 @@ void CudaBackend::graph_launch() {
   if (m.graph_key > 0) m.graph_execs[m.graph_key] = m.graph_exec;  // kept per row count
   check_cuda(cudaGraphLaunch(m.graph_exec, m.stream), "cudaGraphLaunch");
   ++m.stats.graph_launches;
+}
+
+}  // namespace
+
+void CudaBackend::graph_launch() {
+  Impl& m = *impl_;
+  check(m.capturing, "CUDA backend: graph_launch without graph_begin");
+  cudaGraph_t g = nullptr;
+  m.capturing = false;
+  try {
+    graph_finish(m, g);
+  } catch (...) {
+    m.rezero_pending();  // the step's counter zeroing never ran
+    if (m.graph_key > 0) m.graph_exec = nullptr;  // owned by graph_execs (or erased)
+    m.graph_key = 0;
+    throw;
+  }
+  m.zero_pending.clear();
   m.stats.record_host_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - m.record_t0).count();
   // Buffers replaced while recording: the new graph names their successors and earlier work on
   // them finished before this step began (each step ends with a synchronizing copy), but cudaFree
@@ -96,6 +113,7 @@ void CudaBackend::graph_abort() noexcept {
   cudaGraph_t g = nullptr;
   if (cudaStreamEndCapture(m.stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
   cudaGetLastError();  // an invalidated capture leaves an error behind; the caller reports its own
+  m.rezero_pending();  // the step's counter zeroing never ran
 }
 
 }  // namespace wren
