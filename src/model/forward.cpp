@@ -468,10 +468,24 @@ void Forward::kda_layer(const LayerWeights& l, int layer, int T) {
   const KdaParams p{cfg_.kda_heads, cfg_.kda_head_dim, cfg_.conv_kernel, cfg_.gate_lower_bound,
                     cfg_.rms_eps, cfg_.kda_gate};
   const size_t P = cfg_.kda_width(), H = cfg_.kda_heads;
-  for (const Segment& sg : segs_) {  // each sequence's recurrence on its own state
+  // Each sequence's recurrence on its own state: a run of consecutive one-token segments (the
+  // decode rows of a batched step) in one kda_decode_batch, a longer segment in kda_core.
+  for (size_t i = 0; i < segs_.size();) {
+    const Segment& sg = segs_[i];
     const size_t r = size_t(sg.r0);
+    size_t j = i;
+    kda_states_.clear();
+    while (j < segs_.size() && segs_[j].n == 1 && segs_[j].r0 == sg.r0 + int(j - i))
+      kda_states_.push_back(&segs_[j].st->kda(layer)), ++j;
+    if (j - i > 1) {
+      be_.kda_decode_batch(p, k, kda_states_.data(), int(j - i), b.q + r * P, b.k + r * P, b.v + r * P, b.z + r * P,
+                           b.beta + r * H, b.gate + r * P, b.o + r * P);
+      i = j;
+      continue;
+    }
     be_.kda_core(p, k, sg.st->kda(layer), b.q + r * P, b.k + r * P, b.v + r * P, b.z + r * P, b.beta + r * H,
                  b.gate + r * P, sg.n, b.o + r * P);
+    ++i;
   }
   be_.gemm(k.o, b.o, T, b.att);
 }

@@ -235,6 +235,7 @@ class Forward final : public TokenStep {
   /// of a non-finite row, as check_rows).
   void deliver_greedy(int rows);
   std::vector<int> mixed_ids_;          ///< host ids of a run_mixed group
+  std::vector<KdaState*> kda_states_;   ///< the states of a kda_decode_batch (kda_layer)
   std::vector<float> mixed_logits_;     ///< host logits of a run_mixed group's head rows
   /// Non-empty: [head row] 1 where the row's logits go to the host (run_mixed with greedy-only
   /// rows beside rows that want logits: only the wanted rows are copied); empty: every row's.

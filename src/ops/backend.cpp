@@ -35,6 +35,17 @@ void Backend::gemm_batch(const GemmJob* jobs, int n, int T) {
   for (int i = 0; i < n; ++i) gemm(*jobs[i].W, jobs[i].x, T, jobs[i].y);
 }
 
+void Backend::kda_decode_batch(const KdaParams& p, const KdaWeights& w, KdaState* const* states, int B,
+                               const float* q, const float* k, const float* v, const float* z, const float* beta,
+                               const float* gate, float* out) {
+  const size_t P = size_t(p.heads) * size_t(p.head_dim), H = size_t(p.heads);
+  for (int b = 0; b < B; ++b) {
+    const size_t o = size_t(b);
+    check(states[b] != nullptr, "kda_decode_batch: the state of sequence " + std::to_string(b) + " is null");
+    kda_core(p, w, *states[b], q + o * P, k + o * P, v + o * P, z + o * P, beta + o * H, gate + o * P, 1, out + o * P);
+  }
+}
+
 void Backend::argmax_rows(const float* x, int rows, int cols, float* out) {
   check(cols >= 1 && cols <= (1 << 24), "argmax_rows: " + std::to_string(cols) +
                                             " columns; a float holds every index exactly only up to 2^24");

@@ -177,6 +177,13 @@ class Backend {
   virtual void kda_core(const KdaParams& p, const KdaWeights& w, KdaState& s, const float* q,
                         const float* k, const float* v, const float* z, const float* beta,
                         const float* gate, int T, float* out) = 0;
+  /// One KDA decode step (T = 1) for each of B sequences, sequence b on its own state *states[b]:
+  /// q, k, v, z, gate, out [B, P], beta [B, H], rows in sequence order. The same result as B
+  /// kda_core calls with T = 1 (the default makes them; CUDA runs them in one launch per 32
+  /// sequences, bit-identical in exact mode). Distinct states; B >= 0.
+  virtual void kda_decode_batch(const KdaParams& p, const KdaWeights& w, KdaState* const* states, int B,
+                                const float* q, const float* k, const float* v, const float* z,
+                                const float* beta, const float* gate, float* out);
   /// MLA absorbed attention for T tokens (docs/model.md#mla, steps 2-4): q [T, H, nope+extra],
   /// ckv [T, kv_lora+extra] (pre-norm). Appends each token's (normed latent, raw k_x) to `cache`
   /// before its scores (causal). ctx [T, H * v_head].

@@ -219,7 +219,7 @@ class CudaBackend final : public Backend {
   /// null state, DeviceError when a launch fails.
   void kda_decode_batch(const KdaParams& p, const KdaWeights& w, KdaState* const* states, int B, const float* q,
                         const float* k, const float* v, const float* z, const float* beta, const float* gate,
-                        float* out);
+                        float* out) override;
   /// Fault injection (tests of the CPU fallback): the kernel launch numbered `at_launch` (counting
   /// from 1 over the backend's life, as CudaStats::launches) throws DeviceError; 0 turns it off.
   /// CudaOptions::fault_at (--cuda-fault-at) sets it at construction.
