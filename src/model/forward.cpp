@@ -249,10 +249,7 @@ void Forward::run_mixed(const BatchEntry* entries, int n) {
     if (want && !direct) {
       mixed_logits_.resize(head_rows_.size() * V);
       // Greedy-only rows beside rows that want logits: only the wanted rows come to the host.
-      bool all = true;
-      for (float* o : outs) all = all && o;
-      if (!all)
-        for (float* o : outs) host_rows_.push_back(o ? 1 : 0);
+      for (float* o : outs) host_rows_.push_back(o ? 1 : 0);
     }
     bool recorded = false;
     try {

@@ -48,8 +48,8 @@ struct ForwardOptions {
   /// steps op by op faster than recorded at 4 and 16 sequences (2.86-2.91 against 3.13-3.40 ms,
   /// 5.42-5.54 against 5.77-6.45 ms): recording a batched step took 0.6-1.3 ms of host time while
   /// the device waited, where op-by-op launches overlap the device's work. 1: a single-token step
-  /// only (one graph launch per token, the GPU decode issue's rule; run 37 measured that step op by
-  /// op 4-5% faster too, run 33 equal: a step replayed without re-recording is the fix, not yet
+  /// only (one graph launch per token, the GPU decode issue's rule; runs 37-38 measured that step op
+  /// by op 2-5% faster too, run 33 equal: a step replayed without re-recording is the fix, not yet
   /// built; `graph` = false runs everything op by op). Tests of the recorded batched path and `bench
   /// batch --record-batched` raise it. No effect on results: a recorded step runs the same kernels.
   int graph_rows = 1;
@@ -237,8 +237,8 @@ class Forward final : public TokenStep {
   std::vector<int> mixed_ids_;          ///< host ids of a run_mixed group
   std::vector<KdaState*> kda_states_;   ///< the states of a kda_decode_batch (kda_layer)
   std::vector<float> mixed_logits_;     ///< host logits of a run_mixed group's head rows
-  /// Non-empty: [head row] 1 where the row's logits go to the host (run_mixed with greedy-only
-  /// rows beside rows that want logits: only the wanted rows are copied); empty: every row's.
+  /// Non-empty: [head row] 1 where the row's logits go to the host (run_mixed through
+  /// mixed_logits_: greedy-only rows are not copied); empty: every row's.
   std::vector<char> host_rows_;
   std::vector<int> next_moe_;           ///< [layer]: the next MXFP4 MoE layer run, or -1
   bool predict_now_ = false;            ///< predict in the chunk being run

@@ -229,11 +229,9 @@ void CudaBackend::kda_decode_batch(const KdaParams& p, const KdaWeights& w, KdaS
       dec.fast = m.opts.precision == GpuPrecision::Fast;
       if (cuda::kda_decode_batch(m, dec, st, n)) continue;
     }
-    for (int i = 0; i < n; ++i) {  // the split form does not apply: one step per sequence
-      const size_t o = r + size_t(i);
-      kda_core(p, w, *states[b0 + i], q + o * P, k + o * P, v + o * P, z + o * P, beta + o * H, gate + o * P, 1,
-               out + o * P);
-    }
+    // The split form does not apply: one kda_core step per sequence (the interface's default).
+    Backend::kda_decode_batch(p, w, states + b0, n, q + r * P, k + r * P, v + r * P, z + r * P, beta + r * H,
+                              gate + r * P, out + r * P);
   }
 }
 
