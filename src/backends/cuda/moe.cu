@@ -46,7 +46,8 @@ __device__ __forceinline__ bool better(const Best& a, const Best& b) {
 /// scale: routed_scale applied after the renormalization (1 = none), as the forward pass does.
 __global__ void router_kernel(const float* __restrict__ logits, const float* __restrict__ bias, int E, int k,
                               float scale, int* __restrict__ ids, float* __restrict__ weights) {
-  cuda::pdl_trigger();  // an ordinary launch: a programmatic dependent behind it may start now
+  cuda::pdl_wait();  // launched as a programmatic dependent (launch_router): nothing is touched before
+  cuda::pdl_trigger();
   extern __shared__ float rs[];
   float* s = rs;                                         // [E] σ(logit)
   float* biased = s + E;                                 // [E]
@@ -103,6 +104,7 @@ __global__ void __launch_bounds__(kRouterThreads) router_warp_kernel(const float
                                                                      const float* __restrict__ bias, int E, int k,
                                                                      float scale, int* __restrict__ ids,
                                                                      float* __restrict__ weights) {
+  cuda::pdl_wait();  // launched as a programmatic dependent (launch_router): nothing is touched before
   cuda::pdl_trigger();
   __shared__ float ss[32 * kPer], sb[32 * kPer];
   __shared__ int chosen[kMaxWeighted * 4];
@@ -248,7 +250,8 @@ __global__ void mx_batch_kernel(MxBatchArgs b) {
 /// out[t, i] = Σ_j w[t, j] · ys[t·k + j, i] in slot order (weights on the device).
 __global__ void routed_sum_kernel(const float* __restrict__ ys, const float* __restrict__ w, int k, int io, int T,
                                   float* __restrict__ out) {
-  cuda::pdl_trigger();  // an ordinary launch: a programmatic dependent behind it may start now
+  cuda::pdl_wait();  // launched as a programmatic dependent (launch_routed_sum): nothing is touched before
+  cuda::pdl_trigger();
   const size_t n = size_t(T) * io;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
     const size_t t = i / io, c = i % io;
@@ -319,13 +322,23 @@ size_t router_smem(const CudaBackend::Impl& m, int E, int k) {
 void launch_router(CudaBackend::Impl& m, const float* logits, const float* bias, int T, int E, int k, float scale,
                    int* ids, float* weights, const char* what) {
   const size_t smem = router_smem(m, E, k);
+  // A programmatic dependent launch (Impl::stream_pdl): its blocks are resident when the logits'
+  // GEMV ends instead of launching after it.
+  const dim3 grid{unsigned(T)}, block{unsigned(kRouterThreads)};
   if (E <= 32 * 8)
-    router_warp_kernel<8><<<T, kRouterThreads, 0, m.stream>>>(logits, bias, E, k, scale, ids, weights);
+    cuda::launch_ex(m, router_warp_kernel<8>, grid, block, 0, 0, m.stream_pdl, what, logits, bias, E, k, scale, ids, weights);
   else if (E <= 32 * 32)
-    router_warp_kernel<32><<<T, kRouterThreads, 0, m.stream>>>(logits, bias, E, k, scale, ids, weights);
+    cuda::launch_ex(m, router_warp_kernel<32>, grid, block, 0, 0, m.stream_pdl, what, logits, bias, E, k, scale, ids, weights);
   else
-    router_kernel<<<T, kRouterThreads, smem, m.stream>>>(logits, bias, E, k, scale, ids, weights);
+    cuda::launch_ex(m, router_kernel, grid, block, smem, 0, m.stream_pdl, what, logits, bias, E, k, scale, ids, weights);
   m.launched(what);
+}
+
+/// out[T, io] = Σ_j w[t, j] · ys[t · k + j] (the routed experts' weighted sum, slots in order), as
+/// a programmatic dependent launch.
+void launch_routed_sum(CudaBackend::Impl& m, const float* ys, const float* w, int k, int io, int T, float* out,
+                       const char* what) {
+  cuda::pdl_launch(m, routed_sum_kernel, cuda::grid_for(size_t(T) * io, 256), 256, what, ys, w, k, io, T, out);
 }
 
 }  // namespace
@@ -513,8 +526,7 @@ static void tier_routed_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, cons
     m.tier_mark_read();
     t0 = t1;
   }
-  routed_sum_kernel<<<cuda::grid_for(size_t(T) * tier.io, 256), 256, 0, m.stream>>>(ys, dw, k, tier.io, T, out);
-  m.launched("routed_moe weighted-sum kernel");
+  launch_routed_sum(m, ys, dw, k, tier.io, T, out, "routed_moe weighted-sum kernel");
   if (tier.pending_layer >= 0) m.tier_prefetch();  // the next layer's guess, while these kernels run
 }
 
@@ -560,8 +572,7 @@ void CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, con
   const cuda::LayerTable& t = *tp;
   if (cuda::moe_decode_ok(m, T, t.io, t.inter, z, true)) {  // fast mode, one token: tensor-core GEMVs (moe_decode.cu)
     cuda::moe_decode(m, t.dev, dids, z, k, t.io, t.inter, p.b1, p.b2, ys);
-    routed_sum_kernel<<<cuda::grid_for(size_t(t.io), 256), 256, 0, m.stream>>>(ys, dw, k, t.io, 1, out);
-    m.launched("routed_moe weighted-sum kernel");
+    launch_routed_sum(m, ys, dw, k, t.io, 1, out, "routed_moe weighted-sum kernel");
     return;
   }
   float* act = static_cast<float*>(m.scratch(m.act, size_t(pairs) * t.inter * sizeof(float)));
@@ -569,8 +580,7 @@ void CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, con
                         "routed_moe gate/up kernel");
   launch_mx_batch<false>(m, MxBatchArgs{t.dev, dids, act, ys, 1, t.io, t.inter, 0.f, 0.f}, pairs,
                          "routed_moe down kernel");
-  routed_sum_kernel<<<cuda::grid_for(size_t(T) * t.io, 256), 256, 0, m.stream>>>(ys, dw, k, t.io, T, out);
-  m.launched("routed_moe weighted-sum kernel");
+  launch_routed_sum(m, ys, dw, k, t.io, T, out, "routed_moe weighted-sum kernel");
 }
 
 }  // namespace wren

@@ -25,7 +25,17 @@ constexpr int kMaxMix = 32;  ///< AttnRes entries per mix (K3 needs <= 9: ceil(9
 template <int kPer>
 __global__ void rms_norm_kernel(float* __restrict__ x, const float* __restrict__ delta, int n,
                                 const float* __restrict__ w, float eps, float* __restrict__ y) {
-  cuda::pdl_wait();  // launched as a programmatic dependent (pdl_launch): nothing is touched before
+  // The weight is never written by a step's kernels: its loads issue before the wait, so they
+  // overlap the kernel before this one instead of adding a memory latency after the reduction.
+  float wv[kPer > 0 ? kPer : 1];
+  if constexpr (kPer > 0) {
+#pragma unroll
+    for (int j = 0; j < kPer; ++j) {
+      const int i = threadIdx.x + j * kNormThreads;
+      wv[j] = i < n ? __ldg(w + i) : 0.f;
+    }
+  }
+  cuda::pdl_wait();  // launched as a programmatic dependent (pdl_launch): only w is read before
   cuda::pdl_trigger();
   __shared__ double red[32];
   float* xr = x + size_t(blockIdx.x) * n;
@@ -54,7 +64,7 @@ __global__ void rms_norm_kernel(float* __restrict__ x, const float* __restrict__
 #pragma unroll
     for (int j = 0; j < kPer; ++j) {
       const int i = threadIdx.x + j * kNormThreads;
-      if (i < n) yr[i] = xv[j] * inv * w[i];
+      if (i < n) yr[i] = xv[j] * inv * wv[j];
     }
   } else {
     for (int i = threadIdx.x; i < n; i += blockDim.x) yr[i] = xr[i] * inv * w[i];
