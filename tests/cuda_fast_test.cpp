@@ -1066,6 +1066,107 @@ TEST_F(CudaFast, MlaDecodeMatchesCpu) {
               worst_f32.rel);
 }
 
+// The decode rows of a batched step (CudaBackend::mla_decode_batch: B sequences, each on its own
+// cache, one launch of mla_decode.cu's kernels per 32 sequences): every sequence's ctx and cache
+// row bit-identical to its own mla_attend call (the same kernels, the same split count: a function
+// of its position only) and close to the CPU (kv_b BF16: 1e-4), over two steps. Four shapes, B 2 to
+// 33 (past one launch), caches of different lengths in one launch (0 to 700 positions: one to
+// several splits beside each other, merges for some sequences only), random non-zero inputs,
+// poisoned outputs. A shape the kernel declines (extra % 4 != 0) takes the per-sequence default.
+// A full cache or a cache given twice throws before anything runs.
+TEST_F(CudaFast, MlaDecodeBatchEqualsSingleCallsAndCpu) {
+  std::mt19937 g(44);
+  struct Case {
+    int H, nope, extra, v, lora, B;
+  };
+  const std::vector<Case> cases = {{4, 32, 16, 32, 32, 33}, {32, 128, 64, 128, 512, 5}, {2, 40, 16, 48, 40, 7},
+                                   {2, 16, 6, 16, 32, 3}};
+  const int prompts[] = {0, 1, 7, 255, 256, 300, 700, 40};
+  Worst worst;
+  be_->profile_begin();
+  int batch_calls = 0;
+  for (const Case& c : cases) {
+    MlaParams p{c.H, c.nope, c.extra, c.v, c.lora, 1e-6f};
+    const int W = c.lora + c.extra, qh = c.nope + c.extra, row = c.H * c.v, steps = 2;
+    HostWeight kvb(rnd(g, size_t(c.H) * (c.nope + c.v) * c.lora, -0.3f, 0.3f), c.H * (c.nope + c.v), c.lora);
+    std::vector<uint8_t> packed;
+    HostWeight norm(rnd(g, c.lora, 0.5f, 1.5f), 1, c.lora);
+    MlaWeights w;
+    w.kv_b = bf16_weight(kvb.data.data(), c.H * (c.nope + c.v), c.lora, packed);
+    w.kv_a_norm = norm.w;
+    be_->upload(w.kv_b);
+    be_->upload(norm.w);
+    std::vector<std::vector<float>> hcache(size_t(c.B));
+    std::vector<MlaCache> hc(size_t(c.B)), batch(size_t(c.B)), single(size_t(c.B));
+    for (int b = 0; b < c.B; ++b) {  // each sequence's prompt, in both device caches and on the CPU
+      const int P = prompts[b % 8], cap = P + steps;
+      hcache[size_t(b)].assign(size_t(cap) * W, 0.f);
+      hc[size_t(b)] = {hcache[size_t(b)].data(), 0, cap};
+      batch[size_t(b)] = {poisoned(size_t(cap) * W), 0, cap};
+      single[size_t(b)] = {poisoned(size_t(cap) * W), 0, cap};
+      if (P == 0) continue;
+      const auto q = rnd(g, size_t(P) * c.H * qh), ckv = rnd(g, size_t(P) * W, -2.f, 2.f);
+      float* dq = dev(q);
+      float* dkv = dev(ckv);
+      float* dctx = poisoned(size_t(P) * row);
+      be_->mla_attend(p, w, batch[size_t(b)], dq, dkv, P, dctx);
+      be_->mla_attend(p, w, single[size_t(b)], dq, dkv, P, dctx);
+      std::vector<float> ref(size_t(P) * row);
+      cpu_.mla_attend(p, w, hc[size_t(b)], q.data(), ckv.data(), P, ref.data());
+    }
+    std::vector<MlaCache*> ptr;
+    for (MlaCache& m : batch) ptr.push_back(&m);
+    for (int s = 0; s < steps; ++s) {
+      const auto q = rnd(g, size_t(c.B) * c.H * qh), ckv = rnd(g, size_t(c.B) * W, -2.f, 2.f);
+      float* dq = dev(q);
+      float* dkv = dev(ckv);
+      float* dctx = poisoned(size_t(c.B) * row);
+      float* sctx = poisoned(size_t(c.B) * row);
+      be_->mla_decode_batch(p, w, ptr.data(), c.B, dq, dkv, dctx);
+      ++batch_calls;
+      for (int b = 0; b < c.B; ++b)
+        be_->mla_attend(p, w, single[size_t(b)], dq + size_t(b) * c.H * qh, dkv + size_t(b) * W, 1,
+                        sctx + size_t(b) * row);
+      const auto got = host(dctx, size_t(c.B) * row), solo = host(sctx, size_t(c.B) * row);
+      for (int b = 0; b < c.B; ++b) {
+        std::vector<float> ref(static_cast<size_t>(row));
+        cpu_.mla_attend(p, w, hc[size_t(b)], q.data() + size_t(b) * c.H * qh, ckv.data() + size_t(b) * W, 1,
+                        ref.data());
+        const std::string sh = "H=" + std::to_string(c.H) + " kv_lora=" + std::to_string(c.lora) + " extra=" +
+                               std::to_string(c.extra) + " B=" + std::to_string(c.B) + " sequence " +
+                               std::to_string(b) + " pos=" + std::to_string(hc[size_t(b)].length - 1);
+        ASSERT_EQ(batch[size_t(b)].length, hc[size_t(b)].length) << sh;
+        const float* gb = got.data() + size_t(b) * row;
+        EXPECT_EQ(0, std::memcmp(gb, solo.data() + size_t(b) * row, size_t(row) * 4)) << sh << ": batch != own call";
+        const auto bc = host(batch[size_t(b)].kv, size_t(hc[size_t(b)].length) * W);
+        const auto sc = host(single[size_t(b)].kv, bc.size());
+        EXPECT_EQ(0, std::memcmp(bc.data(), sc.data(), bc.size() * 4)) << sh << ": cache != own call's";
+        const double r = test::rel_l2(gb, ref.data(), ref.size());
+        EXPECT_LE(r, 1e-4) << sh;
+        worst.add(r);
+      }
+    }
+    // Errors before anything runs: every cache is now full; a cache given twice.
+    EXPECT_THROW(be_->mla_decode_batch(p, w, ptr.data(), c.B, dev(rnd(g, size_t(c.B) * c.H * qh)),
+                                       dev(rnd(g, size_t(c.B) * W)), poisoned(size_t(c.B) * row)),
+                 Error);
+    batch[0].capacity += 1;
+    const std::vector<MlaCache*> twice = {&batch[0], &batch[0]};
+    EXPECT_THROW(be_->mla_decode_batch(p, w, twice.data(), 2, dev(rnd(g, size_t(2) * c.H * qh)),
+                                       dev(rnd(g, size_t(2) * W)), poisoned(size_t(2) * row)),
+                 Error);
+    EXPECT_EQ(batch[0].length, hc[0].length) << "a refused call advances nothing";
+  }
+  double total = 0;
+  uint64_t decode = 0;
+  for (const CudaOpTime& t : be_->profile_end(&total))
+    if (t.name == "mla (fast) decode kernel") decode = t.launches;
+  // The single calls' launches (one a sequence a step, qualifying shapes) plus the batch's (one
+  // per 32 sequences a call): at least the single ones and 2 more for the 33 sequences' two steps.
+  EXPECT_GE(decode, uint64_t(2 * (33 + 5 + 7)) + 2 * 2 + 2 * 2) << "the batches take mla_decode.cu";
+  std::printf("[ cuda fast ] mla decode batch: %d calls, worst ctx rel-L2 %.3g (kv_b bf16)\n", batch_calls, worst.rel);
+}
+
 // Chunked KDA on tensor cores (kda_chunked_mma.cu: the fast mode's intra-chunk and state passes,
 // TF32 operands, f32 accumulation and state) against the CPU's token-by-token recurrence (f32):
 // head_dim 16…128 incl. 33 and 100 (not multiples of 4 / 32: the 4-byte copy path and partial

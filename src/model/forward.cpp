@@ -470,11 +470,10 @@ void Forward::kda_layer(const LayerWeights& l, int layer, int T) {
   for (size_t i = 0; i < segs_.size();) {
     const Segment& sg = segs_[i];
     const size_t r = size_t(sg.r0);
-    size_t j = i;
-    kda_states_.clear();
-    while (j < segs_.size() && segs_[j].n == 1 && segs_[j].r0 == sg.r0 + int(j - i))
-      kda_states_.push_back(&segs_[j].st->kda(layer)), ++j;
+    const size_t j = decode_run(i);
     if (j - i > 1) {
+      kda_states_.clear();
+      for (size_t t = i; t < j; ++t) kda_states_.push_back(&segs_[t].st->kda(layer));
       be_.kda_decode_batch(p, k, kda_states_.data(), int(j - i), b.q + r * P, b.k + r * P, b.v + r * P, b.z + r * P,
                            b.beta + r * H, b.gate + r * P, b.o + r * P);
       i = j;
@@ -485,6 +484,13 @@ void Forward::kda_layer(const LayerWeights& l, int layer, int T) {
     ++i;
   }
   be_.gemm(k.o, b.o, T, b.att);
+}
+
+size_t Forward::decode_run(size_t i) const {
+  if (segs_[i].n != 1) return i + 1;
+  size_t j = i + 1;
+  while (j < segs_.size() && segs_[j].n == 1 && segs_[j].r0 == segs_[i].r0 + int(j - i)) ++j;
+  return j;
 }
 
 void Forward::mla_layer(const LayerWeights& l, int layer, int T) {
@@ -505,9 +511,21 @@ void Forward::mla_layer(const LayerWeights& l, int layer, int T) {
   const MlaParams p{cfg_.mla_heads, cfg_.qk_nope, cfg_.qk_extra, cfg_.v_head, cfg_.kv_lora, cfg_.mla_latent_eps};
   const size_t Q = size_t(cfg_.mla_heads) * cfg_.mla_q_head(), W = cfg_.mla_cache_width(),
                C = size_t(cfg_.mla_heads) * cfg_.v_head;
-  for (const Segment& sg : segs_) {  // each sequence attends over its own cache
+  // Each sequence attends over its own cache: a run of consecutive one-token segments (the decode
+  // rows of a batched step) in one mla_decode_batch, a longer segment in mla_attend.
+  for (size_t i = 0; i < segs_.size();) {
+    const Segment& sg = segs_[i];
     const size_t r = size_t(sg.r0);
+    const size_t j = decode_run(i);
+    if (j - i > 1) {
+      mla_caches_.clear();
+      for (size_t t = i; t < j; ++t) mla_caches_.push_back(&segs_[t].st->mla(layer));
+      be_.mla_decode_batch(p, m, mla_caches_.data(), int(j - i), b.qfull + r * Q, b.ckv + r * W, b.ctx + r * C);
+      i = j;
+      continue;
+    }
     be_.mla_attend(p, m, sg.st->mla(layer), b.qfull + r * Q, b.ckv + r * W, sg.n, b.ctx + r * C);
+    ++i;
   }
   if (cfg_.mla_out_gate) be_.sigmoid_gate(b.ctx, b.mgate, size_t(T) * cfg_.mla_heads * cfg_.v_head);
   be_.gemm(m.o, b.ctx, T, b.att);

@@ -194,6 +194,10 @@ class Forward final : public TokenStep {
                  const ForwardHooks* hooks, bool recorded);
   void kda_layer(const LayerWeights& l, int layer, int T);
   void mla_layer(const LayerWeights& l, int layer, int T);
+  /// The end of the run of consecutive one-token segments from segs_[i] (the decode rows of a
+  /// batched step, run by kda_decode_batch and mla_decode_batch): the first j > i whose segment is
+  /// longer than one token or not adjacent in rows; i + 1 when segs_[i] itself is longer.
+  size_t decode_run(size_t i) const;
   void dense_mlp(const LayerWeights& l, int T);
   void moe(int layer, const MoeWeights& m, int T);
   /// Final mix, norm and lm_head into the device logits; returns the number of rows computed.
@@ -236,6 +240,7 @@ class Forward final : public TokenStep {
   void deliver_greedy(int rows);
   std::vector<int> mixed_ids_;          ///< host ids of a run_mixed group
   std::vector<KdaState*> kda_states_;   ///< the states of a kda_decode_batch (kda_layer)
+  std::vector<MlaCache*> mla_caches_;   ///< the caches of a mla_decode_batch (mla_layer)
   std::vector<float> mixed_logits_;     ///< host logits of a run_mixed group's head rows
   /// Non-empty: [head row] 1 where the row's logits go to the host (run_mixed through
   /// mixed_logits_: greedy-only rows are not copied); empty: every row's.

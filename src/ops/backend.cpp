@@ -46,6 +46,30 @@ void Backend::kda_decode_batch(const KdaParams& p, const KdaWeights& w, KdaState
   }
 }
 
+void check_mla_batch(MlaCache* const* caches, int B) {
+  check(B >= 0, "mla_decode_batch: B = " + std::to_string(B) + " (must be >= 0)");
+  for (int b = 0; b < B; ++b) {
+    check(caches[b] != nullptr, "mla_decode_batch: the cache of sequence " + std::to_string(b) + " is null");
+    if (caches[b]->length + 1 > caches[b]->capacity)
+      throw Error("context limit reached: the MLA cache holds " + std::to_string(caches[b]->capacity) +
+                  " tokens (raise --ctx)");
+    for (int t = 0; t < b; ++t)
+      check(caches[t] != caches[b], "mla_decode_batch: sequences " + std::to_string(t) + " and " + std::to_string(b) +
+                                        " share one cache");
+  }
+}
+
+void Backend::mla_decode_batch(const MlaParams& p, const MlaWeights& w, MlaCache* const* caches, int B,
+                               const float* q, const float* ckv, float* ctx) {
+  const size_t Q = size_t(p.heads) * size_t(p.nope + p.extra), W = size_t(p.kv_lora + p.extra),
+               C = size_t(p.heads) * size_t(p.v_head);
+  check_mla_batch(caches, B);
+  for (int b = 0; b < B; ++b) {
+    const size_t o = size_t(b);
+    mla_attend(p, w, *caches[b], q + o * Q, ckv + o * W, 1, ctx + o * C);
+  }
+}
+
 void Backend::argmax_rows(const float* x, int rows, int cols, float* out) {
   check(cols >= 1 && cols <= (1 << 24), "argmax_rows: " + std::to_string(cols) +
                                             " columns; a float holds every index exactly only up to 2^24");

@@ -189,6 +189,13 @@ class Backend {
   /// before its scores (causal). ctx [T, H * v_head].
   virtual void mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& cache, const float* q,
                           const float* ckv, int T, float* ctx) = 0;
+  /// One MLA decode step (T = 1) for each of B sequences, sequence b on its own cache *caches[b]:
+  /// q [B, H, nope+extra], ckv [B, kv_lora+extra], ctx [B, H * v_head], rows in sequence order.
+  /// The same result as B mla_attend calls with T = 1 (the default makes them; CUDA's fast mode
+  /// runs them in one launch per 32 sequences, each bit-identical to its own call). Advances each
+  /// cache by one row; a full cache throws before anything runs. Distinct caches; B >= 0.
+  virtual void mla_decode_batch(const MlaParams& p, const MlaWeights& w, MlaCache* const* caches, int B,
+                                const float* q, const float* ckv, float* ctx);
   /// Router (docs/model.md#moe, steps 1-3): logits [T, E] -> per token the top-k ids of σ(logits) + bias
   /// (ties to the lower id) and their renormalized raw σ weights. ids/weights are HOST [T, k].
   virtual void router_topk(const float* logits, const DenseWeight& bias, int T, int E, int k,
@@ -312,5 +319,9 @@ class Backend {
   uint64_t fallbacks_ = 0;
   ExpertTraffic traffic_;
 };
+
+/// The checks of Backend::mla_decode_batch, before anything runs: B >= 0, no null cache, room for
+/// one more row in each ("context limit reached", as mla_attend), no cache given twice. Throws Error.
+void check_mla_batch(MlaCache* const* caches, int B);
 
 }  // namespace wren

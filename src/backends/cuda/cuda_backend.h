@@ -217,6 +217,11 @@ class CudaBackend final : public Backend {
   /// (bit-identical in exact mode), in ceil(B / 32) launches of the split form when it applies
   /// (head_dim <= 128, conv kernel <= 4), else B kda_core calls. Throws wren::Error for B < 0 or a
   /// null state, DeviceError when a launch fails.
+  /// Fast mode: one mla_decode_batch launch (cuda/mla_decode.cu) per 32 sequences, each sequence
+  /// bit-identical to its own mla_attend; otherwise (exact mode, a layer the decode kernel does not
+  /// take) the interface's per-sequence default. check_mla_batch's errors; DeviceError when a launch fails.
+  void mla_decode_batch(const MlaParams& p, const MlaWeights& w, MlaCache* const* caches, int B, const float* q,
+                        const float* ckv, float* ctx) override;
   void kda_decode_batch(const KdaParams& p, const KdaWeights& w, KdaState* const* states, int B, const float* q,
                         const float* k, const float* v, const float* z, const float* beta, const float* gate,
                         float* out) override;

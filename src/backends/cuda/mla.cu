@@ -94,6 +94,17 @@ __global__ void mla_attend_kernel(MlaArgs a) {
 
 }  // namespace
 
+void CudaBackend::mla_decode_batch(const MlaParams& p, const MlaWeights& w, MlaCache* const* caches, int B,
+                                   const float* q, const float* ckv, float* ctx) {
+  check_mla_batch(caches, B);
+  if (B == 0) return;
+  if (!cuda::mla_decode_batch(*impl_, p, w, caches, B, q, ckv, ctx)) {
+    Backend::mla_decode_batch(p, w, caches, B, q, ckv, ctx);  // exact mode, or a layer the decode kernel does not take
+    return;
+  }
+  for (int b = 0; b < B; ++b) ++caches[b]->length;
+}
+
 void CudaBackend::mla_attend(const MlaParams& p, const MlaWeights& w, MlaCache& cache, const float* q,
                              const float* ckv, int T, float* ctx) {
   Impl& m = *impl_;

@@ -22,6 +22,7 @@
 #include "backends/cuda/mla_decode.cuh"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 
 #include "backends/cuda/gemm_quant.cuh"
@@ -47,6 +48,16 @@ struct MlaDecodeArgs {
   int nope, extra, v_head, kv_lora, pos, per_split;
   float eps, scale;
 };
+
+/// The sequences of one launch (kernel parameters, __grid_constant__): sequence b is blockIdx.z of
+/// the attention kernel (blockIdx.y of the merge), with its own cache, position and split count
+/// (the same count a launch of it alone would use, so its sums are the same).
+constexpr int kMaxBatch = 32;
+struct MlaDecodeBatch {
+  MlaDecodeArgs seq[kMaxBatch];
+  int splits[kMaxBatch];
+};
+static_assert(sizeof(MlaDecodeBatch) <= 4096, "kernel parameters");
 
 /// 8 BF16 values (16 bytes) as f32.
 __device__ __forceinline__ void bf16x8(const uint16_t* p, float* f) {
@@ -95,13 +106,24 @@ __device__ void value_rows(const MlaDecodeArgs& a, int h, const float* cb) {
 
 /// Block (h, split): see the file comment. Shared memory: q_cat [W], own row [W], group sums
 /// [8 · kThreads] (W = kv_lora + extra).
-__global__ void __launch_bounds__(kThreads) mla_decode_kernel(MlaDecodeArgs a) {
-  pdl_trigger();
+__global__ void __launch_bounds__(kThreads) mla_decode_kernel(const __grid_constant__ MlaDecodeBatch batch) {
   extern __shared__ float sm[];
   __shared__ double red[32];
   __shared__ float redf[32];
+  const MlaDecodeArgs& a = batch.seq[blockIdx.z];
   const int W = a.kv_lora + a.extra, qh = a.nope + a.extra, kvh = a.nope + a.v_head;
-  const int h = int(blockIdx.x), split = int(blockIdx.y), splits = int(gridDim.y);
+  const int h = int(blockIdx.x), split = int(blockIdx.y), splits = batch.splits[blockIdx.z];
+  if (split >= splits) return;  // a sequence with fewer splits than the launch's most
+  // A programmatic dependent launch: split 0 of each head of the first sequence asks L2 for the
+  // head's kv_b rows (a weight, never written by a step) while the kernel before it drains;
+  // nothing else is touched before the wait.
+  if (split == 0 && blockIdx.z == 0) {
+    const uint8_t* kb0 = reinterpret_cast<const uint8_t*>(a.kvb + size_t(h) * kvh * a.kv_lora);
+    const size_t bytes = size_t(kvh) * a.kv_lora * sizeof(uint16_t);
+    for (size_t off = size_t(threadIdx.x) * 128; off < bytes; off += size_t(kThreads) * 128) prefetch_l2(kb0 + off);
+  }
+  pdl_wait();
+  pdl_trigger();
   const int tid = int(threadIdx.x), warp = tid / kWarp, lane = tid % kWarp;
   const int n = a.pos + 1, s0 = split * a.per_split, s1 = min(n, s0 + a.per_split);
   float* qc = sm;
@@ -216,8 +238,12 @@ __global__ void __launch_bounds__(kThreads) mla_decode_kernel(MlaDecodeArgs a) {
 
 /// Block h: merges the splits' (c̄, m, l) in split order, then ctx as a single split does.
 /// Shared memory: c̄ [kv_lora], the splits' factors [splits].
-__global__ void __launch_bounds__(kThreads) mla_decode_merge_kernel(MlaDecodeArgs a, int splits) {
+__global__ void __launch_bounds__(kThreads) mla_decode_merge_kernel(const __grid_constant__ MlaDecodeBatch batch) {
+  pdl_wait();  // a programmatic dependent launch: nothing is touched before
   pdl_trigger();
+  const MlaDecodeArgs& a = batch.seq[blockIdx.y];
+  const int splits = batch.splits[blockIdx.y];
+  if (splits == 1) return;  // that sequence's attention kernel formed its ctx
   extern __shared__ float sm[];
   float* cb = sm;
   float* f = cb + a.kv_lora;
@@ -244,11 +270,10 @@ __global__ void __launch_bounds__(kThreads) mla_decode_merge_kernel(MlaDecodeArg
   value_rows(a, h, cb);
 }
 
-}  // namespace
-
-bool mla_decode(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, const float* q, const float* ckv,
-                MlaCache& cache, int T, float* ctx) {
-  if (m.opts.precision != GpuPrecision::Fast || T != 1) return false;
+/// Whether the fast decode kernels take this layer (see mla_decode in mla_decode.cuh); `kvb`
+/// receives kv_b's BF16 device copy.
+bool decode_takes(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, const uint16_t** kvb) {
+  if (m.opts.precision != GpuPrecision::Fast) return false;
   if (w.kv_b.format != WFormat::F32 && w.kv_b.format != WFormat::BF16) return false;
   if (p.heads < 1 || p.nope < 1 || p.v_head < 1 || p.kv_lora % 8 != 0 || p.kv_lora > kMaxLatent || p.extra % 4 != 0)
     return false;
@@ -256,38 +281,92 @@ bool mla_decode(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, c
   if (w.kv_b.format == WFormat::F32 && m.capturing &&
       lt_state(m).bf16.count(m.dense(w.kv_b, "mla_attend (fast decode, kv_b)")) == 0)
     return false;
-  const uint16_t* kvb = bf16_weight(m, w.kv_b, "mla_attend (fast decode, kv_b)");
-  if (!kvb || reinterpret_cast<uintptr_t>(kvb) % 16 != 0 || reinterpret_cast<uintptr_t>(cache.kv) % 16 != 0) return false;
-  const int H = p.heads, W = p.kv_lora + p.extra, n = cache.length + 1;
+  *kvb = bf16_weight(m, w.kv_b, "mla_attend (fast decode, kv_b)");
+  if (!*kvb || reinterpret_cast<uintptr_t>(*kvb) % 16 != 0) return false;
+  const int W = p.kv_lora + p.extra;
   const size_t smem = (2 * size_t(W) + 8 * kThreads) * sizeof(float);
-  if (smem > size_t(m.max_smem_optin)) return false;
-  // Splits: about two blocks an SM over the heads, at least kMinPositionsPerSplit positions each.
-  const int cap = std::max(1, 2 * std::max(m.sm_count, 1) / H);
-  const int splits = std::clamp((n + kMinPositionsPerSplit - 1) / kMinPositionsPerSplit, 1, cap);
-  const int per = (n + splits - 1) / splits;
-  const int used = (n + per - 1) / per;  // every split non-empty
-  MlaDecodeArgs a{};
-  a.q = q, a.ckv = ckv, a.norm_w = m.dense(w.kv_a_norm, "mla_attend (kv_a_norm)"), a.kvb = kvb, a.cache = cache.kv;
-  a.ctx = ctx;
-  a.nope = p.nope, a.extra = p.extra, a.v_head = p.v_head, a.kv_lora = p.kv_lora, a.pos = cache.length;
-  a.per_split = per, a.eps = p.latent_eps, a.scale = 1.0f / std::sqrt(float(p.nope + p.extra));
-  const size_t score_floats = (size_t(H) * n + 3) / 4 * 4;
-  const size_t part_floats = used > 1 ? size_t(H) * used * (p.kv_lora + 2) : 0;
-  a.scores = static_cast<float*>(m.scratch(m.scores, (score_floats + part_floats) * sizeof(float)));
-  a.part = a.scores + score_floats;
+  return smem <= size_t(m.max_smem_optin);
+}
+
+/// Launches the attention kernel (and the merge where a sequence has several splits) for
+/// caches[0 .. B) (B <= kMaxBatch, each qualifying: decode_takes, a 16-byte aligned cache with
+/// room for one row), sequence b reading q + b · H · (nope + extra), ckv + b · W and writing ctx +
+/// b · H · v_head. Does not advance the lengths.
+void launch_decode(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, const uint16_t* kvb,
+                   MlaCache* const* caches, int B, const float* q, const float* ckv, float* ctx) {
+  const int H = p.heads, W = p.kv_lora + p.extra;
+  const size_t Q = size_t(H) * (p.nope + p.extra), C = size_t(H) * p.v_head;
+  const size_t smem = (2 * size_t(W) + 8 * kThreads) * sizeof(float);
+  MlaDecodeBatch batch{};
+  std::array<size_t, kMaxBatch> off{};
+  size_t scratch = 0;
+  int max_used = 1;
+  for (int b = 0; b < B; ++b) {
+    const int n = caches[b]->length + 1;
+    // Splits: about two blocks an SM over the heads, at least kMinPositionsPerSplit positions
+    // each; a function of n and H only, so a sequence's sums do not depend on its batch mates.
+    const int cap = std::max(1, 2 * std::max(m.sm_count, 1) / H);
+    const int splits = std::clamp((n + kMinPositionsPerSplit - 1) / kMinPositionsPerSplit, 1, cap);
+    const int per = (n + splits - 1) / splits;
+    const int used = (n + per - 1) / per;  // every split non-empty
+    MlaDecodeArgs& a = batch.seq[b];
+    a.q = q + size_t(b) * Q, a.ckv = ckv + size_t(b) * W, a.norm_w = m.dense(w.kv_a_norm, "mla_attend (kv_a_norm)");
+    a.kvb = kvb, a.cache = caches[b]->kv, a.ctx = ctx + size_t(b) * C;
+    a.nope = p.nope, a.extra = p.extra, a.v_head = p.v_head, a.kv_lora = p.kv_lora, a.pos = caches[b]->length;
+    a.per_split = per, a.eps = p.latent_eps, a.scale = 1.0f / std::sqrt(float(p.nope + p.extra));
+    batch.splits[b] = used;
+    max_used = std::max(max_used, used);
+    const size_t score_floats = (size_t(H) * n + 3) / 4 * 4;
+    const size_t part_floats = used > 1 ? size_t(H) * used * (p.kv_lora + 2) : 0;
+    off[size_t(b)] = scratch;
+    scratch += score_floats + (part_floats + 3) / 4 * 4;
+  }
+  float* base = static_cast<float*>(m.scratch(m.scores, scratch * sizeof(float)));
+  for (int b = 0; b < B; ++b) {
+    MlaDecodeArgs& a = batch.seq[b];
+    a.scores = base + off[size_t(b)];
+    a.part = a.scores + (size_t(H) * (a.pos + 1) + 3) / 4 * 4;
+  }
   if (smem > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
                "cudaFuncSetAttribute (mla decode shared memory)");
-  mla_decode_kernel<<<dim3(unsigned(H), unsigned(used)), kThreads, smem, m.stream>>>(a);
+  launch_ex(m, mla_decode_kernel, dim3(unsigned(H), unsigned(max_used), unsigned(B)), dim3(kThreads), smem, 0,
+            m.stream_pdl, "mla (fast) decode kernel", batch);
   m.launched("mla (fast) decode kernel");
-  if (used > 1) {
-    const size_t msmem = (size_t(p.kv_lora) + used) * sizeof(float);
+  if (max_used > 1) {
+    const size_t msmem = (size_t(p.kv_lora) + max_used) * sizeof(float);
     if (msmem > size_t(m.max_smem_optin)) throw Error("CUDA backend: mla decode: too many position splits");
     if (msmem > 48 * 1024)
       check_cuda(cudaFuncSetAttribute(mla_decode_merge_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(msmem)),
                  "cudaFuncSetAttribute (mla decode merge shared memory)");
-    mla_decode_merge_kernel<<<unsigned(H), kThreads, msmem, m.stream>>>(a, used);
+    launch_ex(m, mla_decode_merge_kernel, dim3(unsigned(H), unsigned(B)), dim3(kThreads), msmem, 0, m.stream_pdl,
+              "mla (fast) decode merge kernel", batch);
     m.launched("mla (fast) decode merge kernel");
+  }
+}
+
+}  // namespace
+
+bool mla_decode(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, const float* q, const float* ckv,
+                MlaCache& cache, int T, float* ctx) {
+  const uint16_t* kvb = nullptr;
+  if (T != 1 || !decode_takes(m, p, w, &kvb) || reinterpret_cast<uintptr_t>(cache.kv) % 16 != 0) return false;
+  MlaCache* one = &cache;
+  launch_decode(m, p, w, kvb, &one, 1, q, ckv, ctx);
+  return true;
+}
+
+bool mla_decode_batch(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, MlaCache* const* caches, int B,
+                      const float* q, const float* ckv, float* ctx) {
+  const uint16_t* kvb = nullptr;
+  if (B < 1 || !decode_takes(m, p, w, &kvb)) return false;
+  for (int b = 0; b < B; ++b)
+    if (reinterpret_cast<uintptr_t>(caches[b]->kv) % 16 != 0) return false;
+  const int W = p.kv_lora + p.extra;
+  const size_t Q = size_t(p.heads) * (p.nope + p.extra), C = size_t(p.heads) * p.v_head;
+  for (int b0 = 0; b0 < B; b0 += kMaxBatch) {
+    const int n = std::min(kMaxBatch, B - b0);
+    launch_decode(m, p, w, kvb, caches + b0, n, q + size_t(b0) * Q, ckv + size_t(b0) * W, ctx + size_t(b0) * C);
   }
   return true;
 }

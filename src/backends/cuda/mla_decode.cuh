@@ -14,4 +14,11 @@ namespace wren::cuda {
 bool mla_decode(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, const float* q, const float* ckv,
                 MlaCache& cache, int T, float* ctx);
 
+/// mla_decode (T == 1) for B sequences on their own caches in one launch per 32 sequences:
+/// sequence b reads q + b · H · (nope + extra) and ckv + b · (kv_lora + extra) and writes ctx + b ·
+/// H · v_head, each bit-identical to mla_decode on it alone. Does not advance the lengths (nor
+/// check capacities). Returns false, having launched nothing, where mla_decode would for any of them.
+bool mla_decode_batch(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, MlaCache* const* caches, int B,
+                      const float* q, const float* ckv, float* ctx);
+
 }  // namespace wren::cuda
