@@ -148,7 +148,8 @@ TEST_F(CudaFast, GemmMatchesCpu) {
 // against the CPU; then
 // Backend::gemm_batch: 12 jobs (10 the tensor-core GEMV takes, an f32 one and a BF16 one of 48
 // columns it declines) in launches of at most 8 products, each y equal bit for bit to gemm on its
-// job alone, and one launch for a batch of 8 it takes.
+// job alone, and one launch for a batch of 8 it takes; then a T = 5 gemm_batch (cuBLASLt) whose
+// jobs share inputs: one activation conversion a change of input, each y equal to gemm alone.
 TEST_F(CudaFast, GemvBatchesAndWarpsPerTileMatchCpu) {
   std::mt19937 g(57);
   struct Case {
@@ -232,6 +233,43 @@ TEST_F(CudaFast, GemvBatchesAndWarpsPerTileMatchCpu) {
     const size_t i = size_t(j.W - W.data());
     const auto got = host(j.y, W[i].rows);
     EXPECT_EQ(0, std::memcmp(got.data(), alone[i].data(), got.size() * 4)) << "batch of 8, rows=" << W[i].rows;
+  }
+  // T = 5 (cuBLASLt): a job whose input is the previous cuBLASLt job's reuses its BF16 copy. Inputs
+  // a a b b a: three conversions, every y bit-identical to gemm on its job alone.
+  {
+    const int T = 5, cols = 256;
+    const int rows[] = {64, 128, 96, 64, 32};
+    std::vector<HostWeight> lw;
+    std::vector<std::vector<uint8_t>> lp;
+    lw.reserve(5), lp.reserve(5);
+    std::vector<DenseWeight> LW;
+    for (const int r : rows) {
+      lw.emplace_back(rnd(g, size_t(r) * cols), r, cols);
+      LW.push_back(bf16_weight(lw.back().data.data(), r, cols, lp.emplace_back()));
+      be_->upload(LW.back());
+    }
+    float* xa = dev(rnd(g, size_t(T) * cols));
+    float* xb = dev(rnd(g, size_t(T) * cols));
+    const float* in[] = {xa, xa, xb, xb, xa};
+    std::vector<GemmJob> lj;
+    std::vector<std::vector<float>> solo;
+    for (int i = 0; i < 5; ++i) {
+      float* dy = poisoned(size_t(T) * rows[i]);
+      be_->gemm(LW[size_t(i)], in[i], T, dy);
+      solo.push_back(host(dy, size_t(T) * rows[i]));
+      lj.push_back({&LW[size_t(i)], in[i], poisoned(size_t(T) * rows[i])});
+    }
+    be_->profile_begin();
+    be_->gemm_batch(lj.data(), 5, T);
+    double total = 0;
+    uint64_t conversions = 0;
+    for (const CudaOpTime& t : be_->profile_end(&total))
+      if (t.name == "gemm (fast) activation conversion") conversions = t.launches;
+    EXPECT_EQ(conversions, 3u) << "inputs a a b b a: one conversion a change of input";
+    for (int i = 0; i < 5; ++i)
+      EXPECT_EQ(0, std::memcmp(host(lj[size_t(i)].y, solo[size_t(i)].size()).data(), solo[size_t(i)].data(),
+                               solo[size_t(i)].size() * 4))
+          << "T=5 gemm_batch job " << i << " differs from gemm alone";
   }
   std::printf("[ cuda fast ] tensor-core gemv, 1/2/4/8 warps a tile: %d products, worst rel-L2 %.3g\n",
               worst.cases, worst.rel);

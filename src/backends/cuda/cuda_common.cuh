@@ -330,8 +330,10 @@ __device__ __forceinline__ float block_max(float v, float* red) {
 
 /// Fast mode (gemm_lt.cu): y[T, rows] = x[T, cols] · Wᵀ through cuBLASLt with BF16 operands and f32
 /// accumulation/output, when this call qualifies (fast mode, T >= 2, W f32 or BF16); returns
-/// false, having done nothing, otherwise.
-bool lt_gemm(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, float* y);
+/// false, having done nothing, otherwise. `x_ready`: the BF16 activation scratch already holds this
+/// x (the lt_gemm just before it, in the same gemm_batch, had the same x, T and cols), so the
+/// conversion is skipped (the same BF16 values: the same result).
+bool lt_gemm(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, float* y, bool x_ready = false);
 /// A BF16 device copy of dense weight W (its own bytes when W is BF16; else converted once from
 /// the f32 device copy and cached); null when W is in another packed format.
 const uint16_t* bf16_weight(CudaBackend::Impl& m, const DenseWeight& W, const char* op);

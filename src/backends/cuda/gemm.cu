@@ -212,8 +212,23 @@ void CudaBackend::gemm_batch(const GemmJob* jobs, int n, int T) {
     const int c = std::min(kChunk, n - i0);
     bool taken[kChunk] = {};
     cuda::gemv_tc_batch(*impl_, jobs + i0, c, T, taken);
-    for (int i = 0; i < c; ++i)
-      if (!taken[i]) gemm(*jobs[i0 + i].W, jobs[i0 + i].x, T, jobs[i0 + i].y);
+    // The jobs' inputs are read-only for the whole batch (jobs are independent), so a cuBLASLt
+    // job with the same input as the cuBLASLt job just before it reuses that job's BF16 copy of
+    // it: a layer's projections of one normed input convert it once (run 39b: 72 conversions, 0.31
+    // ms of a 16-row Kimi-Linear-48B-size step).
+    const float* lt_x = nullptr;
+    int lt_cols = 0;
+    for (int i = 0; i < c; ++i) {
+      const GemmJob& j = jobs[i0 + i];
+      if (taken[i]) continue;
+      if (T > 0 && j.W->rows > 0 &&
+          cuda::lt_gemm(*impl_, *j.W, j.x, T, j.y, j.x == lt_x && int(j.W->cols) == lt_cols)) {
+        lt_x = j.x, lt_cols = int(j.W->cols);
+        continue;
+      }
+      gemm(*j.W, j.x, T, j.y);
+      lt_x = nullptr;
+    }
   }
 }
 

@@ -200,7 +200,7 @@ const uint16_t* bf16_weight(CudaBackend::Impl& m, const DenseWeight& W, const ch
   return b;
 }
 
-bool lt_gemm(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, float* y) {
+bool lt_gemm(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, float* y, bool x_ready) {
   if (m.opts.precision != GpuPrecision::Fast || T < 2) return false;
   if (W.format != WFormat::F32 && W.format != WFormat::BF16) return false;
   const int rows = int(W.rows), cols = int(W.cols);
@@ -209,8 +209,10 @@ bool lt_gemm(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, 
   const uint16_t* wb = bf16_weight(m, W, "gemm (fast)");
   LtState& s = lt_state(m);
   uint16_t* xb = static_cast<uint16_t*>(m.scratch(s.xb, size_t(T) * cols * sizeof(uint16_t)));
-  launch_f32_to_bf16(x, size_t(T) * cols, xb, m.stream);
-  m.launched("gemm (fast) activation conversion");
+  if (!x_ready) {
+    launch_f32_to_bf16(x, size_t(T) * cols, xb, m.stream);
+    m.launched("gemm (fast) activation conversion");
+  }
   LtDesc d(rows, cols, T);
   const auto key = std::make_pair(rows, cols);
   auto it = s.algos.find(key);
