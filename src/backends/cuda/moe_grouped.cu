@@ -58,6 +58,37 @@ constexpr int BM = 64, BN = 64, BK = 32, kThreads = 128;
 constexpr int kLdA = BK + 8;   // bf16 elements per shared row (80 bytes: 16-byte and WMMA aligned)
 constexpr int kLdC = BN + 4;   // f32 elements per epilogue row
 
+/// Exclusive prefix sums over the block of (a, b), one pair a thread (blockDim.x a multiple of 32, at
+/// most 1024); returns the block's totals in *ta, *tb. Integer sums: any order gives the same.
+__device__ __forceinline__ void block_exclusive_scan2(int& a, int& b, int* ta, int* tb) {
+  __shared__ int wa[32], wb[32];
+  const int lane = int(threadIdx.x) % 32, warp = int(threadIdx.x) / 32, nw = int(blockDim.x) / 32;
+  int ia = a, ib = b;  // inclusive within the warp
+  for (int o = 1; o < 32; o <<= 1) {
+    const int na = __shfl_up_sync(0xffffffffu, ia, o), nb = __shfl_up_sync(0xffffffffu, ib, o);
+    if (lane >= o) ia += na, ib += nb;
+  }
+  if (lane == 31) wa[warp] = ia, wb[warp] = ib;
+  __syncthreads();
+  if (warp == 0) {
+    int va = lane < nw ? wa[lane] : 0, vb = lane < nw ? wb[lane] : 0;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int na = __shfl_up_sync(0xffffffffu, va, o), nb = __shfl_up_sync(0xffffffffu, vb, o);
+      if (lane >= o) va += na, vb += nb;
+    }
+    if (lane < nw) wa[lane] = va, wb[lane] = vb;  // inclusive over warps
+  }
+  __syncthreads();
+  const int pa = warp > 0 ? wa[warp - 1] : 0, pb = warp > 0 ? wb[warp - 1] : 0;
+  *ta = wa[nw - 1], *tb = wb[nw - 1];
+  a = pa + ia - a, b = pb + ib - b;
+}
+
+/// The pairs of a routed MoE call grouped by expert: cnt[e] pairs of expert e, ebase[e] their first
+/// row (experts in id order), order[row] = the pair j (token·k + slot) of each row, and the tiles
+/// of `rows` rows (tile_e, tile_m0; n_tiles) in expert order. Thread t owns the experts [t·per,
+/// (t + 1)·per): two block-wide prefix sums (rows and tiles) place its experts, so no thread walks
+/// all E (one thread did: ~21 µs a call at E = 256 on an H100, run 39d). Same outputs as the walk.
 /// traffic (may be null): device counters [2] += the call's distinct experts and ebytes each.
 __global__ void sort_pairs_kernel(const int* __restrict__ ids, int pairs, int E, int rows, int* __restrict__ order,
                                   int* __restrict__ ebase, int* __restrict__ tile_e, int* __restrict__ tile_m0,
@@ -66,23 +97,30 @@ __global__ void sort_pairs_kernel(const int* __restrict__ ids, int pairs, int E,
   extern __shared__ int sh[];
   int* cnt = sh;
   int* pos = sh + E;
+  __shared__ int touched;
   for (int e = threadIdx.x; e < E; e += blockDim.x) cnt[e] = 0;
+  if (threadIdx.x == 0) touched = 0;
   __syncthreads();
   for (int j = threadIdx.x; j < pairs; j += blockDim.x) atomicAdd(&cnt[ids[j]], 1);
   __syncthreads();
+  const int per = (E + int(blockDim.x) - 1) / int(blockDim.x);
+  const int e0 = min(E, int(threadIdx.x) * per), e1 = min(E, e0 + per);
+  int base = 0, tiles = 0, mine = 0;
+  for (int e = e0; e < e1; ++e) base += cnt[e], tiles += (cnt[e] + rows - 1) / rows, mine += cnt[e] > 0;
+  int total_rows = 0, total_tiles = 0;
+  block_exclusive_scan2(base, tiles, &total_rows, &total_tiles);
+  for (int e = e0; e < e1; ++e) {
+    ebase[e] = base, pos[e] = base;
+    for (int r = 0; r < cnt[e]; r += rows) tile_e[tiles] = e, tile_m0[tiles] = base + r, ++tiles;
+    base += cnt[e];
+  }
+  if (mine) atomicAdd(&touched, mine);
+  __syncthreads();
   if (threadIdx.x == 0) {
-    int base = 0, tiles = 0, touched = 0;
-    for (int e = 0; e < E; ++e) {
-      ebase[e] = base, pos[e] = base;
-      for (int r = 0; r < cnt[e]; r += rows) tile_e[tiles] = e, tile_m0[tiles] = base + r, ++tiles;
-      base += cnt[e];
-      touched += cnt[e] > 0;
-    }
-    ebase[E] = base;
-    *n_tiles = tiles;
+    ebase[E] = total_rows;
+    *n_tiles = total_tiles;
     if (traffic) traffic[0] += (unsigned long long)touched, traffic[1] += (unsigned long long)touched * ebytes;
   }
-  __syncthreads();
   // The position inside an expert's rows is arbitrary (atomics): each row's result is its own.
   for (int j = threadIdx.x; j < pairs; j += blockDim.x) order[atomicAdd(&pos[ids[j]], 1)] = j;
 }
