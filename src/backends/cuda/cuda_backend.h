@@ -217,14 +217,16 @@ class CudaBackend final : public Backend {
   /// (bit-identical in exact mode), in ceil(B / 32) launches of the split form when it applies
   /// (head_dim <= 128, conv kernel <= 4), else B kda_core calls. Throws wren::Error for B < 0 or a
   /// null state, DeviceError when a launch fails.
-  /// Fast mode: one mla_decode_batch launch (cuda/mla_decode.cu) per 32 sequences, each sequence
-  /// bit-identical to its own mla_attend; otherwise (exact mode, a layer the decode kernel does not
-  /// take) the interface's per-sequence default. check_mla_batch's errors; DeviceError when a launch fails.
-  void mla_decode_batch(const MlaParams& p, const MlaWeights& w, MlaCache* const* caches, int B, const float* q,
-                        const float* ckv, float* ctx) override;
   void kda_decode_batch(const KdaParams& p, const KdaWeights& w, KdaState* const* states, int B, const float* q,
                         const float* k, const float* v, const float* z, const float* beta, const float* gate,
                         float* out) override;
+  /// Fast mode: mla_decode.cu's decode kernel (and its merge where a sequence's context is split)
+  /// over up to 32 sequences a launch (fewer when their score scratch would pass 64 MB), each
+  /// sequence bit-identical to its own mla_attend; otherwise (exact mode, a layer the decode
+  /// kernel does not take) the interface's per-sequence default. check_mla_batch's errors;
+  /// DeviceError when a launch fails (the caches are then not advanced).
+  void mla_decode_batch(const MlaParams& p, const MlaWeights& w, MlaCache* const* caches, int B, const float* q,
+                        const float* ckv, float* ctx) override;
   /// Fault injection (tests of the CPU fallback): the kernel launch numbered `at_launch` (counting
   /// from 1 over the backend's life, as CudaStats::launches) throws DeviceError; 0 turns it off.
   /// CudaOptions::fault_at (--cuda-fault-at) sets it at construction.

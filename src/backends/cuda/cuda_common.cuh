@@ -399,7 +399,8 @@ inline bool warps_a_tile_ok(int w) { return w == 0 || w == 1 || w == 2 || w == 4
 /// The small kernels of a step (norms, element-wise ops, the AttnRes mix): `kern` over `grid`
 /// blocks of `threads`, a programmatic dependent launch when Impl::stream_pdl (set_decode_streams;
 /// default on), so that its blocks are resident when the kernel before it ends, then launched().
-/// The kernel must call pdl_wait() before touching memory and pdl_trigger() after it.
+/// The kernel must call pdl_wait() before touching memory a step writes (it may read weights
+/// before: rms_norm_kernel does) and pdl_trigger() after it.
 template <class... Exp, class... Act>
 void pdl_launch(CudaBackend::Impl& m, void (*kern)(Exp...), unsigned grid, int threads, const char* what, Act&&... args) {
   launch_ex(m, kern, dim3(grid), dim3(unsigned(threads)), 0, 0, m.stream_pdl, what, std::forward<Act>(args)...);

@@ -58,6 +58,9 @@ struct MlaDecodeBatch {
   int splits[kMaxBatch];
 };
 static_assert(sizeof(MlaDecodeBatch) <= 4096, "kernel parameters");
+/// The score floats one batched launch may hold at once (64 MB; mla_decode_batch splits a batch
+/// of long contexts over more launches).
+constexpr size_t kBatchScratch = size_t(16) << 20;
 
 /// 8 BF16 values (16 bytes) as f32.
 __device__ __forceinline__ void bf16x8(const uint16_t* p, float* f) {
@@ -364,9 +367,18 @@ bool mla_decode_batch(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights
     if (reinterpret_cast<uintptr_t>(caches[b]->kv) % 16 != 0) return false;
   const int W = p.kv_lora + p.extra;
   const size_t Q = size_t(p.heads) * (p.nope + p.extra), C = size_t(p.heads) * p.v_head;
-  for (int b0 = 0; b0 < B; b0 += kMaxBatch) {
-    const int n = std::min(kMaxBatch, B - b0);
+  // Launches of up to kMaxBatch sequences whose scores take at most kBatchScratch floats together
+  // (the scratch holds every sequence's H · (pos + 1) scores at once; a sequence alone may pass it).
+  for (int b0 = 0; b0 < B;) {
+    int n = 0;
+    size_t floats = 0;
+    while (b0 + n < B && n < kMaxBatch) {
+      const size_t f = size_t(p.heads) * size_t(caches[b0 + n]->length + 1);
+      if (n > 0 && floats + f > kBatchScratch) break;
+      floats += f, ++n;
+    }
     launch_decode(m, p, w, kvb, caches + b0, n, q + size_t(b0) * Q, ckv + size_t(b0) * W, ctx + size_t(b0) * C);
+    b0 += n;
   }
   return true;
 }

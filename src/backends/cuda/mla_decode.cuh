@@ -14,10 +14,12 @@ namespace wren::cuda {
 bool mla_decode(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, const float* q, const float* ckv,
                 MlaCache& cache, int T, float* ctx);
 
-/// mla_decode (T == 1) for B sequences on their own caches in one launch per 32 sequences:
+/// mla_decode (T == 1) for B sequences on their own caches, up to 32 sequences a launch (fewer
+/// where their scores would pass 64 MB of scratch):
 /// sequence b reads q + b · H · (nope + extra) and ckv + b · (kv_lora + extra) and writes ctx + b ·
 /// H · v_head, each bit-identical to mla_decode on it alone. Does not advance the lengths (nor
-/// check capacities). Returns false, having launched nothing, where mla_decode would for any of them.
+/// check capacities). Returns false, having launched no attention kernel, where mla_decode would
+/// for any of them (a kv_b BF16 copy may have been made).
 bool mla_decode_batch(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w, MlaCache* const* caches, int B,
                       const float* q, const float* ckv, float* ctx);
 

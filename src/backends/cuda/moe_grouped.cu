@@ -82,6 +82,7 @@ __device__ __forceinline__ void block_exclusive_scan2(int& a, int& b, int* ta, i
   const int pa = warp > 0 ? wa[warp - 1] : 0, pb = warp > 0 ? wb[warp - 1] : 0;
   *ta = wa[nw - 1], *tb = wb[nw - 1];
   a = pa + ia - a, b = pb + ib - b;
+  __syncthreads();  // wa / wb read by every thread before a later call writes them
 }
 
 /// The pairs of a routed MoE call grouped by expert: cnt[e] pairs of expert e, ebase[e] their first
@@ -266,7 +267,8 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(GroupArgs a) {
 /// out[t, i] = Σ_j w[t·k + j] · ys[(t·k + j), i] in slot order, 4 columns a thread (io % 4 == 0).
 __global__ void slot_sum_kernel(const float* __restrict__ ys, const float* __restrict__ w, int k, int io, int T,
                                 float* __restrict__ out) {
-  pdl_trigger();  // an ordinary launch: a programmatic dependent behind it may start now
+  pdl_wait();  // a programmatic dependent launch (pdl_launch): nothing is touched before
+  pdl_trigger();
   const int per_row = io / 4;
   const size_t n = size_t(T) * per_row;
   for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
@@ -552,8 +554,8 @@ void mma_grouped_dense(CudaBackend::Impl& m, const RoutedMoeParams& p, const Den
   mma_grouped_kernel<false><<<dim3(unsigned(max_tiles), unsigned((io + kMN - 1) / kMN)), kMmaThreads, kMmaSmem,
                               m.stream>>>(d);
   m.launched("routed_moe (fast) dense down grouped MMA");
-  slot_sum_kernel<<<grid_for(size_t(T) * io / 4, 256), 256, 0, m.stream>>>(ys, dw, k, io, T, out);
-  m.launched("routed_moe (fast) weighted-sum kernel");
+  pdl_launch(m, slot_sum_kernel, grid_for(size_t(T) * io / 4, 256), 256, "routed_moe (fast) weighted-sum kernel",
+             ys, dw, k, io, T, out);
 }
 
 /// The device table of `mw`'s dense experts as BF16 (converted once), or null when an expert is
@@ -623,8 +625,8 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
   // goes to moe_decode from moe.cu), reading each chosen expert's rows once at a stream's pace.
   if (T == 1 && dt && dt->aligned16 && moe_decode_ok(m, T, io, inter, z, false)) {  // (io % 32: slot_sum's io % 4)
     moe_decode_dense(m, dt->dev, dids, z, k, io, inter, p.b1, p.b2, p.act == Activation::SiLU, ys);
-    slot_sum_kernel<<<grid_for(size_t(io) / 4, 256), 256, 0, m.stream>>>(ys, dw, k, io, 1, out);
-    m.launched("routed_moe (fast) weighted-sum kernel");
+    pdl_launch(m, slot_sum_kernel, grid_for(size_t(io) / 4, 256), 256, "routed_moe (fast) weighted-sum kernel",
+               ys, dw, k, io, 1, out);
     ++m.stats.grouped_moe_calls;
     return true;
   }
@@ -661,8 +663,8 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
     d.A = act, d.act_out = nullptr, d.ys = ys, d.K = inter, d.N = io;
     wgmma_grouped(m, false, d, max_tiles,
                   table ? "routed_moe (fast) mxfp4 down grouped wgmma" : "routed_moe (fast) dense down grouped wgmma");
-    slot_sum_kernel<<<grid_for(size_t(T) * io / 4, 256), 256, 0, m.stream>>>(ys, dw, k, io, T, out);
-    m.launched("routed_moe (fast) weighted-sum kernel");
+    pdl_launch(m, slot_sum_kernel, grid_for(size_t(T) * io / 4, 256), 256, "routed_moe (fast) weighted-sum kernel",
+               ys, dw, k, io, T, out);
     ++m.stats.grouped_moe_calls;
     return true;
   }
@@ -731,8 +733,8 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
     }
     scatter_rows_kernel<<<grid_for(size_t(pairs) * io, 256), 256, 0, m.stream>>>(y, order, pairs, io, ys);
     m.launched("routed_moe (fast) scatter kernel");
-    slot_sum_kernel<<<grid_for(size_t(T) * io / 4, 256), 256, 0, m.stream>>>(ys, dw, k, io, T, out);
-    m.launched("routed_moe (fast) weighted-sum kernel");
+    pdl_launch(m, slot_sum_kernel, grid_for(size_t(T) * io / 4, 256), 256, "routed_moe (fast) weighted-sum kernel",
+               ys, dw, k, io, T, out);
     ++m.stats.grouped_moe_calls;
     return true;
   }
@@ -751,8 +753,8 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
   if (table) grouped_kernel<false, true><<<grid2, kThreads, 0, m.stream>>>(d);
   else grouped_kernel<false, false><<<grid2, kThreads, 0, m.stream>>>(d);
   m.launched("routed_moe (fast) down grouped GEMM");
-  slot_sum_kernel<<<grid_for(size_t(T) * io / 4, 256), 256, 0, m.stream>>>(ys, dw, k, io, T, out);
-  m.launched("routed_moe (fast) weighted-sum kernel");
+  pdl_launch(m, slot_sum_kernel, grid_for(size_t(T) * io / 4, 256), 256, "routed_moe (fast) weighted-sum kernel",
+             ys, dw, k, io, T, out);
   ++m.stats.grouped_moe_calls;
   return true;
 }
