@@ -467,21 +467,19 @@ void Forward::kda_layer(const LayerWeights& l, int layer, int T) {
   const size_t P = cfg_.kda_width(), H = cfg_.kda_heads;
   // Each sequence's recurrence on its own state: a run of consecutive one-token segments (the
   // decode rows of a batched step) in one kda_decode_batch, a longer segment in kda_core.
-  for (size_t i = 0; i < segs_.size();) {
+  for (size_t i = 0, j; i < segs_.size(); i = j) {
     const Segment& sg = segs_[i];
     const size_t r = size_t(sg.r0);
-    const size_t j = decode_run(i);
+    j = decode_run(i);
     if (j - i > 1) {
       kda_states_.clear();
       for (size_t t = i; t < j; ++t) kda_states_.push_back(&segs_[t].st->kda(layer));
       be_.kda_decode_batch(p, k, kda_states_.data(), int(j - i), b.q + r * P, b.k + r * P, b.v + r * P, b.z + r * P,
                            b.beta + r * H, b.gate + r * P, b.o + r * P);
-      i = j;
-      continue;
+    } else {
+      be_.kda_core(p, k, sg.st->kda(layer), b.q + r * P, b.k + r * P, b.v + r * P, b.z + r * P, b.beta + r * H,
+                   b.gate + r * P, sg.n, b.o + r * P);
     }
-    be_.kda_core(p, k, sg.st->kda(layer), b.q + r * P, b.k + r * P, b.v + r * P, b.z + r * P, b.beta + r * H,
-                 b.gate + r * P, sg.n, b.o + r * P);
-    ++i;
   }
   be_.gemm(k.o, b.o, T, b.att);
 }
@@ -513,19 +511,17 @@ void Forward::mla_layer(const LayerWeights& l, int layer, int T) {
                C = size_t(cfg_.mla_heads) * cfg_.v_head;
   // Each sequence attends over its own cache: a run of consecutive one-token segments (the decode
   // rows of a batched step) in one mla_decode_batch, a longer segment in mla_attend.
-  for (size_t i = 0; i < segs_.size();) {
+  for (size_t i = 0, j; i < segs_.size(); i = j) {
     const Segment& sg = segs_[i];
     const size_t r = size_t(sg.r0);
-    const size_t j = decode_run(i);
+    j = decode_run(i);
     if (j - i > 1) {
       mla_caches_.clear();
       for (size_t t = i; t < j; ++t) mla_caches_.push_back(&segs_[t].st->mla(layer));
       be_.mla_decode_batch(p, m, mla_caches_.data(), int(j - i), b.qfull + r * Q, b.ckv + r * W, b.ctx + r * C);
-      i = j;
-      continue;
+    } else {
+      be_.mla_attend(p, m, sg.st->mla(layer), b.qfull + r * Q, b.ckv + r * W, sg.n, b.ctx + r * C);
     }
-    be_.mla_attend(p, m, sg.st->mla(layer), b.qfull + r * Q, b.ckv + r * W, sg.n, b.ctx + r * C);
-    ++i;
   }
   if (cfg_.mla_out_gate) be_.sigmoid_gate(b.ctx, b.mgate, size_t(T) * cfg_.mla_heads * cfg_.v_head);
   be_.gemm(m.o, b.ctx, T, b.att);

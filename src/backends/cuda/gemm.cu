@@ -220,9 +220,8 @@ void CudaBackend::gemm_batch(const GemmJob* jobs, int n, int T) {
     int lt_cols = 0;
     for (int i = 0; i < c; ++i) {
       const GemmJob& j = jobs[i0 + i];
-      if (taken[i]) continue;
-      if (T > 0 && j.W->rows > 0 &&
-          cuda::lt_gemm(*impl_, *j.W, j.x, T, j.y, j.x == lt_x && int(j.W->cols) == lt_cols)) {
+      if (taken[i] || T <= 0 || j.W->rows == 0) continue;  // nothing to do (as gemm)
+      if (cuda::lt_gemm(*impl_, *j.W, j.x, T, j.y, j.x == lt_x && int(j.W->cols) == lt_cols)) {
         lt_x = j.x, lt_cols = int(j.W->cols);
         continue;
       }

@@ -300,36 +300,38 @@ void launch_decode(CudaBackend::Impl& m, const MlaParams& p, const MlaWeights& w
   const int H = p.heads, W = p.kv_lora + p.extra;
   const size_t Q = size_t(H) * (p.nope + p.extra), C = size_t(H) * p.v_head;
   const size_t smem = (2 * size_t(W) + 8 * kThreads) * sizeof(float);
+  // What every sequence shares; splits: about two blocks an SM over the heads, at least
+  // kMinPositionsPerSplit positions each.
+  MlaDecodeArgs common{};
+  common.norm_w = m.dense(w.kv_a_norm, "mla_attend (kv_a_norm)"), common.kvb = kvb;
+  common.nope = p.nope, common.extra = p.extra, common.v_head = p.v_head, common.kv_lora = p.kv_lora;
+  common.eps = p.latent_eps, common.scale = 1.0f / std::sqrt(float(p.nope + p.extra));
+  const int cap = std::max(1, 2 * std::max(m.sm_count, 1) / H);
   MlaDecodeBatch batch{};
-  std::array<size_t, kMaxBatch> off{};
+  std::array<size_t, kMaxBatch> score_off{}, part_off{};  // each sequence's scratch, in floats
   size_t scratch = 0;
   int max_used = 1;
   for (int b = 0; b < B; ++b) {
+    // The split count is a function of n and H only, so a sequence's sums do not depend on its
+    // batch mates.
     const int n = caches[b]->length + 1;
-    // Splits: about two blocks an SM over the heads, at least kMinPositionsPerSplit positions
-    // each; a function of n and H only, so a sequence's sums do not depend on its batch mates.
-    const int cap = std::max(1, 2 * std::max(m.sm_count, 1) / H);
     const int splits = std::clamp((n + kMinPositionsPerSplit - 1) / kMinPositionsPerSplit, 1, cap);
     const int per = (n + splits - 1) / splits;
     const int used = (n + per - 1) / per;  // every split non-empty
     MlaDecodeArgs& a = batch.seq[b];
-    a.q = q + size_t(b) * Q, a.ckv = ckv + size_t(b) * W, a.norm_w = m.dense(w.kv_a_norm, "mla_attend (kv_a_norm)");
-    a.kvb = kvb, a.cache = caches[b]->kv, a.ctx = ctx + size_t(b) * C;
-    a.nope = p.nope, a.extra = p.extra, a.v_head = p.v_head, a.kv_lora = p.kv_lora, a.pos = caches[b]->length;
-    a.per_split = per, a.eps = p.latent_eps, a.scale = 1.0f / std::sqrt(float(p.nope + p.extra));
+    a = common;
+    a.q = q + size_t(b) * Q, a.ckv = ckv + size_t(b) * W, a.cache = caches[b]->kv, a.ctx = ctx + size_t(b) * C;
+    a.pos = caches[b]->length, a.per_split = per;
     batch.splits[b] = used;
     max_used = std::max(max_used, used);
-    const size_t score_floats = (size_t(H) * n + 3) / 4 * 4;
     const size_t part_floats = used > 1 ? size_t(H) * used * (p.kv_lora + 2) : 0;
-    off[size_t(b)] = scratch;
-    scratch += score_floats + (part_floats + 3) / 4 * 4;
+    score_off[size_t(b)] = scratch;
+    part_off[size_t(b)] = scratch += (size_t(H) * n + 3) / 4 * 4;
+    scratch += (part_floats + 3) / 4 * 4;
   }
   float* base = static_cast<float*>(m.scratch(m.scores, scratch * sizeof(float)));
-  for (int b = 0; b < B; ++b) {
-    MlaDecodeArgs& a = batch.seq[b];
-    a.scores = base + off[size_t(b)];
-    a.part = a.scores + (size_t(H) * (a.pos + 1) + 3) / 4 * 4;
-  }
+  for (int b = 0; b < B; ++b)
+    batch.seq[b].scores = base + score_off[size_t(b)], batch.seq[b].part = base + part_off[size_t(b)];
   if (smem > 48 * 1024)
     check_cuda(cudaFuncSetAttribute(mla_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)),
                "cudaFuncSetAttribute (mla decode shared memory)");

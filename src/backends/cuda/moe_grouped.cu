@@ -283,6 +283,12 @@ __global__ void slot_sum_kernel(const float* __restrict__ ys, const float* __res
   }
 }
 
+/// out [T, io] = the slot-ordered weighted sum of ys (slot_sum_kernel), a programmatic dependent launch.
+void launch_slot_sum(CudaBackend::Impl& m, const float* ys, const float* w, int k, int io, int T, float* out) {
+  pdl_launch(m, slot_sum_kernel, grid_for(size_t(T) * io / 4, 256), 256, "routed_moe (fast) weighted-sum kernel", ys, w,
+             k, io, T, out);
+}
+
 // ---- per-expert cuBLASLt path (the default of the fast mode) ----
 
 constexpr int kDequantBatch = 8;  ///< MXFP4 experts decoded to BF16 scratch at a time
@@ -554,8 +560,7 @@ void mma_grouped_dense(CudaBackend::Impl& m, const RoutedMoeParams& p, const Den
   mma_grouped_kernel<false><<<dim3(unsigned(max_tiles), unsigned((io + kMN - 1) / kMN)), kMmaThreads, kMmaSmem,
                               m.stream>>>(d);
   m.launched("routed_moe (fast) dense down grouped MMA");
-  pdl_launch(m, slot_sum_kernel, grid_for(size_t(T) * io / 4, 256), 256, "routed_moe (fast) weighted-sum kernel",
-             ys, dw, k, io, T, out);
+  launch_slot_sum(m, ys, dw, k, io, T, out);
 }
 
 /// The device table of `mw`'s dense experts as BF16 (converted once), or null when an expert is
@@ -625,8 +630,7 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
   // goes to moe_decode from moe.cu), reading each chosen expert's rows once at a stream's pace.
   if (T == 1 && dt && dt->aligned16 && moe_decode_ok(m, T, io, inter, z, false)) {  // (io % 32: slot_sum's io % 4)
     moe_decode_dense(m, dt->dev, dids, z, k, io, inter, p.b1, p.b2, p.act == Activation::SiLU, ys);
-    pdl_launch(m, slot_sum_kernel, grid_for(size_t(io) / 4, 256), 256, "routed_moe (fast) weighted-sum kernel",
-               ys, dw, k, io, 1, out);
+    launch_slot_sum(m, ys, dw, k, io, 1, out);
     ++m.stats.grouped_moe_calls;
     return true;
   }
@@ -663,8 +667,7 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
     d.A = act, d.act_out = nullptr, d.ys = ys, d.K = inter, d.N = io;
     wgmma_grouped(m, false, d, max_tiles,
                   table ? "routed_moe (fast) mxfp4 down grouped wgmma" : "routed_moe (fast) dense down grouped wgmma");
-    pdl_launch(m, slot_sum_kernel, grid_for(size_t(T) * io / 4, 256), 256, "routed_moe (fast) weighted-sum kernel",
-               ys, dw, k, io, T, out);
+    launch_slot_sum(m, ys, dw, k, io, T, out);
     ++m.stats.grouped_moe_calls;
     return true;
   }
@@ -733,8 +736,7 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
     }
     scatter_rows_kernel<<<grid_for(size_t(pairs) * io, 256), 256, 0, m.stream>>>(y, order, pairs, io, ys);
     m.launched("routed_moe (fast) scatter kernel");
-    pdl_launch(m, slot_sum_kernel, grid_for(size_t(T) * io / 4, 256), 256, "routed_moe (fast) weighted-sum kernel",
-               ys, dw, k, io, T, out);
+    launch_slot_sum(m, ys, dw, k, io, T, out);
     ++m.stats.grouped_moe_calls;
     return true;
   }
@@ -753,8 +755,7 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
   if (table) grouped_kernel<false, true><<<grid2, kThreads, 0, m.stream>>>(d);
   else grouped_kernel<false, false><<<grid2, kThreads, 0, m.stream>>>(d);
   m.launched("routed_moe (fast) down grouped GEMM");
-  pdl_launch(m, slot_sum_kernel, grid_for(size_t(T) * io / 4, 256), 256, "routed_moe (fast) weighted-sum kernel",
-             ys, dw, k, io, T, out);
+  launch_slot_sum(m, ys, dw, k, io, T, out);
   ++m.stats.grouped_moe_calls;
   return true;
 }
