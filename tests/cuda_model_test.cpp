@@ -576,22 +576,20 @@ TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
       if (b.slots && !predict) {
         EXPECT_EQ(s.tier_prefetch_issued, 0u) << name;
       }
-      if (b.slots && predict && b.slots >= 4 * uint64_t(c.top_k)) {
+      // With room for guesses the tier copies some: from the shard mappings (no store), or from a
+      // store big enough to keep what was read before (a 6-expert store may hold none of them).
+      if (b.slots && predict && b.slots >= 4 * uint64_t(c.top_k) && b.store != 6) {
         EXPECT_GT(s.tier_prefetch_issued, 0u) << name << ": guesses are copied into VRAM slots";
         EXPECT_GT(s.tier_guess_needed, 0u) << name;
       }
       if (store) {
         EXPECT_GT(store->stats().misses, 0u) << "the experts came through the store";
-        // The host store reads only the guesses the VRAM tier copies (a big store has room for
-        // every guess, so its own limits hide nothing): none when the tier has no room for
-        // guesses (top-k slots), and never more than the tier copied (or whose read failed).
+        // The tier copies only guesses the host store holds: a guess never makes the store read
+        // from disk (a big store has room for every guess, so its own limits hide nothing).
         const uint64_t disk_guesses = store->stats().prefetch_issued;
-        if (predict && b.store == total && b.slots == uint64_t(c.top_k)) {
-          EXPECT_EQ(disk_guesses, 0u) << name << ": guesses the tier has no slot for were read from disk";
-        }
-        if (predict && b.store == total) {
-          EXPECT_LE(disk_guesses, s.tier_prefetch_issued + s.tier_prefetch_failed)
-              << name << ": the host store read guesses the VRAM tier never copied";
+        EXPECT_EQ(disk_guesses, 0u) << name << ": a guess was read from disk";
+        if (predict && b.slots >= 4 * uint64_t(c.top_k) && b.store == 6) {
+          EXPECT_GT(s.tier_guess_not_held, 0u) << name << ": guesses only on disk are counted as left there";
         }
         std::printf("[ cuda tier %s ] host store: %llu guesses read from disk, %llu misses, %.1f KB read\n", name.c_str(),
                     (unsigned long long)disk_guesses, (unsigned long long)store->stats().misses,
@@ -620,6 +618,10 @@ TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
 class FirstRequest final : public ExpertSource {
  public:
   explicit FirstRequest(ExpertSource& s) : s_(s) {}
+  /// Claims every expert held, so the VRAM tier copies guesses the store has not read: their
+  /// reads (and the injected faults) then run while the tier copies them, the path a guess takes
+  /// when a held expert is evicted from the store before the tier copies it.
+  bool holds(int, int) override { return true; }
   void visit(int layer, const std::vector<int>& experts,
              const std::function<void(int, const ExpertRef&)>& fn) override {
     for (int e : experts) first.emplace((int64_t(layer) << 32) | e, false);
@@ -638,7 +640,9 @@ class FirstRequest final : public ExpertSource {
 
 // Read faults (EIO, short read) injected through the expert store's pread hook into the reads of
 // guessed experts while the VRAM tier prefetches them: golden k3-tiny-a with 4 x top-k slots,
-// prediction on, every expert through a cold store that holds all of them. Transient faults (the
+// prediction on, every expert through a cold store that holds all of them, behind a source that
+// claims to hold every expert (FirstRequest: the tier would otherwise copy only guesses already
+// read, whose reads cannot fail any more). Transient faults (the
 // first read of each expert first asked for by a decode step's guess fails) must leave the logits bit-identical
 // to all-resident experts, the failures counted. Persistent faults on those experts must give
 // either identical logits (never needed) or a wren::Error that names the shard and the expert and

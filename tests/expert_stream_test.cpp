@@ -174,6 +174,54 @@ TEST_F(ByteStore, PrefetchRacingAnEviction) {
   visit_checked(s, 0, {0});  // now resident
 }
 
+// holds(): true only for an expert read and checked in the cache; an expert not read, one whose
+// read is in flight and one whose read failed are not held; evicted ones are no longer held; an
+// id out of range is a clear error. (The CUDA VRAM tier copies only held guesses.)
+TEST_F(ByteStore, HoldsOnlyExpertsReadIntoTheCache) {
+  Gate gate;
+  ExpertStoreOptions o = opts(6, 2);
+  const uint64_t held_off = offset(0, 0), bad_off = offset(0, 2);
+  o.pread_hook = [&](int fd, void* buf, size_t n, uint64_t off) -> long {
+    if (off == bad_off) {
+      errno = EIO;
+      return -1;
+    }
+    if (off == held_off) {
+      ++gate.held;
+      std::unique_lock<std::mutex> lk(gate.mu);
+      gate.cv.wait(lk, [&] { return gate.open; });
+    }
+    return long(::pread(fd, buf, n, off_t(off)));
+  };
+  ExpertByteStore s(extents_, kBytes, o);
+  EXPECT_FALSE(s.holds(0, 0));
+  const int guess[] = {0, 2};
+  s.prefetch(0, guess, 2);
+  while (gate.held == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_FALSE(s.holds(0, 0)) << "a read in flight is not held";
+  visit_checked(s, 1, {3, 4});
+  EXPECT_TRUE(s.holds(1, 3));
+  EXPECT_TRUE(s.holds(1, 4));
+  EXPECT_FALSE(s.holds(1, 5));
+  gate.release();
+  for (int i = 0; i < 2000 && !s.holds(0, 0); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  EXPECT_TRUE(s.holds(0, 0)) << "the guess's read landed";
+  for (int i = 0; i < 200 && s.stats().prefetch_failed == 0; ++i) {
+    EXPECT_FALSE(s.holds(0, 2)) << "a failed read is not held";
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(s.stats().prefetch_failed, 1u);
+  EXPECT_FALSE(s.holds(0, 2)) << "a failed read is not held";
+  // Six slots: visiting six other experts evicts every earlier one.
+  visit_checked(s, 2, {0, 1, 2, 3, 4, 5});
+  EXPECT_FALSE(s.holds(1, 3)) << "evicted";
+  EXPECT_FALSE(s.holds(0, 0)) << "evicted";
+  EXPECT_TRUE(s.holds(2, 5));
+  EXPECT_THROW(s.holds(0, kExperts), Error);
+  EXPECT_THROW(s.holds(kLayers, 0), Error);
+  EXPECT_THROW(s.holds(-1, 0), Error);
+}
+
 TEST_F(ByteStore, WrongGuessesAreEvictedUnused) {
   ExpertByteStore s(extents_, kBytes, opts(8, 2));
   const int guess[] = {0, 1, 2, 3, 4, 5};

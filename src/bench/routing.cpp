@@ -51,6 +51,7 @@ class RecordingSource final : public ExpertSource {
     trace.push_back({layer, experts});
     inner_.visit_batches(layer, experts, fn);
   }
+  bool holds(int layer, int e) override { return inner_.holds(layer, e); }
   struct Request {
     int layer;
     std::vector<int> experts;

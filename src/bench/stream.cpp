@@ -113,6 +113,7 @@ class TouchCounter final : public ExpertSource {
     s_.visit_batches(layer, experts, fn);
   }
   void prefetch(int layer, const int* experts, int n) override { s_.prefetch(layer, experts, n); }
+  bool holds(int layer, int e) override { return s_.holds(layer, e); }
   std::set<int64_t> touched;
 
  private:
@@ -153,6 +154,7 @@ struct RunResult {
   // CUDA (VRAM tier): decode host -> device bytes (demand + prefetch), prefetch counters.
   uint64_t decode_h2d = 0, prefetch_issued = 0, prefetch_used = 0, slots = 0;
   uint64_t disk_guesses = 0;  ///< decode: guessed experts the host store read from disk (its prefetch reads)
+  uint64_t not_held = 0;      ///< CUDA decode: guesses with room in VRAM left out (only on disk)
 };
 
 /// --budgets: comma-separated fractions of all expert bytes, each in (0, 1] (1 = every expert
@@ -260,6 +262,7 @@ RunResult one_cuda_run(const Model& m, const ExpertStoreOptions& so, const std::
   r.recall = needed ? double(hit) / double(needed) : 0;
   r.decode_h2d = (d.tier_bytes - p.tier_bytes) + (d.tier_prefetch_bytes - p.tier_prefetch_bytes);
   r.prefetch_issued = d.tier_prefetch_issued - p.tier_prefetch_issued;
+  r.not_held = d.tier_guess_not_held - p.tier_guess_not_held;
   r.prefetch_used = d.tier_prefetch_used - p.tier_prefetch_used;
   if (store) {
     r.decode_read = store->stats().bytes_read;
@@ -285,7 +288,7 @@ void cuda_budgets(const Model& m, ExpertStoreOptions so, const std::set<std::str
               "host -> device copy from pinned memory, measured now: %.2f GB/s\n",
               so.cache_bytes / 1e9, a.host_cache * 100, h2d);
   std::printf("| VRAM budget | slots | predict | prefill tok/s | prefill disk GB / touched | decode s/token | "
-              "VRAM hit rate | recall | prefetch used / copied | guesses read from disk | disk GB/token | H2D GB/token | "
+              "VRAM hit rate | recall | prefetch used / copied | guesses read from disk / left on disk | disk GB/token | H2D GB/token | "
               "disk GB/s (x raw) | H2D GB/s (x measured) | floor s/token | time / floor |\n");
   std::printf("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::set<uint64_t> hashes;
@@ -312,14 +315,14 @@ void cuda_budgets(const Model& m, ExpertStoreOptions so, const std::set<std::str
       char recall[32] = "-", rt[48] = "-";
       if (predict && last.slots) std::snprintf(recall, sizeof recall, "%.1f%%", 100 * last.recall);
       if (!ratio.empty()) std::snprintf(rt, sizeof rt, "%.2fx / %.2fx", minimum(ratio), median(ratio));
-      std::printf("| %.0f%% (%.2f GB) | %llu | %s | %.2f / %.2f | %.2f / %.2f | %.4f / %.4f | %.1f%% | %s | %llu / %llu | %llu | "
+      std::printf("| %.0f%% (%.2f GB) | %llu | %s | %.2f / %.2f | %.2f / %.2f | %.4f / %.4f | %.1f%% | %s | %llu / %llu | %llu / %llu | "
                   "%.3f | %.3f | %.3f (%.2fx) | %.2f (%.2fx) | %.4f | %s |\n",
                   frac * 100, frac >= 1 ? all_bytes / 1e9 : vram / 1e9, (unsigned long long)last.slots,
                   predict ? "on" : "off", minimum(pf), median(pf), last.prefill_read / 1e9, last.prefill_touched / 1e9,
                   minimum(sd), median(sd), 100 * last.decode_hit,
                   recall,
                   (unsigned long long)last.prefetch_used, (unsigned long long)last.prefetch_issued,
-                  (unsigned long long)last.disk_guesses, median(disk),
+                  (unsigned long long)last.disk_guesses, (unsigned long long)last.not_held, median(disk),
                   median(h2dt), median(dach), median(dach) / raw_med, median(hach), median(hach) / h2d, floor,
                   rt);
       std::fflush(stdout);

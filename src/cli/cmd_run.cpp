@@ -217,7 +217,7 @@ void run(RunArgs& a) {
                          {"bytes_copied", v.demand_bytes + v.prefetch_bytes}, {"prefetch_bytes", v.prefetch_bytes},
                          {"prefetch", {{"copied", v.prefetch_copied}, {"used", v.prefetch_used},
                                        {"wasted", v.prefetch_wasted}, {"failed", v.prefetch_failed},
-                                       {"recall", v.recall()}, {"guessed_needed", v.guess_needed}}}};
+                                       {"left_on_disk", v.not_held}, {"recall", v.recall()}, {"guessed_needed", v.guess_needed}}}};
     nlohmann::json j = {{"prompt_ids", prompt}, {"output_ids", out}, {"stats", js}};
     if (text_mode) {
       j["text"] = pr.answer;

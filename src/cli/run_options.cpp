@@ -112,10 +112,10 @@ void print_stats(const GenerateStats& s, Engine& e) {
                  (unsigned long long)v.slots, (unsigned long long)v.hits, (unsigned long long)v.misses,
                  100 * v.hit_rate(), (v.demand_bytes + v.prefetch_bytes) / 1e9, v.prefetch_bytes / 1e9);
     if (v.guess_needed || v.prefetch_copied)
-      std::fprintf(stderr, "wren: VRAM prediction: recall %.1f%% of %llu needed experts; %llu guesses copied, %llu used, %llu evicted unused, %llu failed reads\n",
+      std::fprintf(stderr, "wren: VRAM prediction: recall %.1f%% of %llu needed experts; %llu guesses copied, %llu used, %llu evicted unused, %llu failed reads, %llu left on disk\n",
                    100 * v.recall(), (unsigned long long)v.guess_needed, (unsigned long long)v.prefetch_copied,
                    (unsigned long long)v.prefetch_used, (unsigned long long)v.prefetch_wasted,
-                   (unsigned long long)v.prefetch_failed);
+                   (unsigned long long)v.prefetch_failed, (unsigned long long)v.not_held);
   }
   if (const uint64_t n = e.backend().fallbacks(); n != 0)
     std::fprintf(stderr, "wren: %llu slow fallbacks of the %s backend (see the first one above)\n", (unsigned long long)n,

@@ -301,6 +301,18 @@ void ExpertByteStore::prefetch(int layer, const int* experts, int n) {
   }
 }
 
+bool ExpertByteStore::holds(int layer, int e) {
+  std::lock_guard<std::mutex> api(api_mu_);
+  check(layer >= 0 && size_t(layer) < extents_.size() && e >= 0 && size_t(e) < extents_[size_t(layer)].size(),
+        "expert store: holds() of expert " + std::to_string(e) + " of layer " + std::to_string(layer) +
+            ", which does not exist");
+  reap();
+  const auto it = where_.find(key(layer, e));
+  if (it == where_.end()) return false;
+  std::lock_guard<std::mutex> lk(mu_);
+  return slots_[it->second]->state == Slot::Ready;
+}
+
 int ExpertByteStore::prefetch_room() const {
   // Half of the slots at most, and none of the two visits' worth of slots the current and the
   // next layer ask for: guesses that the current layer's misses would evict cost reads for nothing.

@@ -100,6 +100,10 @@ class ExpertByteStore {
   /// timing depends on the guess; the bytes a visit hands over never do.
   void prefetch(int layer, const int* experts, int n);
 
+  /// True when expert `e` of `layer` is in the cache, read and checked (a visit hands it over
+  /// without a read; one in flight or failed: false). Throws wren::Error for an id out of range.
+  bool holds(int layer, int e);
+
   /// Counters. Read on the thread that calls visit_batches / prefetch.
   const ExpertStoreStats& stats() const { return stats_; }
   void reset_stats() { stats_ = {}; }

@@ -36,6 +36,12 @@ class ExpertSource {
   /// that reads from disk may start reading them now. A wrong guess may cost time, never change
   /// what a visit hands over. The default (memory-resident sources) does nothing.
   virtual void prefetch(int layer, const int* experts, int n) { (void)layer, (void)experts, (void)n; }
+
+  /// Whether a visit would hand expert `e` of `layer` over now, from memory, without starting or
+  /// waiting for a read (a read in flight counts as not held). The CUDA VRAM tier copies only such
+  /// guesses: its kernels are so much faster than the disk that a guess read from disk delays the
+  /// reads a layer needs (docs/streaming.md, run 26a). The default (memory-resident sources): true.
+  virtual bool holds(int layer, int e) { return (void)layer, (void)e, true; }
 };
 
 /// Experts read through the shards' memory mappings (pages fault in on first use). Each expert's

@@ -139,6 +139,7 @@ bool vram_tier_stats(Backend& be, VramTierStats* out) {
     out->demand_bytes = s.tier_bytes, out->prefetch_bytes = s.tier_prefetch_bytes;
     out->prefetch_copied = s.tier_prefetch_issued, out->prefetch_used = s.tier_prefetch_used;
     out->prefetch_wasted = s.tier_prefetch_wasted, out->prefetch_failed = s.tier_prefetch_failed;
+    out->not_held = s.tier_guess_not_held;
     out->guess_needed = s.tier_guess_needed, out->guess_hit = s.tier_guess_hit;
     return true;
   }

@@ -30,6 +30,8 @@ class ExpertStore final : public ExpertSource {
   void visit_batches(int layer, const std::vector<int>& experts, const BatchFn& fn) override;
   /// Starts reads of the guessed experts (ExpertByteStore::prefetch).
   void prefetch(int layer, const int* experts, int n) override { bytes_->prefetch(layer, experts, n); }
+  /// Read and checked in the cache (ExpertByteStore::holds).
+  bool holds(int layer, int e) override { return bytes_->holds(layer, e); }
 
   const ExpertStoreStats& stats() const { return bytes_->stats(); }
   void reset_stats() { bytes_->reset_stats(); }

@@ -55,6 +55,7 @@ struct CudaStats {
   uint64_t tier_prefetch_used = 0;    ///< VRAM tier: of those, found by a later routed_moe (a hit)
   uint64_t tier_prefetch_wasted = 0;  ///< VRAM tier: of those, evicted before any use
   uint64_t tier_prefetch_failed = 0;  ///< VRAM tier: guesses whose host read failed (read again on demand)
+  uint64_t tier_guess_not_held = 0;   ///< VRAM tier: guesses with room in VRAM left out as the host did not hold them
   uint64_t tier_guess_needed = 0;     ///< VRAM tier recall: distinct experts of calls that had a guess
   uint64_t tier_guess_hit = 0;        ///< VRAM tier recall: of those, how many the guess contained
   uint64_t uploaded_bytes = 0;   ///< weight bytes copied to the device by upload()

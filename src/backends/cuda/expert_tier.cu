@@ -410,11 +410,15 @@ void CudaBackend::prefetch_experts(int layer, const int* experts, int n) {
   std::stable_sort(ids.begin(), ids.end(), [&](int a, int b) { return count[a] > count[b]; });
   t.guess_layer = layer, t.guess_ids = ids;
   std::sort(t.guess_ids.begin(), t.guess_ids.end());
-  // The host reads only the guesses the tier will copy: not held in VRAM already, and no more than
-  // the tier's prefetch room, with the demand of the call about to run taken as the larger of the
-  // latest call's distinct count and the guess's (the first call of a prompt has no latest call:
-  // without this, a budget with no room for guesses read a few from disk, run 24-tier). A guess the
-  // tier has no slot for is never read from disk.
+  // The tier copies only guesses the source holds in memory now (ExpertSource::holds): a guess
+  // read from disk took the disk from the reads the next layer needs, and tier_prefetch waited for
+  // it (run 26a: twice the decode time of prediction off at 40% VRAM). So prediction never adds
+  // disk bytes here; it moves host-cached experts into VRAM before they are asked for. No more
+  // than the tier's prefetch room, with the demand of the call about to run taken as the larger of
+  // the latest call's distinct count and the guess's (the first call of a prompt has no latest
+  // call). The held guesses are passed on to the source too, which keeps them from being evicted
+  // first (they are held, so it reads nothing).
+  ExpertSource* src = t.source ? t.source : t.mapped.get();
   std::vector<int> host, pending;
   int room = prefetch_room(t);
   if (!t.ignore_prefetch_limits)
@@ -423,8 +427,12 @@ void CudaBackend::prefetch_experts(int layer, const int* experts, int n) {
     if (t.where.count(tier_key(layer, e))) {
       pending.push_back(e);  // resident: tier_prefetch keeps it from being evicted first
     } else if (int(host.size()) < room) {
-      host.push_back(e);
-      pending.push_back(e);
+      if (src->holds(layer, e)) {
+        host.push_back(e);
+        pending.push_back(e);
+      } else {
+        ++impl_->stats.tier_guess_not_held;  // room for it, but only on disk: left to demand
+      }
     }
   }
   if (!host.empty()) Backend::prefetch_experts(layer, host.data(), int(host.size()));
