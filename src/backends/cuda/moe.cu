@@ -247,20 +247,6 @@ __global__ void mx_batch_kernel(MxBatchArgs b) {
   mx_pass<kGateUp>(a, xsm, lut);
 }
 
-/// out[t, i] = Σ_j w[t, j] · ys[t·k + j, i] in slot order (weights on the device).
-__global__ void routed_sum_kernel(const float* __restrict__ ys, const float* __restrict__ w, int k, int io, int T,
-                                  float* __restrict__ out) {
-  cuda::pdl_wait();  // launched as a programmatic dependent (launch_routed_sum): nothing is touched before
-  cuda::pdl_trigger();
-  const size_t n = size_t(T) * io;
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const size_t t = i / io, c = i % io;
-    float acc = 0;
-    for (int j = 0; j < k; ++j) acc += w[t * k + j] * ys[(t * k + j) * io + c];
-    out[i] = acc;
-  }
-}
-
 struct Weights {
   float w[kMaxWeighted];
 };
@@ -336,10 +322,6 @@ void launch_router(CudaBackend::Impl& m, const float* logits, const float* bias,
 
 /// out[T, io] = Σ_j w[t, j] · ys[t · k + j] (the routed experts' weighted sum, slots in order), as
 /// a programmatic dependent launch.
-void launch_routed_sum(CudaBackend::Impl& m, const float* ys, const float* w, int k, int io, int T, float* out,
-                       const char* what) {
-  cuda::pdl_launch(m, routed_sum_kernel, cuda::grid_for(size_t(T) * io, 256), 256, what, ys, w, k, io, T, out);
-}
 
 }  // namespace
 
@@ -526,7 +508,7 @@ static void tier_routed_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, cons
     m.tier_mark_read();
     t0 = t1;
   }
-  launch_routed_sum(m, ys, dw, k, tier.io, T, out, "routed_moe weighted-sum kernel");
+  cuda::launch_slot_sum(m, ys, dw, k, tier.io, T, out);
   if (tier.pending_layer >= 0) m.tier_prefetch();  // the next layer's guess, while these kernels run
 }
 
@@ -572,7 +554,7 @@ void CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, con
   const cuda::LayerTable& t = *tp;
   if (cuda::moe_decode_ok(m, T, t.io, t.inter, z, true)) {  // fast mode, one token: tensor-core GEMVs (moe_decode.cu)
     cuda::moe_decode(m, t.dev, dids, z, k, t.io, t.inter, p.b1, p.b2, ys);
-    launch_routed_sum(m, ys, dw, k, t.io, 1, out, "routed_moe weighted-sum kernel");
+    cuda::launch_slot_sum(m, ys, dw, k, t.io, 1, out);
     return;
   }
   float* act = static_cast<float*>(m.scratch(m.act, size_t(pairs) * t.inter * sizeof(float)));
@@ -580,7 +562,7 @@ void CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, con
                         "routed_moe gate/up kernel");
   launch_mx_batch<false>(m, MxBatchArgs{t.dev, dids, act, ys, 1, t.io, t.inter, 0.f, 0.f}, pairs,
                          "routed_moe down kernel");
-  launch_routed_sum(m, ys, dw, k, t.io, T, out, "routed_moe weighted-sum kernel");
+  cuda::launch_slot_sum(m, ys, dw, k, t.io, T, out);
 }
 
 }  // namespace wren

@@ -33,4 +33,10 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
 void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const int* ids, const float* z, int k, int io,
                       int inter, float b1, float b2, bool silu, float* ys);
 
+/// out [T, io] = Σ_j w[t·k + j] · ys[t·k + j] over the k slots of each row, in slot order (the
+/// routed experts' outputs ys [T·k, io] weighted by the router's w [T·k], all on the device): one
+/// programmatic dependent launch, 4 columns a thread where io % 4 == 0 and ys, out are 16-byte
+/// aligned (moe_grouped.cu). The sums do not depend on the width.
+void launch_slot_sum(CudaBackend::Impl& m, const float* ys, const float* w, int k, int io, int T, float* out);
+
 }  // namespace wren::cuda

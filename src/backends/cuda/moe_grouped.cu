@@ -52,6 +52,46 @@ namespace wren::cuda {
 
 namespace {
 
+/// out[t, i] = Σ_j w[t·k + j] · ys[(t·k + j), i] in slot order, kVec columns a thread (kVec = 4:
+/// io % 4 == 0 and 16-byte aligned rows; the sum of each element is the same for either width).
+template <int kVec>
+__global__ void slot_sum_kernel(const float* __restrict__ ys, const float* __restrict__ w, int k, int io, int T,
+                                float* __restrict__ out) {
+  pdl_wait();  // a programmatic dependent launch (pdl_launch): nothing is touched before
+  pdl_trigger();
+  const int per_row = io / kVec;
+  const size_t n = size_t(T) * per_row;
+  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const size_t t = i / per_row, c = (i % per_row) * kVec;
+    if constexpr (kVec == 4) {
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int j = 0; j < k; ++j) {
+        const float wj = w[t * k + j];
+        const float4 y = *reinterpret_cast<const float4*>(ys + (t * k + j) * io + c);
+        acc.x += wj * y.x, acc.y += wj * y.y, acc.z += wj * y.z, acc.w += wj * y.w;
+      }
+      *reinterpret_cast<float4*>(out + t * io + c) = acc;
+    } else {
+      float acc = 0.f;
+      for (int j = 0; j < k; ++j) acc += w[t * k + j] * ys[(t * k + j) * io + c];
+      out[t * io + c] = acc;
+    }
+  }
+}
+
+}  // namespace
+
+void launch_slot_sum(CudaBackend::Impl& m, const float* ys, const float* w, int k, int io, int T, float* out) {
+  const bool vec = io % 4 == 0 && reinterpret_cast<uintptr_t>(ys) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  const char* what = "routed_moe weighted-sum kernel";
+  if (vec)
+    pdl_launch(m, slot_sum_kernel<4>, grid_for(size_t(T) * io / 4, 256), 256, what, ys, w, k, io, T, out);
+  else
+    pdl_launch(m, slot_sum_kernel<1>, grid_for(size_t(T) * io, 256), 256, what, ys, w, k, io, T, out);
+}
+
+namespace {
+
 using namespace nvcuda;
 
 constexpr int BM = 64, BN = 64, BK = 32, kThreads = 128;
@@ -262,31 +302,6 @@ __global__ void __launch_bounds__(kThreads) grouped_kernel(GroupArgs a) {
       a.ys[size_t(a.order[row]) * a.N + n] = g;
     }
   }
-}
-
-/// out[t, i] = Σ_j w[t·k + j] · ys[(t·k + j), i] in slot order, 4 columns a thread (io % 4 == 0).
-__global__ void slot_sum_kernel(const float* __restrict__ ys, const float* __restrict__ w, int k, int io, int T,
-                                float* __restrict__ out) {
-  pdl_wait();  // a programmatic dependent launch (pdl_launch): nothing is touched before
-  pdl_trigger();
-  const int per_row = io / 4;
-  const size_t n = size_t(T) * per_row;
-  for (size_t i = size_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const size_t t = i / per_row, c = (i % per_row) * 4;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int j = 0; j < k; ++j) {
-      const float wj = w[t * k + j];
-      const float4 y = *reinterpret_cast<const float4*>(ys + (t * k + j) * io + c);
-      acc.x += wj * y.x, acc.y += wj * y.y, acc.z += wj * y.z, acc.w += wj * y.w;
-    }
-    *reinterpret_cast<float4*>(out + t * io + c) = acc;
-  }
-}
-
-/// out [T, io] = the slot-ordered weighted sum of ys (slot_sum_kernel), a programmatic dependent launch.
-void launch_slot_sum(CudaBackend::Impl& m, const float* ys, const float* w, int k, int io, int T, float* out) {
-  pdl_launch(m, slot_sum_kernel, grid_for(size_t(T) * io / 4, 256), 256, "routed_moe (fast) weighted-sum kernel", ys, w,
-             k, io, T, out);
 }
 
 // ---- per-expert cuBLASLt path (the default of the fast mode) ----
