@@ -613,8 +613,8 @@ TEST(CudaTier, LogitsIdenticalAtEveryVramBudget) {
 
 /// An ExpertSource over the expert store that records, per (layer, expert), whether the first
 /// request for it was a guess (prefetch) made while `decode` is set: with a cold store that never
-/// evicts, the first read of such an expert is a prefetch read. (In decode the tier copies every
-/// guess it sends to the store; in a prefill it may not, run 24-tier.)
+/// evicts, the first read of such an expert is a prefetch read. It claims to hold every expert
+/// (below), so the tier sends its guesses to the store, which reads them from disk.
 class FirstRequest final : public ExpertSource {
  public:
   explicit FirstRequest(ExpertSource& s) : s_(s) {}

@@ -1274,6 +1274,13 @@ TEST_F(CudaOps, RoutedMoeMatchesCpu) {
       be_->routed_moe(p, mw, dlog, dz, T, RoutedMoeWork{dys}, dout);
       EXPECT_EQ(be_->fallbacks(), fallbacks) << sh << ": resident experts must route on the device";
       const auto got = host(dout, size_t(T) * c.io);
+      {  // An output 4 bytes past 16-byte alignment: the weighted sum runs a column a thread
+         // (slot_sum_kernel<1>), with the same sums.
+        float* dout1 = poisoned(size_t(T) * c.io + 1);
+        be_->routed_moe(p, mw, dlog, dz, T, RoutedMoeWork{dys}, dout1 + 1);
+        const auto got1 = host(dout1, size_t(T) * c.io + 1);
+        EXPECT_EQ(0, std::memcmp(got1.data() + 1, got.data(), got.size() * 4)) << sh << ": output not 16-byte aligned";
+      }
 
       // CPU reference: the forward pass's host-routed path.
       std::vector<int> ids(size_t(T) * c.k);

@@ -206,7 +206,7 @@ TEST_F(ByteStore, HoldsOnlyExpertsReadIntoTheCache) {
   gate.release();
   for (int i = 0; i < 2000 && !s.holds(0, 0); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_TRUE(s.holds(0, 0)) << "the guess's read landed";
-  for (int i = 0; i < 200 && s.stats().prefetch_failed == 0; ++i) {
+  for (int i = 0; i < 2000 && s.stats().prefetch_failed == 0; ++i) {
     EXPECT_FALSE(s.holds(0, 2)) << "a failed read is not held";
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

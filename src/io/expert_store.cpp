@@ -303,9 +303,9 @@ void ExpertByteStore::prefetch(int layer, const int* experts, int n) {
 
 bool ExpertByteStore::holds(int layer, int e) {
   std::lock_guard<std::mutex> api(api_mu_);
-  check(layer >= 0 && size_t(layer) < extents_.size() && e >= 0 && size_t(e) < extents_[size_t(layer)].size(),
-        "expert store: holds() of expert " + std::to_string(e) + " of layer " + std::to_string(layer) +
-            ", which does not exist");
+  if (layer < 0 || size_t(layer) >= extents_.size() || e < 0 || size_t(e) >= extents_[size_t(layer)].size())
+    throw Error("expert store: holds() of expert " + std::to_string(e) + " of layer " + std::to_string(layer) +
+                ", which does not exist");
   reap();
   const auto it = where_.find(key(layer, e));
   if (it == where_.end()) return false;

@@ -129,9 +129,9 @@ class CudaBackend final : public Backend {
   bool streams_experts() const override;
   /// Prediction is worth its router GEMV when experts stream (the VRAM tier is active).
   bool uses_prediction() const override;
-  /// A guess for `layer` (Backend::prefetch_experts): the guessed experts that are not in a VRAM
-  /// slot go to the expert source's prefetch (host reads start now), and the tier copies the
-  /// guessed experts into VRAM slots on its prefetch copy stream right after the routed_moe call
+  /// A guess for `layer` (Backend::prefetch_experts): of the guessed experts not in a VRAM slot,
+  /// those the expert source holds in memory (ExpertSource::holds; never one it would read from
+  /// disk), up to the tier's room, are copied into VRAM slots on its prefetch copy stream right after the routed_moe call
   /// that runs now has queued its kernels (or at the start of `layer`'s own call, when that comes
   /// first). Timing only: routed_moe's results never depend on it.
   void prefetch_experts(int layer, const int* experts, int n) override;

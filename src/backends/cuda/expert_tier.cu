@@ -16,9 +16,9 @@
 // queued its kernels, tier_prefetch copies the guessed experts into slots on the prefetch copy
 // stream while those kernels run. A prefetch never evicts a slot of the running call (the LRU is
 // ordered by use stamp, so its head tells in O(1)), leaves twice the latest call's distinct count
-// of slots to demand and holds at most half of the slots with unused guesses; the host store is
-// asked to read only the guesses the tier has room to copy (most frequent first), so a budget
-// with no room for guesses reads none from disk.
+// of slots to demand and holds at most half of the slots with unused guesses. Only guesses the
+// host source holds in memory (ExpertSource::holds) are copied: a guess never sends the host store
+// to the disk (docs/streaming.md#cuda).
 // The bytes that reach the kernels are the stored bytes, so results are bit-identical at every
 // budget, with prediction on or off.
 #include <algorithm>
@@ -343,6 +343,7 @@ void CudaBackend::Impl::tier_prefetch() {
   t.pending_layer = -1;
   if (layer < 0 || t.pending_ids.empty()) return;
   const int room = prefetch_room(t);
+  ExpertSource* src = t.source ? t.source : t.mapped.get();
   std::vector<int> want, slot_of;
   for (int e : t.pending_ids) {
     const auto it = t.where.find(tier_key(layer, e));
@@ -351,6 +352,12 @@ void CudaBackend::Impl::tier_prefetch() {
       continue;
     }
     if (int(want.size()) >= room) continue;
+    // Held when guessed, but the call that ran since may have had the host store evict it: a
+    // copy now would wait for a disk read.
+    if (!src->holds(layer, e)) {
+      ++stats.tier_guess_not_held;
+      continue;
+    }
     const int s = take_slot(t, stats, t.call_first);  // never a slot of the running call
     if (s < 0) break;
     cuda::TierSlot& x = t.slots[s];
@@ -365,7 +372,6 @@ void CudaBackend::Impl::tier_prefetch() {
     launched("VRAM tier test stall kernel");
   }
   std::vector<char> done(want.size(), 0);
-  ExpertSource* src = t.source ? t.source : t.mapped.get();
   std::unordered_map<int, size_t> index;  // expert -> its place in want
   for (size_t i = 0; i < want.size(); ++i) index[want[i]] = i;
   try {
@@ -418,7 +424,8 @@ void CudaBackend::prefetch_experts(int layer, const int* experts, int n) {
   // the latest call's distinct count and the guess's (the first call of a prompt has no latest
   // call). The held guesses are passed on to the source too, which keeps them from being evicted
   // first (they are held, so it reads nothing).
-  ExpertSource* src = t.source ? t.source : t.mapped.get();
+  // The backend's source now (t.source is set by routed_moe, which runs after the first guess).
+  ExpertSource* src = expert_source() ? expert_source() : t.mapped.get();
   std::vector<int> host, pending;
   int room = prefetch_room(t);
   if (!t.ignore_prefetch_limits)

@@ -320,8 +320,6 @@ void launch_router(CudaBackend::Impl& m, const float* logits, const float* bias,
   m.launched(what);
 }
 
-/// out[T, io] = Σ_j w[t, j] · ys[t · k + j] (the routed experts' weighted sum, slots in order), as
-/// a programmatic dependent launch.
 
 }  // namespace
 
