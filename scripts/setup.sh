@@ -26,7 +26,8 @@ if ! npm ls --prefix "$tok_dir" --all >/dev/null 2>&1; then
 fi
 
 # The built-in default model's vocabulary: the first 16,384 ranks of o200k_base from the npm
-# tiktoken package just installed (the model itself is created on first use, in ~/.cache/wren).
+# tiktoken package just installed (the model itself, models/wren-tiny, is in the repository; the
+# build copies it into build/share/wren, read-only).
 root="$(cd "$(dirname "$0")/.." && pwd)"
 if [ ! -s "$root/data/default-vocab.tiktoken" ]; then
   node "$root/scripts/make_default_vocab.js" "$root/data/default-vocab.tiktoken" 16384

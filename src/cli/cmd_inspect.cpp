@@ -130,7 +130,7 @@ void inspect(const InspectArgs& a) {
   std::printf("  dense weights resident (f32): %s\n", human_bytes(double(resident_f32)).c_str());
   if (streamed && (long long)(cache / c.expert_bytes()) >= n_exp)
     std::printf("  expert cache: %s%s (all %lld experts fit; nothing streams from disk after first use)\n",
-                human_bytes(double(cache)).c_str(), a.expert_cache.empty() ? " (default: half of available RAM)" : "",
+                human_bytes(double(cache)).c_str(), a.expert_cache.empty() ? " (default: every expert when that fits in half of available RAM)" : "",
                 n_exp);
   else if (streamed)
     std::printf("  expert cache: %s%s (%llu of %lld experts; the rest streams from disk)\n",

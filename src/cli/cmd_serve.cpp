@@ -38,7 +38,8 @@ struct ServeArgs {
   server::ServerOptions server;
 };
 
-/// The id clients use in `model`: the snapshot folder's name, or "wren-default".
+/// The id clients use in `model`: the snapshot folder's name (the built-in model: "wren-tiny",
+/// as `wren run` and `inspect` call it), or "wren-default" for a folder without a name.
 std::string model_id(const std::string& dir) {
   if (dir.empty()) return "wren-default";
   const std::filesystem::path p = std::filesystem::path(dir).lexically_normal();
@@ -91,7 +92,7 @@ void serve(ServeArgs& a) {
   Engine e(a.engine);
   if (const std::string g = describe_gpu(e, a.engine); !g.empty()) std::fprintf(stderr, "wren: %s\n", g.c_str());
   check(e.has_tokenizer(), "wren serve needs a model with a tokenizer (tiktoken.model in " + e.dir() + ")");
-  a.server.model_id = model_id(a.engine.model_dir);
+  a.server.model_id = model_id(e.dir());  // the folder loaded (no --model: the built-in one's)
   if (!a.api_key_file.empty()) {
     std::ifstream f(a.api_key_file);
     check(bool(f), "--api-key-file: cannot read " + a.api_key_file);
