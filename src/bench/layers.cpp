@@ -389,24 +389,30 @@ void bench_layers(const LayersArgs& a) {
   }
   const StepCounts& full = counts.back();
   const double floor_all = floor_bytes.total() / bw;
+  // Graphs, kernel launches and host syncs are the GPU's; the CPU backend reports none of them.
+  const bool gpu = kind == "cuda";
   std::printf("embedding + final mix/norm + lm_head (vocab %d): %.3f ms (floor %.3f ms); whole decode token %.3f ms "
-              "= %.2fx its floor %.3f ms (%.1f MB): %llu graph launches (%llu kernels), %llu kernel launches outside "
-              "graphs, %llu host syncs\n",
+              "= %.2fx its floor %.3f ms (%.1f MB)",
               c.vocab, cum[0] * 1e3, floor_bytes.outside / bw * 1e3, cum.back() * 1e3, cum.back() / floor_all,
-              floor_all * 1e3, floor_bytes.total() / 1e6, (unsigned long long)full.graph_launches,
-              (unsigned long long)full.kernels, (unsigned long long)full.outside, (unsigned long long)full.syncs);
+              floor_all * 1e3, floor_bytes.total() / 1e6);
+  if (gpu)
+    std::printf(": %llu graph launches (%llu kernels), %llu kernel launches outside graphs, %llu host syncs",
+                (unsigned long long)full.graph_launches, (unsigned long long)full.kernels,
+                (unsigned long long)full.outside, (unsigned long long)full.syncs);
+  std::printf("\n");
   out["floor_ms"] = floor_all * 1e3;
   out["floor_ratio"] = cum.back() / floor_all;
-  std::printf("same token without graph: %.3f ms, %llu kernel launches, %llu host syncs (graph speedup %.2fx)\n",
-              plain_s * 1e3, (unsigned long long)plain.outside, (unsigned long long)plain.syncs,
-              plain_s / cum.back());
+  if (gpu)
+    std::printf("same token without graph: %.3f ms, %llu kernel launches, %llu host syncs (graph speedup %.2fx)\n",
+                plain_s * 1e3, (unsigned long long)plain.outside, (unsigned long long)plain.syncs,
+                plain_s / cum.back());
   if (ordinary_s > 0) {
     std::printf("same token with the decode weight streams launched ordinarily (no programmatic dependent launch): "
                 "%.3f ms (%.2fx)\n", ordinary_s * 1e3, ordinary_s / cum.back());
     out["ordinary_launch_decode_ms"] = ordinary_s * 1e3;
   }
-  std::printf("prefill %d tokens (chunk %d, gpu precision %s): TTFT %.3f s, %.1f tok/s\n", a.prompt, chunk,
-              gpu_precision_name(a.cuda.precision), ttft, a.prompt / ttft);
+  std::printf("prefill %d tokens (chunk %d%s%s): TTFT %.3f s, %.1f tok/s\n", a.prompt, chunk,
+              gpu ? ", gpu precision " : "", gpu ? gpu_precision_name(a.cuda.precision) : "", ttft, a.prompt / ttft);
   if (a.json) std::printf("%s\n", out.dump().c_str());
 }
 
