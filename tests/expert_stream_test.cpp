@@ -128,6 +128,12 @@ struct Gate {
   std::condition_variable cv;
   bool open = false;
   std::atomic<int> held{0};
+  /// Called by a hook at the held offset: counts the read and waits until release().
+  void pass() {
+    ++held;
+    std::unique_lock<std::mutex> lk(mu);
+    cv.wait(lk, [&] { return open; });
+  }
   void release() {
     {
       std::lock_guard<std::mutex> lk(mu);
@@ -142,11 +148,7 @@ TEST_F(ByteStore, PrefetchRacingAnEviction) {
   ExpertStoreOptions o = opts(6, 2);
   const uint64_t held_off = offset(0, 0);  // with a hook the store reads buffered, unwidened
   o.pread_hook = [&](int fd, void* buf, size_t n, uint64_t off) -> long {
-    if (off == held_off) {
-      ++gate.held;
-      std::unique_lock<std::mutex> lk(gate.mu);
-      gate.cv.wait(lk, [&] { return gate.open; });
-    }
+    if (off == held_off) gate.pass();
     return long(::pread(fd, buf, n, off_t(off)));
   };
   ExpertByteStore s(extents_, kBytes, o);
@@ -186,11 +188,7 @@ TEST_F(ByteStore, HoldsOnlyExpertsReadIntoTheCache) {
       errno = EIO;
       return -1;
     }
-    if (off == held_off) {
-      ++gate.held;
-      std::unique_lock<std::mutex> lk(gate.mu);
-      gate.cv.wait(lk, [&] { return gate.open; });
-    }
+    if (off == held_off) gate.pass();
     return long(::pread(fd, buf, n, off_t(off)));
   };
   ExpertByteStore s(extents_, kBytes, o);
