@@ -291,6 +291,7 @@ void Forward::chunk_ops(const int* ids, const float* x0, int T, int t0, float* l
   const size_t D = c.hidden, TD = T * D;
   if (opts_.link.prev < 0) {  // else a later stage: its input came through recv_boundary
     if (x0) be_.from_host(x0, TD, b.P);
+    else if (embed_from_) be_.embed_ids(w.embed, embed_from_, T, b.P);  // decode_greedy's step recorded ahead
     else be_.embed(w.embed, ids, T, b.P);
   }
   predict_now_ = opts_.predict && !recorded && be_.uses_prediction() && be_.streams_experts();
@@ -350,7 +351,7 @@ void Forward::chunk_ops(const int* ids, const float* x0, int T, int t0, float* l
   const bool greedy = wants_greedy();
   const int rows = logits || greedy ? head(n_blocks, T, all_logits) : 0;
   if (greedy) be_.argmax_rows(b.logits, rows, c.vocab, b.greedy);
-  if (recorded) be_.step_end();
+  if (recorded) hold_ ? be_.step_hold() : be_.step_end();
   if (logits) {
     const size_t V = c.vocab;
     // Each run of consecutive rows that want logits in one copy (all rows: one copy).
@@ -366,7 +367,7 @@ void Forward::chunk_ops(const int* ids, const float* x0, int T, int t0, float* l
       r0 = r1;
     }
   }
-  if (greedy) deliver_greedy(rows);
+  if (greedy && !keep_ids_) deliver_greedy(rows);
 }
 
 bool Forward::wants_greedy() const {
@@ -377,24 +378,94 @@ bool Forward::wants_greedy() const {
 
 void Forward::deliver_greedy(int rows) {
   Buffers& b = *buf_;
-  const size_t V = cfg_.vocab;
   greedy_host_.resize(size_t(rows));
   be_.to_host(b.greedy, size_t(rows), greedy_host_.data());
   for (int r = 0; r < rows; ++r) {
     if (!greedy_outs_[size_t(r)]) continue;
-    const float id = greedy_host_[size_t(r)];
-    if (id < 0.f) {  // a non-finite row: its logits name the element (check_rows throws)
-      check_buf_.resize(V);
-      be_.to_host(b.logits + size_t(r) * V, V, check_buf_.data());
-      const Segment* sg = &segs_[0];
-      for (const Segment& s : segs_)
-        if (s.r0 <= head_rows_[size_t(r)]) sg = &s;
-      check_rows(check_buf_.data(), 1, V, sg->st->position() - 1, "the logits");
-      throw Error("argmax_rows: row " + std::to_string(r) + " was flagged non-finite, yet its logits are finite");
+    const Segment* sg = &segs_[0];
+    for (const Segment& s : segs_)
+      if (s.r0 <= head_rows_[size_t(r)]) sg = &s;
+    *greedy_outs_[size_t(r)] = checked_greedy(r, sg->st->position() - 1);
+  }
+}
+
+int Forward::checked_greedy(int r, int pos) {
+  const size_t V = cfg_.vocab;
+  const float id = greedy_host_[size_t(r)];
+  if (id < 0.f) {  // a non-finite row: its logits name the element (check_rows throws)
+    check_buf_.resize(V);
+    be_.to_host(buf_->logits + size_t(r) * V, V, check_buf_.data());
+    check_rows(check_buf_.data(), 1, V, pos, "the logits");
+    throw Error("argmax_rows: row " + std::to_string(r) + " was flagged non-finite, yet its logits are finite");
+  }
+  check(id < float(V) && id == float(int(id)), "argmax_rows: row " + std::to_string(r) + " gave id " +
+                                                   std::to_string(id) + ", outside the vocabulary");
+  return int(id);
+}
+
+int TokenStep::decode_greedy(SequenceState& st, int first, int max_steps, const std::function<bool(int)>& on_id) {
+  int in = first;
+  for (int done = 1; done <= max_steps; ++done) {
+    int id = -1;
+    const BatchEntry e{&st, &in, 1, nullptr, &id};
+    run_mixed(&e, 1);
+    if (!on_id(id) || done == max_steps) return done;
+    in = id;
+  }
+  return 0;
+}
+
+bool Forward::greedy_step(SequenceState& st, const int* id, bool ahead) {
+  segs_.assign(1, Segment{&st, 0, 1});
+  head_rows_.clear(), host_rows_.clear();
+  greedy_outs_.assign(1, &greedy_sink_);
+  hold_ = ahead, embed_from_ = ahead ? buf_->greedy : nullptr, keep_ids_ = true;
+  struct Reset {  // the step's modes end with it, thrown or not
+    Forward& f;
+    ~Reset() { f.hold_ = false, f.embed_from_ = nullptr, f.keep_ids_ = false, f.greedy_outs_.clear(); }
+  } reset{*this};
+  bool recorded = false;
+  try {
+    recorded = be_.step_begin(step_info(1, nullptr, nullptr));
+    if (ahead && !recorded) return false;  // the backend runs it op by op: not before its id is known
+    chunk_ops(id, nullptr, 1, 0, nullptr, false, nullptr, recorded);
+  } catch (...) {
+    if (recorded) be_.step_abort();
+    throw;
+  }
+  return true;
+}
+
+int Forward::decode_greedy(SequenceState& st, int first, int max_steps, const std::function<bool(int)>& on_id) {
+  if (opts_.link.prev >= 0 || opts_.link.next >= 0)  // a pipeline stage: its neighbours wait on each step
+    return TokenStep::decode_greedy(st, first, max_steps, on_id);
+  check(st.holds(be_, opts_.first_layer, n_layers_), "forward: the sequence state belongs to another backend");
+  bool held = false;  // step `done` is recorded and held, its counters advanced from mark_
+  auto drop = [&]() noexcept {
+    if (held) be_.step_discard(), st.rewind(mark_), held = false;
+  };
+  try {
+    if (max_steps <= 0) return 0;
+    greedy_step(st, &first, false);
+    for (int done = 1;; ++done) {
+      const int pos = st.position() - 1;  // the token whose logits gave step done-1's id
+      if (done < max_steps) {             // record the next step while this one runs
+        st.mark(mark_);
+        held = greedy_step(st, nullptr, true);
+      }
+      greedy_host_.resize(1);
+      be_.to_host(buf_->greedy, 1, greedy_host_.data());  // waits for step done-1 (not the held one)
+      const int id = checked_greedy(0, pos);
+      if (!on_id(id) || done == max_steps) {
+        drop();
+        return done;
+      }
+      if (held) held = false, be_.step_submit();
+      else greedy_step(st, &id, false);
     }
-    check(id < float(V) && id == float(int(id)), "argmax_rows: row " + std::to_string(r) + " gave id " +
-                                                     std::to_string(id) + ", outside the vocabulary");
-    *greedy_outs_[size_t(r)] = int(id);
+  } catch (...) {
+    drop();
+    throw;
   }
 }
 
@@ -421,6 +492,7 @@ StepInfo Forward::step_info(int T, const float* x0, const ForwardHooks* hooks) c
   s.moe = step_moe_.data();
   s.n_moe = int(step_moe_.size());
   s.greedy_ids = wants_greedy();
+  s.ahead = hold_;
   return s;
 }
 

@@ -127,6 +127,13 @@ class TokenStep {
   virtual void run_mixed(const BatchEntry* entries, int n) {
     for (int i = 0; i < n; ++i) run_entry(*this, entries[i]);
   }
+  /// Greedy decode of one sequence: step s consumes one id (s = 0: `first`; then the id step s-1
+  /// drew) and draws the first index of its logits' maximum (BatchEntry::greedy). After each step
+  /// `on_id(id)` gets the id and returns whether a step consuming it follows; at most `max_steps`
+  /// steps. Returns the steps run; the state then holds exactly their ids. This default runs
+  /// run_mixed step by step; Forward records each step while the one before runs on the device.
+  /// Throws as run_mixed does, and whatever on_id throws.
+  virtual int decode_greedy(SequenceState& state, int first, int max_steps, const std::function<bool(int)>& on_id);
   /// The backend new sequence states belong on (the one the next run uses).
   virtual Backend& backend() = 0;
   virtual const Config& config() const = 0;
@@ -168,6 +175,16 @@ class Forward final : public TokenStep {
   /// max_chunk run in consecutive groups (an entry may be split between two). Throws wren::Error
   /// on a state repeated in the step, n < 1, or a state of another backend.
   void run_mixed(const BatchEntry* entries, int n) override;
+
+  /// TokenStep::decode_greedy. Where the backend records a decode step (Backend::step_begin;
+  /// CUDA: one graph), step s + 1 is recorded while step s runs on the device, with its id read
+  /// on the device from step s's arg-max (Backend::embed_ids), and held (Backend::step_hold); once
+  /// step s's id is on the host and on_id says go on, the held step is submitted, else dropped
+  /// and the state's counters rewound (SequenceState::rewind). The device then idles only between
+  /// a step's end and the next submit, not through a whole recording. Elsewhere (the CPU, a step
+  /// the backend runs op by op, pipeline stages) the steps run one after another. The ids are
+  /// the ones run_mixed gives (tests DecodeGreedy*).
+  int decode_greedy(SequenceState& state, int first, int max_steps, const std::function<bool(int)>& on_id) override;
 
   int layers_run() const override { return n_layers_ - opts_.first_layer; }
   /// AttnRes snapshots taken before layer `layer` (what crosses a stage boundary there besides P).
@@ -238,6 +255,18 @@ class Forward final : public TokenStep {
   /// After the step: the greedy ids of rows [0, rows) to greedy_outs_ (throws naming the element
   /// of a non-finite row, as check_rows).
   void deliver_greedy(int rows);
+  /// The greedy id of head row r from greedy_host_ (checked: a -1 row's logits are copied and
+  /// checked, naming `pos`; an id outside the vocabulary throws).
+  int checked_greedy(int r, int pos);
+  /// One greedy step of segs_' single sequence: its id from the host (`id`) or, when `ahead`,
+  /// from the device's last arg-max (b.greedy), recorded and held. Returns false (nothing run)
+  /// when an ahead step cannot be recorded. The id is left on the device (checked_greedy).
+  bool greedy_step(SequenceState& st, const int* id, bool ahead);
+  const float* embed_from_ = nullptr;   ///< device ids of the step being run (embed_ids), or null
+  bool hold_ = false;                   ///< the step being recorded is held (step_hold), not launched
+  bool keep_ids_ = false;               ///< the greedy ids stay on the device (decode_greedy fetches them)
+  SequenceState::Mark mark_;            ///< the counters before a held step (decode_greedy)
+  int greedy_sink_ = 0;                 ///< greedy_outs_' target in decode_greedy (the id is fetched there)
   std::vector<int> mixed_ids_;          ///< host ids of a run_mixed group
   std::vector<KdaState*> kda_states_;   ///< the states of a kda_decode_batch (kda_layer)
   std::vector<MlaCache*> mla_caches_;   ///< the caches of a mla_decode_batch (mla_layer)

@@ -70,6 +70,20 @@ void Backend::mla_decode_batch(const MlaParams& p, const MlaWeights& w, MlaCache
   }
 }
 
+void Backend::embed_ids(const DenseWeight& table, const float* ids, int T, float* x) {
+  std::vector<float> f(static_cast<size_t>(T));
+  to_host(ids, f.size(), f.data());
+  std::vector<int> h(static_cast<size_t>(T));
+  for (int t = 0; t < T; ++t) {
+    const float id = f[size_t(t)];
+    check(id >= 0.f && id < float(table.rows) && id == float(int(id)),
+          "embed_ids: id " + std::to_string(id) + " at row " + std::to_string(t) + " is outside the vocabulary [0, " +
+              std::to_string(table.rows) + ")");
+    h[size_t(t)] = int(id);
+  }
+  embed(table, h.data(), T, x);
+}
+
 void Backend::argmax_rows(const float* x, int rows, int cols, float* out) {
   check(cols >= 1 && cols <= (1 << 24), "argmax_rows: " + std::to_string(cols) +
                                             " columns; a float holds every index exactly only up to 2^24");

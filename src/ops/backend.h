@@ -83,6 +83,10 @@ struct StepInfo {
   const StepMoeLayer* moe = nullptr;  ///< the step's MoE layers with routed MXFP4 experts
   int n_moe = 0;
   bool greedy_ids = false;  ///< the step ends with argmax_rows (its recording differs from one that does not)
+  /// Recorded ahead (Forward::decode_greedy): the step is recorded while the step before it may
+  /// still run, held back with step_hold, then submitted (step_submit) or dropped (step_discard).
+  /// A backend that cannot record it returns false from step_begin and nothing has run.
+  bool ahead = false;
 };
 
 /// One dense tensor for Backend::place_dense, as the loader hands it over (model/load.h).
@@ -143,6 +147,12 @@ class Backend {
   // ---- dense math ----
   /// x[T, D] = rows ids[t] of the table [V, D].
   virtual void embed(const DenseWeight& table, const int* ids, int T, float* x) = 0;
+  /// embed with the ids in a buffer of this backend: ids [T] floats as argmax_rows writes them
+  /// (the greedy ids of the step before, so a recorded step need not wait for the host). The
+  /// default copies them to the host and calls embed (CPU: plain memory); CUDA reads them on the
+  /// device (recordable), where an id outside the vocabulary (-1: a non-finite row) reads row 0:
+  /// the caller checks the id on the host before such a step is submitted.
+  virtual void embed_ids(const DenseWeight& table, const float* ids, int T, float* x);
   /// y[T, W.rows] = x[T, W.cols] · Wᵀ.
   virtual void gemm(const DenseWeight& W, const float* x, int T, float* y) = 0;
   /// Independent products of one step, jobs[i].y = jobs[i].x · jobs[i].Wᵀ with T rows each: no
@@ -309,6 +319,14 @@ class Backend {
   virtual void step_end() {}
   /// Ends a recorded step that failed midway and discards it. Never throws.
   virtual void step_abort() noexcept {}
+  /// Ends a step recorded with StepInfo::ahead and holds it back: nothing of it runs until
+  /// step_submit, and step_discard drops it (the caller rewinds the host counters the recording
+  /// advanced, SequenceState::rewind). At most one step is held. Throws as step_end does.
+  virtual void step_hold() {}
+  /// Submits the held step (queued like any op). Throws wren::Error when the launch fails.
+  virtual void step_submit() {}
+  /// Drops the held step unrun. Never throws.
+  virtual void step_discard() noexcept {}
 
  private:
   struct HostMoe;                     ///< host_routed_moe's bookkeeping (ops/backend.cpp)

@@ -75,6 +75,17 @@ void SequenceState::record(const int* ids, int n, bool replayable) {
   else history_.clear();
 }
 
+void SequenceState::mark(Mark& m) const {
+  m.position = position_;
+  m.mla_lengths.resize(mla_.size());
+  for (size_t i = 0; i < mla_.size(); ++i) m.mla_lengths[i] = mla_[i].length;
+}
+
+void SequenceState::rewind(const Mark& m) noexcept {
+  position_ = m.position;
+  for (size_t i = 0; i < mla_.size() && i < m.mla_lengths.size(); ++i) mla_[i].length = m.mla_lengths[i];
+}
+
 void SequenceState::reset() {
   for (size_t i = 0; i < kda_.size(); ++i) {
     KdaState& k = kda_[i];

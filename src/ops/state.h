@@ -56,6 +56,17 @@ class SequenceState {
   void move_to(Backend& be);
   int capacity() const { return capacity_; }
   void advance(int n) { position_ += n; }
+  /// The host counters a step advances when it is recorded (the position, each MLA cache's row
+  /// count), for rewind.
+  struct Mark {
+    int position = 0;
+    std::vector<int> mla_lengths;  ///< [n_layers] (0 for KDA layers)
+  };
+  /// Fills `m` with the counters now (reusing its storage).
+  void mark(Mark& m) const;
+  /// Sets the counters back to `m` (taken from this state): undoes the bookkeeping of a recorded
+  /// step that never ran (Backend::step_discard). Device buffers and the history are untouched.
+  void rewind(const Mark& m) noexcept;
 
   KdaState& kda(int layer) { return kda_[layer]; }
   MlaCache& mla(int layer) { return mla_[layer]; }

@@ -61,34 +61,42 @@ std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vecto
   const auto t1 = clock::now();
   uint64_t hash = kFnv1a64Offset;
   // Plain greedy: each decode step hands back its greedy id instead of its logits (the prompt's
-  // last logits are on the host: the first token is drawn from them).
+  // last logits are on the host: the first token is drawn from them), through decode_greedy, which
+  // may record a step while the one before it runs.
   const bool greedy_ids = !opts.needs_logits();
-  bool host_logits = true;  // `logits` holds the row the next token is drawn from
-  int next = -1;            // else the step's greedy id
-  for (int n = 0; n < opts.max_new_tokens; ++n) {
-    int id = next;
-    if (host_logits) {
-      if (opts.hash_logits) hash = fnv1a64(logits.data(), logits.size() * sizeof(float), hash);
-      if (opts.constrain) opts.constrain(logits.data(), V);
-      TokenLogprobs lp;
-      const bool want_lp = opts.top_logprobs >= 0 && opts.on_logprobs;
-      id = sampler.sample(logits.data(), V, want_lp ? &lp : nullptr, opts.top_logprobs);
-      if (want_lp) opts.on_logprobs(lp);
-    }
-    if (n == 0) st.ttft_s = secs(clock::now() - t0);
+  bool host_logits = true;  // `logits` holds the row the last token was drawn from
+  // Takes token n (out.size()); returns whether a step consuming it follows.
+  auto take = [&](int id) {
+    if (out.empty()) st.ttft_s = secs(clock::now() - t0);
     out.push_back(id);
     if (on_token) on_token(id);
     st.stopped = std::find(opts.stop_ids.begin(), opts.stop_ids.end(), id) != opts.stop_ids.end();
     st.cancelled = opts.cancel && opts.cancel->load();
+    const bool last = st.stopped || st.cancelled || int(out.size()) == opts.max_new_tokens;
+    return !last || opts.commit_last;
+  };
+  for (int n = 0; n < opts.max_new_tokens; ++n) {
+    if (opts.hash_logits) hash = fnv1a64(logits.data(), logits.size() * sizeof(float), hash);
+    if (opts.constrain) opts.constrain(logits.data(), V);
+    TokenLogprobs lp;
+    const bool want_lp = opts.top_logprobs >= 0 && opts.on_logprobs;
+    const int id = sampler.sample(logits.data(), V, want_lp ? &lp : nullptr, opts.top_logprobs);
+    if (want_lp) opts.on_logprobs(lp);
+    const bool more = take(id);
     const bool last = st.stopped || st.cancelled || n + 1 == opts.max_new_tokens;
-    if (last && !opts.commit_last) break;
-    if (greedy_ids) {
-      const BatchEntry e{&state, &id, 1, nullptr, &next};
-      fwd.run_mixed(&e, 1);
+    if (!more) break;
+    if (greedy_ids && !last) {  // the rest of the tokens (and a committed last one) from the device's arg-max
       host_logits = false;
-    } else {
-      fwd.run(state, &id, nullptr, 1, logits.data(), false);
+      bool committed = false;   // the step after the last token ran: its id is not taken
+      fwd.decode_greedy(state, id, opts.max_new_tokens - n, [&](int next) {
+        if (committed) return false;
+        const bool go = take(next);
+        committed = go && (st.stopped || st.cancelled || int(out.size()) == opts.max_new_tokens);
+        return go;
+      });
+      break;
     }
+    fwd.run(state, &id, nullptr, 1, logits.data(), false);
     if (last) break;
   }
   // The end of the exchange (next turns); masked logits (constrain) are not the model's, and a

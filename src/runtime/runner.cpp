@@ -84,6 +84,23 @@ void Runner::run_mixed(const BatchEntry* es, int n) {
   }
 }
 
+int Runner::decode_greedy(SequenceState& st, int first, int max_steps, const std::function<bool(int)>& on_id) {
+  if (fallback_ || pipe_) return TokenStep::decode_greedy(st, first, max_steps, on_id);  // through run_mixed
+  check(&st.backend() == &fwd_.backend(), "forward: the sequence state belongs to another backend");
+  int in = first, done = 0;  // the id the next step consumes; steps completed
+  try {
+    return fwd_.decode_greedy(st, first, max_steps, [&](int id) {
+      st.record(&in, 1, true);
+      ++done, in = id;
+      return on_id(id);
+    });
+  } catch (const DeviceError& e) {
+    if (!make_fallback_ || !st.replayable()) throw;
+    start_fallback(e);
+  }
+  return done + TokenStep::decode_greedy(st, in, max_steps - done, on_id);  // rebuilt from its log first
+}
+
 void Runner::run_fallback(SequenceState& st, const int* ids, const float* x0, int T, float* logits,
                           bool all_logits, const ForwardHooks* hooks) {
   if (&st.backend() != fallback_be_.get()) {  // rebuild the state on the fallback backend

@@ -60,6 +60,10 @@ class Runner final : public TokenStep {
   /// appends each entry's ids to its state's log. After a device failure every state moves to
   /// the fallback and runs its entry there.
   void run_mixed(const BatchEntry* entries, int n) override;
+  /// Forward::decode_greedy (steps recorded ahead where the backend records), appending each
+  /// step's id to the state's log as its step completes. After a device failure the state moves
+  /// to the fallback and the remaining steps run there (the failed one again).
+  int decode_greedy(SequenceState& state, int first, int max_steps, const std::function<bool(int)>& on_id) override;
   /// The backend calls run on now: the fallback once a device failed, else the one given.
   Backend& backend() override { return fallback_ ? *fallback_be_ : fwd_.backend(); }
   const Config& config() const override { return fwd_.config(); }
