@@ -413,6 +413,7 @@ CudaStats stats_delta(const CudaStats& a, const CudaStats& b) {
   d.launches = b.launches - a.launches, d.host_syncs = b.host_syncs - a.host_syncs;
   d.graph_launches = b.graph_launches - a.graph_launches, d.graph_kernels = b.graph_kernels - a.graph_kernels;
   d.expert_calls = b.expert_calls - a.expert_calls, d.routed_moe_calls = b.routed_moe_calls - a.routed_moe_calls;
+  d.graph_ahead = b.graph_ahead - a.graph_ahead, d.graph_dropped = b.graph_dropped - a.graph_dropped;
   return d;
 }
 
@@ -490,6 +491,52 @@ TEST_F(CudaModel, DecodeStepIsOneGraphLaunch) {
                 (unsigned long long)graph_step.host_syncs, (unsigned long long)plain_step.launches,
                 (unsigned long long)plain_step.host_syncs, steps, worst_cpu,
                 (unsigned long long)st.graph_instantiations, (unsigned long long)st.graph_updates);
+  }
+}
+
+// Greedy decode with each step recorded while the one before runs (Forward::decode_greedy; CUDA
+// holds the recording in the second executable graph of its shape, reads its id on the device with
+// embed_ids, then submits or drops it): the ids equal a step-by-step run's on the same device, a
+// turn stopped midway drops exactly one held step and rewinds the state (the logits of a later
+// step are bit-identical), and the steps after the first are submitted held steps.
+TEST_F(CudaModel, DecodeGreedyRecordedAheadEqualsStepByStep) {
+  const Config& c = golden_->config;
+  const int V = c.vocab;
+  for (const GoldenCase& gc : golden_cases()) {
+    for (const int stop_after : {5, 12}) {  // stopped by on_id midway; at max_steps
+      Forward fa(*golden_, *be_, {32, -1, true}), fs(*golden_, *be_, {32, -1, true});
+      SequenceState sa(*be_, c, 256), ss(*be_, c, 256);
+      std::vector<float> la(V), ls(V);
+      const int T = int(gc.ids.size());
+      fa.run(sa, gc.ids.data(), nullptr, T, la.data(), false);
+      fs.run(ss, gc.ids.data(), nullptr, T, ls.data(), false);
+      const int first = argmax(ls.data(), V);
+      std::vector<int> want;
+      int in = first;
+      for (int i = 0; i < stop_after; ++i) {  // step by step: each step recorded, launched, waited for
+        int id = -1;
+        const BatchEntry e{&ss, &in, 1, nullptr, &id};
+        fs.run_mixed(&e, 1);
+        want.push_back(id), in = id;
+      }
+      const CudaStats s0 = be_->stats();
+      std::vector<int> got;
+      const int ran = fa.decode_greedy(sa, first, 12, [&](int id) {
+        got.push_back(id);
+        return int(got.size()) < stop_after;
+      });
+      const CudaStats d = stats_delta(s0, be_->stats());
+      EXPECT_EQ(ran, stop_after) << gc.name;
+      EXPECT_EQ(got, want) << gc.name << ": ids recorded ahead vs step by step";
+      EXPECT_EQ(sa.position(), ss.position()) << gc.name;
+      EXPECT_EQ(d.graph_ahead, uint64_t(stop_after - 1)) << gc.name << ": every step but the first recorded ahead";
+      EXPECT_EQ(d.graph_dropped, stop_after < 12 ? 1u : 0u) << gc.name;
+      EXPECT_EQ(d.graph_launches, uint64_t(stop_after)) << gc.name;
+      const int id = 3;  // the state after: a later step gives bit-identical logits
+      fa.run(sa, &id, nullptr, 1, la.data(), false);
+      fs.run(ss, &id, nullptr, 1, ls.data(), false);
+      EXPECT_EQ(0, std::memcmp(la.data(), ls.data(), size_t(V) * 4)) << gc.name << " stop " << stop_after;
+    }
   }
 }
 

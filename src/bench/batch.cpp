@@ -101,8 +101,13 @@ void run_batch(BatchArgs a) {
     // draw 0: each sequence's greedy id from the step (BatchEntry::greedy: arg-max on the device,
     // what the scheduler does for plain greedy requests); 1 (--host-draw): the logits rows to the
     // host and the arg-max there (what sampled, logprob and constrained requests take).
+    // One sequence drawn on the device through the engine's pass runs as `wren run` decodes
+    // (TokenStep::decode_greedy: CUDA records each step while the one before runs), and again
+    // step by step through run_mixed beside it (row "1s": each step recorded, then waited for).
     for (int draw = 0; draw < (a.host_draw ? 2 : 1); ++draw)
-    for (size_t mode = 0; mode < passes.size(); ++mode) {
+    for (size_t mode = 0; mode < passes.size(); ++mode)
+    for (int stepwise = 0; stepwise < (B == 1 && draw == 0 && mode == 0 ? 2 : 1); ++stepwise) {
+      const bool pipelined = B == 1 && draw == 0 && mode == 0 && !stepwise;
       TokenStep& fwd = mode == 0 ? static_cast<TokenStep&>(e.forward()) : *passes[mode].second;
       std::mt19937 g(uint32_t(a.seed) + uint32_t(B));
       std::vector<std::unique_ptr<SequenceState>> st;
@@ -129,16 +134,25 @@ void run_batch(BatchArgs a) {
           for (int b = 0; b < B; ++b) pending[size_t(b)] = argmax(logits.data() + size_t(b) * V, V);
         if (timed) fwd_s += secs(s1 - s0), draw_s += secs(Clock::now() - s1);
       };
-      step(false),
-          step(false);  // warm-up: first use of this batch size (tables, algorithms, graphs)
+      auto take = [&](int id) { return pending[0] = id, true; };
+      if (pipelined) fwd.decode_greedy(*st[0], pending[0], 2, take);  // warm-up, as below
+      else
+        step(false),
+            step(false);  // warm-up: first use of this batch size (tables, algorithms, graphs)
       const GpuCounters c0 = gpu_counters(e.backend());
-      for (int s = 0; s < a.steps; ++s) step(true);
+      if (pipelined) {
+        const auto s0 = Clock::now();
+        fwd.decode_greedy(*st[0], pending[0], a.steps, take);
+        fwd_s = secs(Clock::now() - s0);
+      } else {
+        for (int s = 0; s < a.steps; ++s) step(true);
+      }
       const GpuCounters c1 = gpu_counters(e.backend());
       const double per = (fwd_s + draw_s) / a.steps, tok_s = B / per;
       if (first == 0) first = tok_s;  // the first size through the engine's forward pass
       const double n = a.steps;
       const double mb_tok = double(c1.expert_bytes - c0.expert_bytes) / 1e6 / (n * B);
-      const std::string label = std::to_string(B) + passes[mode].first + (draw ? "h" : "") +
+      const std::string label = std::to_string(B) + passes[mode].first + (draw ? "h" : "") + (stepwise ? "s" : "") +
                                 (forms.size() > 1 ? "/f" + std::to_string(form) : "");
       std::printf("%-6s %10.3f %10.3f %10.3f %10.1f %7.2fx %10.1f %9.1f %8.1f %8.1f %12.2f\n",
                   label.c_str(), per * 1e3, fwd_s / n * 1e3,
@@ -147,7 +161,8 @@ void run_batch(BatchArgs a) {
                   (c1.graph_kernels - c0.graph_kernels) / n, mb_tok);
       nlohmann::json row = {
           {"batch", B},
-          {"pass", mode == 0 ? "default" : passes[mode].first == "e" ? "eager" : "record-batched"},
+          {"pass", stepwise ? "step by step" : mode == 0 ? "default" : passes[mode].first == "e" ? "eager" : "record-batched"},
+          {"recorded_ahead_per_step", double(c1.graph_ahead - c0.graph_ahead) / a.steps},
           {"recorded", c1.graph_launches > c0.graph_launches},
           {"host_draw", draw == 1},
           {"gemv_form", form},
@@ -169,8 +184,9 @@ void run_batch(BatchArgs a) {
                     label.c_str(), per * 1e3, per / floor_s, floor_s * 1e3);
       }
       if (c1.graph_launches > c0.graph_launches) {  // the device idles while the host records a step
-        std::printf("       batch %s: host time recording a step %.3f ms (capture, graph update, launch)\n",
-                    label.c_str(), (c1.record_host_s - c0.record_host_s) / n * 1e3);
+        std::printf("       batch %s: host time recording a step %.3f ms (capture, graph update, launch)%s\n",
+                    label.c_str(), (c1.record_host_s - c0.record_host_s) / n * 1e3,
+                    c1.graph_ahead > c0.graph_ahead ? ", while the step before ran" : "");
       }
       if (a.profile && gpu &&
           mode == 0) {  // one more step, every launch followed by an event (same numerics)

@@ -102,7 +102,7 @@ GpuCounters gpu_counters(Backend& be) {
     const CudaStats s = cuda->stats();
     c.launches = s.launches, c.host_syncs = s.host_syncs, c.graph_launches = s.graph_launches;
     c.graph_kernels = s.graph_kernels, c.expert_visits = s.device_expert_visits, c.expert_bytes = s.device_expert_bytes;
-    c.record_host_s = s.record_host_s;
+    c.record_host_s = s.record_host_s, c.graph_ahead = s.graph_ahead;
   }
 #endif
   (void)be;

@@ -73,6 +73,7 @@ struct GpuCounters {
   uint64_t expert_visits = 0;   ///< device-routed experts run (each distinct expert of a call once)
   uint64_t expert_bytes = 0;    ///< their weight bytes
   double record_host_s = 0;     ///< host seconds recording steps (CudaStats::record_host_s)
+  uint64_t graph_ahead = 0;     ///< steps recorded while the one before ran, then launched (CudaStats::graph_ahead)
 };
 GpuCounters gpu_counters(Backend& be);
 

@@ -80,6 +80,10 @@ struct CudaStats {
   /// (every op's host work and capture, cudaGraphExecUpdate or instantiation, the launch). The
   /// device waits for this each step (docs/gpu-method.md#recorded-step-host-time).
   double record_host_s = 0;
+  /// Steps recorded while the step before ran (Forward::decode_greedy: StepInfo::ahead) and then
+  /// submitted, or dropped (the sequence stopped); their recording time is in record_host_s too.
+  uint64_t graph_ahead = 0;
+  uint64_t graph_dropped = 0;
 };
 
 /// Which form of the fused KDA decode step (kda_decode.cu, docs/gpu-method.md#kda-decode) runs
@@ -253,6 +257,8 @@ class CudaBackend final : public Backend {
   void fill_zero(float* p, size_t n) override;
 
   void embed(const DenseWeight& table, const int* ids, int T, float* x) override;
+  /// Backend::embed_ids on the device (the float ids read by the kernel: recordable).
+  void embed_ids(const DenseWeight& table, const float* ids, int T, float* x) override;
   void gemm(const DenseWeight& W, const float* x, int T, float* y) override;
   /// Fast mode, T = 1: the jobs the tensor-core GEMV takes in one launch (gemv_tc.cu), the others
   /// through gemm in order.
@@ -291,14 +297,22 @@ class CudaBackend final : public Backend {
   /// (routed_moe_on_device), not profiling, and, for T > 1 rows, a step of T rows has run op by
   /// op once before (lazily built tables and algorithms exist). One executable graph is kept per
   /// row count, updated in place. Otherwise false and the ops run one by one.
+  /// A step recorded ahead (StepInfo::ahead) goes to the other executable graph of its shape than
+  /// the one launched last (which may still run), and step_hold keeps it unlaunched until
+  /// step_submit (cudaGraphLaunch) or step_discard.
   bool step_begin(const StepInfo& s) override;
-  void step_end() override { graph_launch(); }
+  void step_end() override { graph_launch(false); }
   void step_abort() noexcept override { graph_abort(); }
+  void step_hold() override { graph_launch(true); }
+  void step_submit() override;
+  void step_discard() noexcept override;
   /// Stream capture (relaxed mode) of the compute stream; the first launch instantiates the
   /// graph, later launches update it in place (cudaGraphExecUpdate) or re-instantiate when the
   /// update is refused, so arguments baked into kernels (cache length, token id) are always fresh.
   bool graph_begin();
-  void graph_launch();
+  /// Ends the capture and updates (or instantiates) the executable graph; launches it, or with
+  /// `hold` keeps it for step_submit.
+  void graph_launch(bool hold);
   void graph_abort() noexcept;
 
   struct Impl;  ///< device, stream, weight map, scratch, counters (cuda_common.cuh)

@@ -165,7 +165,15 @@ struct CudaBackend::Impl {
   cudaGraphExec_t graph_exec = nullptr;  ///< decode graph of the step being recorded (graph_execs[graph_key])
   std::map<int, cudaGraphExec_t> graph_execs;  ///< graph_key -> its executable graph (owned; updated in place)
   std::set<int> eager_rows;      ///< 2·rows + fast of steps run op by op since the last upload (graph.cu)
-  int graph_key = 0;             ///< of the step being recorded: rows · 2 + (it ends with argmax_rows); 0 = none
+  /// Of the step being recorded: (rows · 2 + (it ends with argmax_rows)) · 2 + slot; 0 = none. Slot
+  /// 1 - last_slot for a step recorded ahead (StepInfo::ahead), so it never updates the executable
+  /// graph of the step that may still run; 0 otherwise.
+  int graph_key = 0;
+  int last_slot = 0;             ///< slot of the last graph launched
+  bool recording_ahead = false;  ///< the step being recorded is StepInfo::ahead (held at its end)
+  cudaGraphExec_t held_exec = nullptr;  ///< the held step (step_hold), owned by graph_execs; null = none
+  int held_slot = 0;
+  std::vector<cuda::Scratch*> held_zero;  ///< zero_pending of the held step (zeroed again if dropped)
   unsigned long long* expert_traffic = nullptr;  ///< device [2]: expert visits, bytes (grouped routed MoE)
   std::unordered_map<const void*, float*> kvb_f32;  ///< MLA: packed kv_b weight -> its f32 decode (owned)
   std::vector<void*> deferred_free;      ///< scratch replaced while recording (freed after launch)

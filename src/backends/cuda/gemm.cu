@@ -112,10 +112,10 @@ struct ArgIds {
   int id[kArgIds];
 };
 
-__global__ void embed_kernel(const float* __restrict__ table, const int* __restrict__ ids, ArgIds small, int D,
-                             float* __restrict__ x) {
+__global__ void embed_kernel(const float* __restrict__ table, const int* __restrict__ ids,
+                             const float* __restrict__ fids, int rows, ArgIds small, int D, float* __restrict__ x) {
   const int t = blockIdx.x;
-  const float* src = table + size_t(ids ? ids[t] : small.id[t]) * D;
+  const float* src = table + size_t(ids ? ids[t] : fids ? cuda::float_row(fids[t], rows) : small.id[t]) * D;
   for (int i = threadIdx.x; i < D; i += blockDim.x) x[size_t(t) * D + i] = src[i];
 }
 
@@ -149,7 +149,7 @@ void CudaBackend::embed(const DenseWeight& table, const int* ids, int T, float* 
       const int n = std::min(kArgIds, T - t0);
       ArgIds g{};
       for (int t = 0; t < n; ++t) g.id[t] = ids[t0 + t];
-      embed_kernel<<<n, 256, 0, m.stream>>>(dt, nullptr, g, int(table.cols), x + size_t(t0) * table.cols);
+      embed_kernel<<<n, 256, 0, m.stream>>>(dt, nullptr, nullptr, 0, g, int(table.cols), x + size_t(t0) * table.cols);
       m.launched("embed kernel");
     }
     return;
@@ -164,7 +164,20 @@ void CudaBackend::embed(const DenseWeight& table, const int* ids, int T, float* 
     cuda::check_cuda(cudaMemcpyAsync(dids, ids, size_t(T) * sizeof(int), cudaMemcpyHostToDevice, m.stream),
                      "cudaMemcpyAsync (embed ids)");
   }
-  embed_kernel<<<T, 256, 0, m.stream>>>(dt, dids, small, int(table.cols), x);
+  embed_kernel<<<T, 256, 0, m.stream>>>(dt, dids, nullptr, 0, small, int(table.cols), x);
+  m.launched("embed kernel");
+}
+
+void CudaBackend::embed_ids(const DenseWeight& table, const float* ids, int T, float* x) {
+  Impl& m = *impl_;
+  if (T <= 0) return;
+  if (table.format != WFormat::F32) {  // packed table: decode the rows (dequant_row's values)
+    cuda::launch_decode_rows_f(cuda::quant_view(m, table, "embed_ids"), ids, T, x, m.stream);
+    m.launched("embed decode kernel");
+    return;
+  }
+  embed_kernel<<<T, 256, 0, m.stream>>>(m.dense(table, "embed_ids"), nullptr, ids, int(table.rows), ArgIds{},
+                                        int(table.cols), x);
   m.launched("embed kernel");
 }
 

@@ -197,9 +197,10 @@ __global__ void __launch_bounds__(kThreads) gemm_quant_row_block_kernel(QuantVie
   }
 }
 
-__global__ void decode_rows_kernel(QuantView v, const int* __restrict__ ids, int row, float* __restrict__ out) {
+__global__ void decode_rows_kernel(QuantView v, const int* __restrict__ ids, const float* __restrict__ fids, int row,
+                                   float* __restrict__ out) {
   const int i = blockIdx.x;
-  const int r = ids ? ids[i] : row >= 0 ? row : i;
+  const int r = ids ? ids[i] : fids ? float_row(fids[i], v.rows) : row >= 0 ? row : i;
   for (int c = threadIdx.x; c < v.cols; c += blockDim.x) out[size_t(i) * v.cols + c] = quant_at(v, r, c);
 }
 
@@ -240,11 +241,15 @@ void launch_gemm_quant(const QuantView& w, const float* x, int T, float* y, cuda
 }
 
 void launch_decode_rows(const QuantView& w, const int* ids, int n, float* out, cudaStream_t stream) {
-  if (n > 0) decode_rows_kernel<<<n, 256, 0, stream>>>(w, ids, -1, out);
+  if (n > 0) decode_rows_kernel<<<n, 256, 0, stream>>>(w, ids, nullptr, -1, out);
 }
 
 void launch_decode_row(const QuantView& w, int row, float* out, cudaStream_t stream) {
-  decode_rows_kernel<<<1, 256, 0, stream>>>(w, nullptr, row, out);
+  decode_rows_kernel<<<1, 256, 0, stream>>>(w, nullptr, nullptr, row, out);
+}
+
+void launch_decode_rows_f(const QuantView& w, const float* ids, int n, float* out, cudaStream_t stream) {
+  if (n > 0) decode_rows_kernel<<<n, 256, 0, stream>>>(w, nullptr, ids, -1, out);
 }
 
 }  // namespace wren::cuda

@@ -46,5 +46,14 @@ void launch_gemm_quant(const QuantView& w, const float* x, int T, float* y, cuda
 void launch_decode_rows(const QuantView& w, const int* ids, int n, float* out, cudaStream_t stream);
 /// out[cols] (f32) = row `row` of W decoded (a host-known row: no id copy, so graph-capturable).
 void launch_decode_row(const QuantView& w, int row, float* out, cudaStream_t stream);
+/// launch_decode_rows with the ids as floats in device memory (argmax_rows' output: embed_ids);
+/// an id outside [0, rows) decodes row 0.
+void launch_decode_rows_f(const QuantView& w, const float* ids, int n, float* out, cudaStream_t stream);
+
+/// Row index of a float id (argmax_rows' output) in a table of `rows` rows: row 0 when it is
+/// outside [0, rows) (-1 flags a non-finite row; Backend::embed_ids).
+__device__ __forceinline__ int float_row(float id, int rows) {
+  return id >= 0.f && id < float(rows) ? int(id) : 0;
+}
 
 }  // namespace wren::cuda

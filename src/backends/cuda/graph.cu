@@ -10,6 +10,11 @@
 // One executable graph per row count and ending (with or without the greedy ids of argmax_rows:
 // graph_execs keyed by graph_key), so a server alternating batch sizes updates each in place
 // instead of re-instantiating.
+// A step recorded ahead (Forward::decode_greedy, StepInfo::ahead: recorded while the step before
+// still runs, its id read on the device by embed_ids) goes to a second executable graph of its
+// shape (slot 1 - the slot launched last), so the update never touches a graph that may be
+// running; graph_launch(true) keeps it (step_hold) until step_submit launches it or step_discard
+// drops it (its recorded counter zeroing then redone on the stream).
 // Launch bookkeeping: kernels recorded count as CudaStats::graph_kernels, not launches.
 #include "backends/cuda/cuda_common.cuh"
 
@@ -29,7 +34,9 @@ bool CudaBackend::step_begin(const StepInfo& s) {
   // recorded before its BF16 weight copies existed and threw.)
   const int seen = s.tokens * 2 + (m.opts.precision == GpuPrecision::Fast ? 1 : 0);
   if (s.tokens > 1 && m.eager_rows.insert(seen).second) return false;
-  m.graph_key = s.tokens * 2 + (s.greedy_ids ? 1 : 0);
+  if (s.ahead) check(!m.held_exec, "CUDA backend: a step recorded ahead while another is held");
+  m.recording_ahead = s.ahead;
+  m.graph_key = (s.tokens * 2 + (s.greedy_ids ? 1 : 0)) * 2 + (s.ahead ? 1 - m.last_slot : 0);
   const auto it = m.graph_execs.find(m.graph_key);
   m.graph_exec = it == m.graph_execs.end() ? nullptr : it->second;
   if (uint64_t(s.tokens) > m.stats.graph_rows_max) m.stats.graph_rows_max = uint64_t(s.tokens);
@@ -74,40 +81,78 @@ void graph_finish(CudaBackend::Impl& m, cudaGraph_t& g) {
   }
   cudaGraphDestroy(g);
   if (m.graph_key > 0) m.graph_execs[m.graph_key] = m.graph_exec;  // kept per row count
-  check_cuda(cudaGraphLaunch(m.graph_exec, m.stream), "cudaGraphLaunch");
+}
+
+/// Launches `exec` of slot `slot` (graph_launch, step_submit).
+void launch_exec(CudaBackend::Impl& m, cudaGraphExec_t exec, int slot) {
+  check_cuda(cudaGraphLaunch(exec, m.stream), "cudaGraphLaunch");
   ++m.stats.graph_launches;
+  m.last_slot = slot;
 }
 
 }  // namespace
 
-void CudaBackend::graph_launch() {
+void CudaBackend::graph_launch(bool hold) {
   Impl& m = *impl_;
   check(m.capturing, "CUDA backend: graph_launch without graph_begin");
+  check(hold == m.recording_ahead, hold ? "CUDA backend: step_hold of a step not recorded ahead"
+                                        : "CUDA backend: step_end of a step recorded ahead (step_hold)");
   cudaGraph_t g = nullptr;
   m.capturing = false;
+  const int slot = m.graph_key & 1;
   try {
     graph_finish(m, g);
+    if (!hold) launch_exec(m, m.graph_exec, slot);
   } catch (...) {
     m.rezero_pending();  // the step's counter zeroing never ran
     if (m.graph_key > 0) m.graph_exec = nullptr;  // owned by graph_execs (or erased)
     m.graph_key = 0;
+    m.recording_ahead = false;
     throw;
   }
+  if (hold) m.held_exec = m.graph_exec, m.held_slot = slot, m.held_zero.swap(m.zero_pending);
   m.zero_pending.clear();
   m.stats.record_host_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - m.record_t0).count();
-  // Buffers replaced while recording: the new graph names their successors and earlier work on
-  // them finished before this step began (each step ends with a synchronizing copy), but cudaFree
-  // waits for the device anyway.
+  // Buffers replaced while recording: the new graph names their successors. Earlier work on them
+  // may still run (a step recorded ahead), and cudaFree waits for the device before freeing.
   for (void* p : m.deferred_free) check_cuda(cudaFree(p), "cudaFree (deferred scratch)");
   m.deferred_free.clear();
   if (m.graph_key > 0) m.graph_exec = nullptr;  // owned by graph_execs
   m.graph_key = 0;
+  m.recording_ahead = false;
+}
+
+void CudaBackend::step_submit() {
+  Impl& m = *impl_;
+  check(m.held_exec != nullptr, "CUDA backend: step_submit without a held step");
+  cudaGraphExec_t exec = m.held_exec;
+  m.held_exec = nullptr;
+  try {
+    launch_exec(m, exec, m.held_slot);
+  } catch (...) {
+    m.zero_pending.swap(m.held_zero);
+    m.rezero_pending();  // the step's counter zeroing never ran
+    throw;
+  }
+  m.held_zero.clear();
+  ++m.stats.graph_ahead;
+}
+
+void CudaBackend::step_discard() noexcept {
+  Impl& m = *impl_;
+  if (!m.held_exec) return;
+  m.held_exec = nullptr;  // owned by graph_execs: updated again by the next recording of its key
+  m.zero_pending.swap(m.held_zero);
+  m.rezero_pending();  // the step's counter zeroing never ran
+  m.held_zero.clear();
+  ++m.stats.graph_dropped;
 }
 
 void CudaBackend::graph_abort() noexcept {
   Impl& m = *impl_;
   if (!m.capturing) return;
   m.capturing = false;
+  m.recording_ahead = false;
   if (m.graph_key > 0) m.graph_exec = nullptr;  // owned by graph_execs
   m.graph_key = 0;
   cudaGraph_t g = nullptr;
