@@ -42,16 +42,20 @@ class WrappedBackend final : public Backend {
   /// to_host while recording throws. Counts below.
   bool record = false;
   int recorded = 0, held = 0, submitted = 0, discarded = 0;
+  /// Called for each op queued while recording (fault injection in a recording: throw there).
+  std::function<void(const char* op)> on_record;
 
   bool step_begin(const StepInfo& s) override {
     if (on_step) on_step(s);
     if (!record || !s.may_record || s.host_midway) return false;
     check(queue_.empty() && !recording_, "wrapped: step_begin inside a step");
-    recording_ = true, ++recorded;
+    check(held_.empty(), "wrapped: a step begun while another is held");
+    recording_ = true, ahead_ = s.ahead, ++recorded;
     return true;
   }
   void step_end() override {
     check(recording_, "wrapped: step_end without step_begin");
+    check(!ahead_, "wrapped: step_end of a step recorded ahead");
     recording_ = false;
     for (auto& f : queue_) pending_.push_back(std::move(f));
     queue_.clear();
@@ -59,6 +63,7 @@ class WrappedBackend final : public Backend {
   void step_abort() noexcept override { recording_ = false, queue_.clear(); }
   void step_hold() override {
     check(recording_, "wrapped: step_hold without step_begin");
+    check(ahead_, "wrapped: step_hold of a step not recorded ahead");
     check(held_.empty(), "wrapped: a second step held");
     recording_ = false, ++held;
     held_.swap(queue_);
@@ -179,6 +184,7 @@ class WrappedBackend final : public Backend {
       hook("mla_attend"), in_.mla_attend(p, w, c, q, ckv, T, ctx);
       return out("mla_attend", ctx, size_t(T) * p.heads * p.v_head);
     }
+    if (on_record) on_record("mla_attend");
     check(c.length + T <= c.capacity, "context limit reached (wrapped)");
     MlaCache at = c;  // the rows go where the cache ends now; the host's count moves on at once
     c.length += T;
@@ -222,7 +228,10 @@ class WrappedBackend final : public Backend {
   /// Runs f now, or queues it while a step is recorded.
   template <class F>
   void op(F&& f) {
-    if (recording_) return queue_.emplace_back(std::forward<F>(f)), void();
+    if (recording_) {
+      if (on_record) on_record("op");
+      return queue_.emplace_back(std::forward<F>(f)), void();
+    }
     flush();
     f();
   }
@@ -232,7 +241,7 @@ class WrappedBackend final : public Backend {
     ops.swap(pending_);
     for (auto& f : ops) f();
   }
-  bool recording_ = false;
+  bool recording_ = false, ahead_ = false;
   /// The step being recorded; the held one; steps submitted and not yet run.
   std::vector<std::function<void()>> queue_, held_, pending_;
   Backend& in_;

@@ -440,7 +440,9 @@ int Forward::decode_greedy(SequenceState& st, int first, int max_steps, const st
   if (opts_.link.prev >= 0 || opts_.link.next >= 0)  // a pipeline stage: its neighbours wait on each step
     return TokenStep::decode_greedy(st, first, max_steps, on_id);
   check(st.holds(be_, opts_.first_layer, n_layers_), "forward: the sequence state belongs to another backend");
-  bool held = false;  // step `done` is recorded and held, its counters advanced from mark_
+  // Step `done` is recorded and held (or its recording failed midway): its counters advanced from
+  // mark_. Dropped by step_discard (a no-op when the backend holds nothing) and rewound.
+  bool held = false;
   auto drop = [&]() noexcept {
     if (held) be_.step_discard(), st.rewind(mark_), held = false;
   };
@@ -451,7 +453,12 @@ int Forward::decode_greedy(SequenceState& st, int first, int max_steps, const st
       const int pos = st.position() - 1;  // the token whose logits gave step done-1's id
       if (done < max_steps) {             // record the next step while this one runs
         st.mark(mark_);
-        held = greedy_step(st, nullptr, true);
+        held = true;
+        try {
+          held = greedy_step(st, nullptr, true);
+        } catch (...) {  // step done-1's id is still good: the step runs again unrecorded below, and
+          drop();        // throws there if the error is its own
+        }
       }
       greedy_host_.resize(1);
       be_.to_host(buf_->greedy, 1, greedy_host_.data());  // waits for step done-1 (not the held one)
@@ -460,7 +467,7 @@ int Forward::decode_greedy(SequenceState& st, int first, int max_steps, const st
         drop();
         return done;
       }
-      if (held) held = false, be_.step_submit();
+      if (held) be_.step_submit(), held = false;  // a failed launch: rewound below
       else greedy_step(st, &id, false);
     }
   } catch (...) {

@@ -183,7 +183,9 @@ class Forward final : public TokenStep {
   /// and the state's counters rewound (SequenceState::rewind). The device then idles only between
   /// a step's end and the next submit, not through a whole recording. Elsewhere (the CPU, a step
   /// the backend runs op by op, pipeline stages) the steps run one after another. The ids are
-  /// the ones run_mixed gives (tests DecodeGreedy*).
+  /// the ones run_mixed gives (tests DecodeGreedy*). An error while recording ahead drops that
+  /// recording and the step runs again unrecorded once its id is known (raising the error at the
+  /// step it belongs to). on_id must not run steps on this Forward or its backend (a step is held).
   int decode_greedy(SequenceState& state, int first, int max_steps, const std::function<bool(int)>& on_id) override;
 
   int layers_run() const override { return n_layers_ - opts_.first_layer; }

@@ -85,10 +85,12 @@ std::vector<int> generate(TokenStep& fwd, SequenceState& state, const std::vecto
     const bool more = take(id);
     const bool last = st.stopped || st.cancelled || n + 1 == opts.max_new_tokens;
     if (!more) break;
-    if (greedy_ids && !last) {  // the rest of the tokens (and a committed last one) from the device's arg-max
+    if (greedy_ids) {  // the rest of the tokens (and a committed last one) from the device's arg-max
       host_logits = false;
-      bool committed = false;   // the step after the last token ran: its id is not taken
-      fwd.decode_greedy(state, id, opts.max_new_tokens - n, [&](int next) {
+      bool committed = last;  // the step consuming the last token ran: its id is not taken
+      // A step for each token left, and one consuming the last when it is committed.
+      const int steps = opts.max_new_tokens - 1 - n + (opts.commit_last ? 1 : 0);
+      fwd.decode_greedy(state, id, steps, [&](int next) {
         if (committed) return false;
         const bool go = take(next);
         committed = go && (st.stopped || st.cancelled || int(out.size()) == opts.max_new_tokens);

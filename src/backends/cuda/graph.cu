@@ -24,6 +24,8 @@ using cuda::check_cuda;
 
 bool CudaBackend::step_begin(const StepInfo& s) {
   Impl& m = *impl_;
+  // Any step would run or update graphs before the held one (or update its own executable graph).
+  check(!m.held_exec, "CUDA backend: a step begun while another is held (step_submit or step_discard first)");
   if (!s.may_record || s.tokens < 1 || s.host_midway || m.profiling || m.capturing) return false;
   for (int i = 0; i < s.n_moe; ++i)
     if (!routed_moe_on_device(s.moe[i].params, *s.moe[i].weights)) return false;
@@ -34,7 +36,6 @@ bool CudaBackend::step_begin(const StepInfo& s) {
   // recorded before its BF16 weight copies existed and threw.)
   const int seen = s.tokens * 2 + (m.opts.precision == GpuPrecision::Fast ? 1 : 0);
   if (s.tokens > 1 && m.eager_rows.insert(seen).second) return false;
-  if (s.ahead) check(!m.held_exec, "CUDA backend: a step recorded ahead while another is held");
   m.recording_ahead = s.ahead;
   m.graph_key = (s.tokens * 2 + (s.greedy_ids ? 1 : 0)) * 2 + (s.ahead ? 1 - m.last_slot : 0);
   const auto it = m.graph_execs.find(m.graph_key);
@@ -100,9 +101,11 @@ void CudaBackend::graph_launch(bool hold) {
   cudaGraph_t g = nullptr;
   m.capturing = false;
   const int slot = m.graph_key & 1;
+  cudaGraphExec_t exec = nullptr;
   try {
     graph_finish(m, g);
-    if (!hold) launch_exec(m, m.graph_exec, slot);
+    exec = m.graph_exec;
+    if (!hold) launch_exec(m, exec, slot);
   } catch (...) {
     m.rezero_pending();  // the step's counter zeroing never ran
     if (m.graph_key > 0) m.graph_exec = nullptr;  // owned by graph_execs (or erased)
@@ -110,16 +113,23 @@ void CudaBackend::graph_launch(bool hold) {
     m.recording_ahead = false;
     throw;
   }
-  if (hold) m.held_exec = m.graph_exec, m.held_slot = slot, m.held_zero.swap(m.zero_pending);
-  m.zero_pending.clear();
-  m.stats.record_host_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - m.record_t0).count();
-  // Buffers replaced while recording: the new graph names their successors. Earlier work on them
-  // may still run (a step recorded ahead), and cudaFree waits for the device before freeing.
-  for (void* p : m.deferred_free) check_cuda(cudaFree(p), "cudaFree (deferred scratch)");
-  m.deferred_free.clear();
   if (m.graph_key > 0) m.graph_exec = nullptr;  // owned by graph_execs
   m.graph_key = 0;
   m.recording_ahead = false;
+  m.stats.record_host_s += std::chrono::duration<double>(std::chrono::steady_clock::now() - m.record_t0).count();
+  // Buffers replaced while recording: the new graph names their successors. Earlier work on them
+  // may still run (a step recorded ahead), and cudaFree waits for the device before freeing.
+  std::vector<void*> freed;
+  freed.swap(m.deferred_free);
+  try {
+    for (void* p : freed) check_cuda(cudaFree(p), "cudaFree (deferred scratch)");
+  } catch (...) {
+    if (hold) m.rezero_pending();  // the step is not held: its counter zeroing never runs
+    m.zero_pending.clear();
+    throw;
+  }
+  if (hold) m.held_exec = exec, m.held_slot = slot, m.held_zero.swap(m.zero_pending);
+  m.zero_pending.clear();
 }
 
 void CudaBackend::step_submit() {
