@@ -250,7 +250,7 @@ TEST_F(DecodeGreedy, ADeviceFaultMidwayContinuesOnTheFallbackWithThePlainIds) {
   Runner ref(*model_, plain, {8, -1});
   SequenceState s1(plain, c, 64);
   const std::vector<int> want = generate(ref, s1, p, o);
-  for (int fail_at : {40, 200, 400}) {
+  for (int fail_at : {40, 200, 400, -30, -150}) {  // < 0: while recording a step ahead (op -fail_at of those)
     CpuBackend inner;
     test::WrappedBackend rec(inner);
     rec.record = true;
@@ -262,6 +262,12 @@ TEST_F(DecodeGreedy, ADeviceFaultMidwayContinuesOnTheFallbackWithThePlainIds) {
     fwd.run(s2, p.data(), nullptr, int(p.size()) - 1, nullptr, false);  // all but the last prompt token
     rec.before = [&](const char*) {
       if (++n == fail_at) fired = true, throw DeviceError("injected device fault");
+    };
+    bool ahead = false;
+    int recorded_ahead = 0;  // ops recorded into steps recorded ahead
+    rec.on_step = [&](const StepInfo& s) { ahead = s.ahead; };
+    rec.on_record = [&](const char*) {
+      if (ahead && ++recorded_ahead == -fail_at) fired = true, throw DeviceError("injected device fault while recording");
     };
     testing::internal::CaptureStderr();
     std::vector<int> got;

@@ -456,8 +456,10 @@ int Forward::decode_greedy(SequenceState& st, int first, int max_steps, const st
         held = true;
         try {
           held = greedy_step(st, nullptr, true);
+        } catch (const DeviceError&) {  // the device failed: the caller decides (Runner: the fallback
+          throw;                        // runs step done-1 again from the log)
         } catch (...) {  // step done-1's id is still good: the step runs again unrecorded below, and
-          drop();        // throws there if the error is its own
+          drop();        // throws there if the error is its own (e.g. a full context)
         }
       }
       greedy_host_.resize(1);

@@ -185,7 +185,8 @@ class Forward final : public TokenStep {
   /// the backend runs op by op, pipeline stages) the steps run one after another. The ids are
   /// the ones run_mixed gives (tests DecodeGreedy*). An error while recording ahead drops that
   /// recording and the step runs again unrecorded once its id is known (raising the error at the
-  /// step it belongs to). on_id must not run steps on this Forward or its backend (a step is held).
+  /// step it belongs to); a DeviceError propagates at once (the runner's fallback reruns the step
+  /// whose id was not yet taken). on_id must not run steps on this Forward or its backend (a step is held).
   int decode_greedy(SequenceState& state, int first, int max_steps, const std::function<bool(int)>& on_id) override;
 
   int layers_run() const override { return n_layers_ - opts_.first_layer; }
