@@ -429,10 +429,11 @@ TEST_F(CudaFast, RoutedMoeMxfp4DecodeMatchesCpu) {
   const Case cases[] = {{16, 4, 64, 32, 1.f},   {33, 1, 96, 64, 2.5f},     {64, 8, 256, 128, 2.827f},
                         {8, 8, 512, 96, 1.f},   {24, 16, 544, 288, 1.f},   {20, 6, 160, 1056, 0.5f},
                         {6, 2, 1024, 512, 1.f},  {4, 2, 8448, 64, 1.f},  // io past 8192: more than 48 KiB of staged token
-                        {6, 4, 3584, 384, 2.827f}};  // K3's latent width
+                        {6, 4, 3584, 384, 2.827f},  // K3's latent width
+                        {5, 3, 512, 3072, 1.f}};    // K3's expert width: 16-byte scale loads in both kernels
   Worst worst;
   be_->profile_begin();
-  int calls = 0;
+  int calls = 0, form_calls = 0;
   for (const Case& c : cases) {
     std::vector<std::unique_ptr<MxExpert>> mxe;
     MoeWeights mw;
@@ -475,6 +476,16 @@ TEST_F(CudaFast, RoutedMoeMxfp4DecodeMatchesCpu) {
       be_->routed_moe(p, mw, dl, dz, 1, work(poisoned(size_t(c.k) * c.io), c.inter), dout2);
       const auto again = host(dout2, size_t(c.io));
       EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4)) << sh << ": not deterministic";
+      be_->set_decode_streams(true, 0);
+      for (int f = 1; f < CudaBackend::mx_decode_forms(); ++f) {  // every form: the same bits
+        be_->set_mx_decode_form(f);
+        float* dout4 = poisoned(size_t(c.io));
+        be_->routed_moe(p, mw, dl, dz, 1, work(poisoned(size_t(c.k) * c.io), c.inter), dout4);
+        ++form_calls;
+        const auto form = host(dout4, size_t(c.io));
+        EXPECT_EQ(0, std::memcmp(got.data(), form.data(), got.size() * 4)) << sh << ": form " << f << " differs";
+      }
+      be_->set_mx_decode_form(0);
       if (rep == 0) {  // exact mode: the CPU-order kernels, bit for bit with the CPU reference
         be_->set_precision(GpuPrecision::Exact);
         float* dout3 = poisoned(size_t(c.io));
@@ -493,8 +504,8 @@ TEST_F(CudaFast, RoutedMoeMxfp4DecodeMatchesCpu) {
     if (t.name == "routed_moe gate/up kernel") exact_kernels = t.launches;
     if (t.name.find("grouped") != std::string::npos) grouped += t.launches;
   }
-  EXPECT_EQ(gate_up, uint64_t(2 * calls)) << "every fast T = 1 call took the decode kernels";
-  EXPECT_EQ(down, uint64_t(2 * calls));
+  EXPECT_EQ(gate_up, uint64_t(2 * calls + form_calls)) << "every fast T = 1 call took the decode kernels";
+  EXPECT_EQ(down, uint64_t(2 * calls + form_calls));
   EXPECT_EQ(exact_kernels, sizeof(cases) / sizeof(cases[0])) << "exact mode kept the CPU-order kernels";
   EXPECT_EQ(grouped, 0u);
   std::printf("[ cuda fast ] mxfp4 decode experts: %d calls, worst rel-L2 %.3g\n", worst.cases, worst.rel);
@@ -617,6 +628,7 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
     const char* name;
     int form = 0;
     int dense_gu = 0, dense_dn = 0;  ///< set_dense_expert_warps
+    int mx = 0;                      ///< set_mx_decode_form
   };
   // GEMV: also with a warp to a 16-row tile (the default is 8, a tile a block) and in its other
   // forms (gemv_tc.cu kForms: f1 the default kernel split for 2 blocks an SM, f2 3 blocks an SM
@@ -632,13 +644,20 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
   // With 4 lines of each row asked of L2 before the wait: the default and the 64-register form f5,
   // whose blocks leave room for the next launch's to start early.
   gemv_variants.push_back({true, 4, 0, "f0+4", 0}), gemv_variants.push_back({true, 4, 0, "f5+4", 5});
-  const std::vector<Variant> moe_variants = {{false, 0, 0, "plain"}, {true, 0, 0, "pdl"}, {true, 2, 0, "pdl+2"}};
+  // MXFP4 experts: also every other form (moe_decode.cu kMxForms: m1 16-byte scale loads for 2
+  // blocks an SM, m2 / m3 with L2 asks 1 / 2 steps ahead, m4 / m5 4 blocks an SM (0 / 1 ahead),
+  // m6-m8 3 blocks an SM (0, 1, 2 ahead), m9 the default's byte scale loads for 3 blocks an SM).
+  std::vector<Variant> moe_variants = {{false, 0, 0, "plain"}, {true, 0, 0, "pdl"}, {true, 2, 0, "pdl+2"}};
+  static const char* kMxNames[] = {"m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "m9"};
+  ASSERT_LE(CudaBackend::mx_decode_forms(), int(std::size(kMxNames)));
+  for (int f = 1; f < CudaBackend::mx_decode_forms(); ++f) moe_variants.push_back({true, 0, 0, kMxNames[f], 0, 0, 0, f});
   auto report = [&](const std::string& what, double bytes, const std::function<double()>& timed,
                     const std::vector<Variant>& variants) {
     std::string line = "[ decode streams ] " + what + ":";
     for (const auto& v : variants) {
       be_->set_decode_streams(v.pdl, v.lines, v.wt, v.form);
       be_->set_dense_expert_warps(v.dense_gu, v.dense_dn);
+      be_->set_mx_decode_form(v.mx);
       const double t = timed();
       char buf[96];
       std::snprintf(buf, sizeof buf, "  %s %7.2f us %5.0f GB/s %3.0f%%", v.name, t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy);
@@ -647,6 +666,7 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
     std::printf("%s\n", line.c_str());
     be_->set_decode_streams(true, 0);
     be_->set_dense_expert_warps(0, 0);
+    be_->set_mx_decode_form(0);
   };
   struct Shape {
     const char* name;
@@ -749,11 +769,16 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
       return be_->time_recorded([&](int i) { be_->routed_moe(p, mw, logits[size_t(i % sets)], dz, 1, ws, dout); }, R, 10);
     }, mx ? moe_variants : dense_variants);
     ASSERT_EQ(be_->fallbacks(), 0u) << what;
-    be_->profile_begin();
-    be_->routed_moe(p, mw, logits[0], dz, 1, ws, dout);
-    double total = 0;
-    for (const CudaOpTime& t : be_->profile_end(&total))
-      std::printf("[ decode streams ]   %s profiled: %-52s %8.1f us\n", what.c_str(), t.name.c_str(), t.ms * 1e3);
+    for (int f = 0; f < (mx ? CudaBackend::mx_decode_forms() : 1); ++f) {  // MXFP4: each form's kernels
+      be_->set_mx_decode_form(f);
+      be_->profile_begin();
+      be_->routed_moe(p, mw, logits[0], dz, 1, ws, dout);
+      double total = 0;
+      for (const CudaOpTime& t : be_->profile_end(&total))
+        std::printf("[ decode streams ]   %s profiled%s%s: %-52s %8.1f us\n", what.c_str(), mx ? " m" : "",
+                    mx ? std::to_string(f).c_str() : "", t.name.c_str(), t.ms * 1e3);
+    }
+    be_->set_mx_decode_form(0);
     be_->release(dys);
     be_->release(dout);
   };

@@ -216,6 +216,12 @@ class CudaBackend final : public Backend {
   /// tiles a block, the tile's columns split over its wt warps), 0 = the default rule. Changes the
   /// order of a row's sum (fast mode), never the math. Throws wren::Error for other counts.
   void set_dense_expert_warps(int gate_up, int down);
+  /// Benchmark/test hook: the form of the fast mode's MXFP4 decode experts (moe_decode.cu kMxForms:
+  /// occupancy, scale loads, L2 asks ahead; 0 = the default, 1 .. mx_decode_forms() - 1 the
+  /// others). Changes timing only: every form gives the same bits. Throws wren::Error for other forms.
+  void set_mx_decode_form(int form);
+  /// The number of forms set_mx_decode_form takes.
+  static int mx_decode_forms();
   /// One KDA decode step (T = 1) for each of B sequences, sequence b on its own state
   /// *states[b] (shapes as kda_core: q, k, v, z, gate, out [B, P], beta [B, H], P = heads ·
   /// head_dim; device pointers). The same arithmetic, per sequence, as B kda_core calls with T = 1

@@ -118,6 +118,11 @@ __device__ __forceinline__ void prefetch_mx_head(const uint8_t* packed, const ui
 
 /// (row g, row g + 8) sums of this lane's groups over a warp's 16 rows of an MXFP4 matrix (rows ×
 /// cols, cols % 32 == 0) against the staged token; the caller adds the 4 lanes of a row.
+/// kVec: the 16 scale bytes of a row's step in one 16-byte load where groups % 16 == 0 and the
+/// scale base is 16-byte aligned (checked here), else a byte load each. kAhead > 0: each step first asks
+/// L2 for the code lines of the step kAhead steps on (a lane a line: 16 rows × 2 lines of 128
+/// bytes), so its loads find them in L2 (no register holds those bytes). Neither changes a sum.
+template <bool kVec, int kAhead>
 __device__ __forceinline__ void gemv_mx(const uint8_t* __restrict__ packed, const uint8_t* __restrict__ scale, int rows,
                                         int cols, int r0, const uint2* xhi, const uint2* xlo, float& sg, float& sh) {
   const int lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4, groups = cols / 32;
@@ -125,19 +130,44 @@ __device__ __forceinline__ void gemv_mx(const uint8_t* __restrict__ packed, cons
   const uint2* xs = g == t4 ? xhi : xlo;
   const bool feeds = g == t4 || g == t4 + 4;  // this lane's B column carries its k slots' values
   const int ra = r0 + g, rb = r0 + g + 8;
+  const bool vec = kVec && groups % 16 == 0 && (reinterpret_cast<uintptr_t>(scale) & 15) == 0;
+  // kAhead: lane l asks for line l % 2 of the step's 256 code bytes of row r0 + l / 2.
+  const int pr = r0 + lane / 2;
+  const uint8_t* prow = packed + size_t(pr < rows ? pr : 0) * (cols / 2) + (lane % 2) * 128;
+  auto ahead = [&](int s) {  // s: the first group of a step
+    if (kAhead > 0 && pr < rows && s * 16 + (lane % 2) * 128 < cols / 2) prefetch_l2(prow + size_t(s) * 16);
+  };
+#pragma unroll
+  for (int a = 1; a < kAhead; ++a) ahead(4 * kU * a);
   for (int s0 = 0; s0 < groups; s0 += 4 * kU) {
+    ahead(s0 + 4 * kU * kAhead);
     uint4 ca[kU], cb[kU];
     uint32_t sa[kU][2], sb[kU][2];
+    uint4 va = make_uint4(0, 0, 0, 0), vb = make_uint4(0, 0, 0, 0);
+    if (vec) {  // bytes s0 .. s0 + 15 of the rows' scales (groups % 16 == 0: never past a row)
+      if (ra < rows) va = __ldg(reinterpret_cast<const uint4*>(scale + size_t(ra) * groups + s0));
+      if (rb < rows) vb = __ldg(reinterpret_cast<const uint4*>(scale + size_t(rb) * groups + s0));
+    }
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int G = s0 + 4 * u + t4, Gs = s0 + 4 * u + ga;
       const bool in = G < groups;
       ca[u] = ra < rows && in ? __ldg(reinterpret_cast<const uint4*>(packed + size_t(ra) * (cols / 2)) + G) : make_uint4(0, 0, 0, 0);
       cb[u] = rb < rows && in ? __ldg(reinterpret_cast<const uint4*>(packed + size_t(rb) * (cols / 2)) + G) : make_uint4(0, 0, 0, 0);
+      if (vec) {
+        const uint32_t wa = u == 0 ? va.x : u == 1 ? va.y : u == 2 ? va.z : va.w;
+        const uint32_t wb = u == 0 ? vb.x : u == 1 ? vb.y : u == 2 ? vb.z : vb.w;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        sa[u][h] = ra < rows && Gs + h < groups ? __ldg(scale + size_t(ra) * groups + Gs + h) : 127u;
-        sb[u][h] = rb < rows && Gs + h < groups ? __ldg(scale + size_t(rb) * groups + Gs + h) : 127u;
+        for (int h = 0; h < 2; ++h) {  // rows past the matrix: 127 (2^0) times zero codes, as below
+          sa[u][h] = ra < rows ? (wa >> (8 * (ga + h))) & 0xFFu : 127u;
+          sb[u][h] = rb < rows ? (wb >> (8 * (ga + h))) & 0xFFu : 127u;
+        }
+      } else {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          sa[u][h] = ra < rows && Gs + h < groups ? __ldg(scale + size_t(ra) * groups + Gs + h) : 127u;
+          sb[u][h] = rb < rows && Gs + h < groups ? __ldg(scale + size_t(rb) * groups + Gs + h) : 127u;
+        }
       }
     }
 #pragma unroll
@@ -164,7 +194,9 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 /// Gate/up: act[j, r] = SiTU(W1[e]·z, W3[e]·z)[r] in f32 for the 16 rows of each warp (e = ids[j]).
-__global__ void __launch_bounds__(kThreads) mx_gate_up_kernel(const ExpertPtrs* __restrict__ table,
+/// kMin: blocks an SM the registers are budgeted for; kVec, kAhead: gemv_mx's (MxForm).
+template <int kMin, bool kVec, int kAhead>
+__global__ void __launch_bounds__(kThreads, kMin) mx_gate_up_kernel(const ExpertPtrs* __restrict__ table,
                                                               const int* __restrict__ ids, const float* __restrict__ z,
                                                               int io, int inter, float b1, float b2,
                                                               float* __restrict__ act,
@@ -183,8 +215,8 @@ __global__ void __launch_bounds__(kThreads) mx_gate_up_kernel(const ExpertPtrs* 
   const int sigma = stage_token(z, io, xst, xst + io / 8, red);
   if (r0 >= inter) return;
   float ga = 0.f, gb = 0.f, ua = 0.f, ub = 0.f;
-  gemv_mx(e.p1, e.s1, inter, io, r0, xst, xst + io / 8, ga, gb);
-  gemv_mx(e.p3, e.s3, inter, io, r0, xst, xst + io / 8, ua, ub);
+  gemv_mx<kVec, kAhead>(e.p1, e.s1, inter, io, r0, xst, xst + io / 8, ga, gb);
+  gemv_mx<kVec, kAhead>(e.p3, e.s3, inter, io, r0, xst, xst + io / 8, ua, ub);
   const float back = ldexpf(1.f, 6 - sigma);
   ga = quad_sum(ga) * back, gb = quad_sum(gb) * back, ua = quad_sum(ua) * back, ub = quad_sum(ub) * back;
   if (t4 != 0) return;
@@ -192,8 +224,9 @@ __global__ void __launch_bounds__(kThreads) mx_gate_up_kernel(const ExpertPtrs* 
   if (r0 + g + 8 < inter) act[size_t(j) * inter + r0 + g + 8] = situ_f(gb, ub, b1, b2);
 }
 
-/// Down: ys[j, r] = (W2[e] · act[j])[r] for the 16 rows of each warp.
-__global__ void __launch_bounds__(kThreads) mx_down_kernel(const ExpertPtrs* __restrict__ table,
+/// Down: ys[j, r] = (W2[e] · act[j])[r] for the 16 rows of each warp (template as mx_gate_up_kernel).
+template <int kMin, bool kVec, int kAhead>
+__global__ void __launch_bounds__(kThreads, kMin) mx_down_kernel(const ExpertPtrs* __restrict__ table,
                                                            const int* __restrict__ ids, const float* __restrict__ act,
                                                            int io, int inter, float* __restrict__ ys, int pf) {
   extern __shared__ __align__(16) uint2 xst[];  // hi [inter / 8], lo [inter / 8]
@@ -209,7 +242,7 @@ __global__ void __launch_bounds__(kThreads) mx_down_kernel(const ExpertPtrs* __r
   const int sigma = stage_token(act + size_t(j) * inter, inter, xst, xst + inter / 8, red);
   if (r0 >= io) return;
   float a = 0.f, b = 0.f;
-  gemv_mx(e.p2, e.s2, io, inter, r0, xst, xst + inter / 8, a, b);
+  gemv_mx<kVec, kAhead>(e.p2, e.s2, io, inter, r0, xst, xst + inter / 8, a, b);
   const float back = ldexpf(1.f, 6 - sigma);
   a = quad_sum(a) * back, b = quad_sum(b) * back;
   if (t4 != 0) return;
@@ -370,6 +403,22 @@ void opt_in_smem(K kernel, size_t bytes, size_t& opted, const char* what) {
   opted = bytes;
 }
 
+/// The instances of the MXFP4 decode kernels set_mx_decode_form picks (a benchmark/test hook; 0 =
+/// the default): {blocks an SM the registers are budgeted for, 16-byte scale loads, L2 asks kAhead
+/// steps on}. Every form gives the same bits (the sums are the same; only loads and occupancy differ).
+struct MxForm {
+  void (*gate_up)(const ExpertPtrs*, const int*, const float*, int, int, float, float, float*, unsigned long long*,
+                  unsigned long long, int);
+  void (*down)(const ExpertPtrs*, const int*, const float*, int, int, float*, int);
+};
+#define WREN_MX_FORM(kMin, kVec, kAhead) {mx_gate_up_kernel<kMin, kVec, kAhead>, mx_down_kernel<kMin, kVec, kAhead>}
+constexpr MxForm kMxForms[] = {WREN_MX_FORM(1, false, 0), WREN_MX_FORM(2, true, 0), WREN_MX_FORM(2, true, 1),
+                               WREN_MX_FORM(2, true, 2),  WREN_MX_FORM(4, true, 0), WREN_MX_FORM(4, true, 1),
+                               WREN_MX_FORM(3, true, 0),  WREN_MX_FORM(3, true, 1), WREN_MX_FORM(3, true, 2),
+                               WREN_MX_FORM(3, false, 0)};
+#undef WREN_MX_FORM
+constexpr int kNumMxForms = int(sizeof(kMxForms) / sizeof(kMxForms[0]));
+
 }  // namespace
 
 bool moe_decode_ok(const CudaBackend::Impl& m, int T, int io, int inter, const float* z, bool mx) {
@@ -386,19 +435,20 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
   // The backend's own act scratch (not the fast-mode LtState's: a decode step may be recorded into
   // a graph before anything has created that state, and creating it there would allocate).
   auto* act = static_cast<float*>(m.scratch(m.act, size_t(k) * inter * sizeof(float)));
-  static size_t opted_gu = 0, opted_dn = 0;
+  const MxForm& f = kMxForms[m.mx_form];
+  static size_t opted_gu[kNumMxForms] = {}, opted_dn[kNumMxForms] = {};
   const size_t gu_smem = size_t(io) * 2, dn_smem = size_t(inter) * 2;
-  opt_in_smem(mx_gate_up_kernel, gu_smem, opted_gu, "cudaFuncSetAttribute (mxfp4 decode gate/up)");
-  opt_in_smem(mx_down_kernel, dn_smem, opted_dn, "cudaFuncSetAttribute (mxfp4 decode down)");
+  opt_in_smem(f.gate_up, gu_smem, opted_gu[m.mx_form], "cudaFuncSetAttribute (mxfp4 decode gate/up)");
+  opt_in_smem(f.down, dn_smem, opted_dn[m.mx_form], "cudaFuncSetAttribute (mxfp4 decode down)");
   const unsigned long long ebytes = device_expert_bytes(true, io, inter);
   const int per_block = kWarps * kRows;
   const char* gu = "routed_moe (fast) mxfp4 decode gate/up kernel";
-  launch_ex(m, mx_gate_up_kernel, dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), dim3(kThreads),
+  launch_ex(m, f.gate_up, dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), dim3(kThreads),
             gu_smem, 0, m.stream_pdl, gu, table, ids, z, io, inter, b1, b2, act, m.traffic_counters(), ebytes,
             m.stream_prefetch);
   m.launched(gu);
   const char* dn = "routed_moe (fast) mxfp4 decode down kernel";
-  launch_ex(m, mx_down_kernel, dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)), dim3(kThreads), dn_smem,
+  launch_ex(m, f.down, dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)), dim3(kThreads), dn_smem,
             0, m.stream_pdl, dn, table, ids, static_cast<const float*>(act), io, inter, ys, m.stream_prefetch);
   m.launched(dn);
 }
@@ -427,6 +477,14 @@ void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const 
 }  // namespace wren::cuda
 
 namespace wren {
+
+void CudaBackend::set_mx_decode_form(int form) {
+  check(form >= 0 && form < cuda::kNumMxForms,
+        "CUDA backend: set_mx_decode_form: expected a form 0.." + std::to_string(cuda::kNumMxForms - 1));
+  impl_->mx_form = form;
+}
+
+int CudaBackend::mx_decode_forms() { return cuda::kNumMxForms; }
 
 void CudaBackend::set_dense_expert_warps(int gate_up, int down) {
   check(cuda::warps_a_tile_ok(gate_up) && cuda::warps_a_tile_ok(down),
