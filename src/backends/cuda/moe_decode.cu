@@ -131,16 +131,14 @@ __device__ __forceinline__ void gemv_mx(const uint8_t* __restrict__ packed, cons
   const bool feeds = g == t4 || g == t4 + 4;  // this lane's B column carries its k slots' values
   const int ra = r0 + g, rb = r0 + g + 8;
   const bool vec = kVec && groups % 16 == 0 && (reinterpret_cast<uintptr_t>(scale) & 15) == 0;
-  // kAhead: lane l asks for line l % 2 of the step's 256 code bytes of row r0 + l / 2.
-  const int pr = r0 + lane / 2;
-  const uint8_t* prow = packed + size_t(pr < rows ? pr : 0) * (cols / 2) + (lane % 2) * 128;
-  auto ahead = [&](int s) {  // s: the first group of a step
-    if (kAhead > 0 && pr < rows && s * 16 + (lane % 2) * 128 < cols / 2) prefetch_l2(prow + size_t(s) * 16);
-  };
+  // kAhead: the 2 code lines (16 groups × 16 bytes) of the warp's 16 rows of the step starting at group s.
+  auto ahead = [&](int s) { prefetch_rows(packed, size_t(cols) / 2, rows, r0, size_t(s) * 16, 2); };
+  if (kAhead > 0) {
 #pragma unroll
-  for (int a = 1; a < kAhead; ++a) ahead(4 * kU * a);
+    for (int a = 1; a < kAhead; ++a) ahead(4 * kU * a);
+  }
   for (int s0 = 0; s0 < groups; s0 += 4 * kU) {
-    ahead(s0 + 4 * kU * kAhead);
+    if (kAhead > 0) ahead(s0 + 4 * kU * kAhead);
     uint4 ca[kU], cb[kU];
     uint32_t sa[kU][2], sb[kU][2];
     uint4 va = make_uint4(0, 0, 0, 0), vb = make_uint4(0, 0, 0, 0);
