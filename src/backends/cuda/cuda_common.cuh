@@ -76,8 +76,10 @@ struct TierSlot {
 struct ExpertTier {
   uint64_t budget = 0;       ///< bytes for routed experts; 0 = free memory less a margin
   bool active = false;       ///< some experts live on the host (slots in use)
-  ExpertSource* source = nullptr;  ///< the backend's expert source at the call (null: `mapped`)
   std::unique_ptr<ExpertSource> mapped;  ///< the shard mappings of the uploaded model
+  /// Where the tier reads experts: the backend's expert source (Backend::expert_source(), passed in
+  /// by each caller so the tier keeps no copy of it), or the shard mappings when it has none.
+  ExpertSource* source(ExpertSource* backend_source) const { return backend_source ? backend_source : mapped.get(); }
   size_t slot_bytes = 0;
   size_t off[6] = {}, len[6] = {};
   int inter = 0, io = 0, n_slots = 0;
@@ -214,21 +216,23 @@ struct CudaBackend::Impl {
   /// (returns true; the experts are then not uploaded), else returns false.
   bool tier_setup(const WeightList& w, uint64_t bytes);
   /// Tier: makes the experts of `pairs` (host ids [pairs]) of `layer` resident in slots (copying
-  /// the misses from the host tier on the demand copy stream; at most n_slots distinct ids), makes
-  /// the compute stream wait for the copies of those slots, and returns the device per-pair table
-  /// [pairs], written at entry `at` of the call's table (pinned host and device, sized by
-  /// tier_begin_call). The group's slots are left in `group_slots` for tier_mark_read.
-  const cuda::ExpertPtrs* tier_prepare(int layer, const int* ids, int pairs, int at);
+  /// the misses from `src`, ExpertTier::source(), on the demand copy stream; at most n_slots
+  /// distinct ids), makes the compute stream wait for the copies of those slots, and returns the
+  /// device per-pair table [pairs], written at entry `at` of the call's table (pinned host and
+  /// device, sized by tier_begin_call). The group's slots are left in `group_slots` for
+  /// tier_mark_read.
+  const cuda::ExpertPtrs* tier_prepare(int layer, const int* ids, int pairs, int at, ExpertSource* src);
   /// Tier: starts one routed_moe call of `pairs` pairs (after its ids came to the host, so every
   /// earlier use of the pair tables is done): sizes the pair tables, starts the call's stamps.
   void tier_begin_call(int pairs);
   /// Tier: records an event on the compute stream after the kernels of the latest group and marks
   /// its slots as read by it (a later copy into them waits for it).
   void tier_mark_read();
-  /// Tier: copies the pending guess (CudaBackend::prefetch_experts) into free or least recently
-  /// used slots on the prefetch copy stream, never evicting a slot used by the call running now.
+  /// Tier: copies the pending guess (CudaBackend::prefetch_experts) from `src`
+  /// (ExpertTier::source()) into free or least recently used slots on the prefetch copy stream,
+  /// never evicting a slot used by the call running now.
   /// Never throws for a failed read (counted; the expert is read again on demand).
-  void tier_prefetch();
+  void tier_prefetch(ExpertSource* src);
   /// Tier: frees the slots (a new upload starts over).
   void tier_reset();
 };

@@ -238,7 +238,8 @@ void CudaBackend::Impl::tier_begin_call(int pairs) {
   scratch(pair_table, size_t(pairs) * sizeof(cuda::ExpertPtrs));
 }
 
-const cuda::ExpertPtrs* CudaBackend::Impl::tier_prepare(int layer, const int* ids, int pairs, int at) {
+const cuda::ExpertPtrs* CudaBackend::Impl::tier_prepare(int layer, const int* ids, int pairs, int at,
+                                                         ExpertSource* src) {
   cuda::ExpertTier& t = tier;
   const uint64_t stamp = ++t.clock;
   std::vector<int> misses, distinct_ids;
@@ -275,7 +276,6 @@ const cuda::ExpertPtrs* CudaBackend::Impl::tier_prepare(int layer, const int* id
     slot_of[i] = s;
   }
   if (!misses.empty()) {
-    ExpertSource* src = t.source ? t.source : t.mapped.get();
     std::unordered_map<int, size_t> index;  // expert -> its place in misses
     for (size_t i = 0; i < misses.size(); ++i) index[misses[i]] = i;
     try {
@@ -337,13 +337,12 @@ int prefetch_room(const cuda::ExpertTier& t) {
 
 }  // namespace
 
-void CudaBackend::Impl::tier_prefetch() {
+void CudaBackend::Impl::tier_prefetch(ExpertSource* src) {
   cuda::ExpertTier& t = tier;
   const int layer = t.pending_layer;
   t.pending_layer = -1;
   if (layer < 0 || t.pending_ids.empty()) return;
   const int room = prefetch_room(t);
-  ExpertSource* src = t.source ? t.source : t.mapped.get();
   std::vector<int> want, slot_of;
   for (int e : t.pending_ids) {
     const auto it = t.where.find(tier_key(layer, e));
@@ -424,8 +423,7 @@ void CudaBackend::prefetch_experts(int layer, const int* experts, int n) {
   // the latest call's distinct count and the guess's (the first call of a prompt has no latest
   // call). The held guesses are passed on to the source too, which keeps them from being evicted
   // first (they are held, so it reads nothing).
-  // The backend's source now (t.source is set by routed_moe, which runs after the first guess).
-  ExpertSource* src = expert_source() ? expert_source() : t.mapped.get();
+  ExpertSource* src = t.source(expert_source());
   std::vector<int> host, pending;
   int room = prefetch_room(t);
   if (!t.ignore_prefetch_limits)

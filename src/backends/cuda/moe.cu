@@ -449,9 +449,9 @@ bool CudaBackend::routed_moe_on_device(const RoutedMoeParams& p, const MoeWeight
 /// groups whose distinct experts fit the slots: make them resident (copies on the tier's streams,
 /// ordered by events), run all their pairs. A pending guess (prefetch_experts) is copied into
 /// slots once the kernels are queued, so those copies overlap this layer's compute; a guess for
-/// this very layer goes first.
+/// this very layer goes first. `src`: where misses and guesses are read (ExpertTier::source()).
 static void tier_routed_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeights& mw, const float* logits,
-                     const float* z, int T, float* ys, float* out) {
+                     const float* z, int T, float* ys, float* out, ExpertSource* src) {
   cuda::ExpertTier& tier = m.tier;
   const int k = p.top_k, pairs = T * k;
   if (tier.io != p.io)
@@ -467,7 +467,7 @@ static void tier_routed_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, cons
                    "cudaMemcpyAsync (routed ids)");
   m.sync("routed_moe (ids for the VRAM tier)");
   m.tier_begin_call(pairs);
-  if (tier.pending_layer == p.layer) m.tier_prefetch();  // a guess for this layer: before its demand
+  if (tier.pending_layer == p.layer) m.tier_prefetch(src);  // a guess for this layer: before its demand
   // Recall of the guess for this layer: over the call's distinct experts.
   std::vector<char> in(size_t(p.n_experts), 0);
   int distinct = 0;
@@ -498,7 +498,7 @@ static void tier_routed_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, cons
       ++t1;
     }
     const int gp = (t1 - t0) * k;
-    const cuda::ExpertPtrs* table = m.tier_prepare(p.layer, ids.data() + size_t(t0) * k, gp, t0 * k);
+    const cuda::ExpertPtrs* table = m.tier_prepare(p.layer, ids.data() + size_t(t0) * k, gp, t0 * k, src);
     launch_mx_batch<true>(m, MxBatchArgs{table, nullptr, z + size_t(t0) * tier.io, act, k, tier.inter, tier.io, p.b1, p.b2},
                           gp, "routed_moe gate/up kernel");
     launch_mx_batch<false>(m, MxBatchArgs{table, nullptr, act, ys + size_t(t0) * k * tier.io, 1, tier.io, tier.inter, 0.f, 0.f},
@@ -507,7 +507,7 @@ static void tier_routed_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, cons
     t0 = t1;
   }
   cuda::launch_slot_sum(m, ys, dw, k, tier.io, T, out);
-  if (tier.pending_layer >= 0) m.tier_prefetch();  // the next layer's guess, while these kernels run
+  if (tier.pending_layer >= 0) m.tier_prefetch(src);  // the next layer's guess, while these kernels run
 }
 
 void CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, const float* logits, const float* z,
@@ -531,8 +531,7 @@ void CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, con
   const char* too_many = "more than 65535 (token, slot) pairs in one chunk (grid limit)";
   if (!dense && m.tier.active) {
     if (pairs > 65535) return host_routed(too_many);
-    m.tier.source = expert_source();
-    tier_routed_moe(m, p, mw, logits, z, T, ws.ys, out);
+    tier_routed_moe(m, p, mw, logits, z, T, ws.ys, out, m.tier.source(expert_source()));
     return;
   }
   const cuda::LayerTable* tp = dense ? nullptr : &m.table(mw, p.layer);
