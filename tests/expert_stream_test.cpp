@@ -83,10 +83,14 @@ std::vector<int> random_ids(std::mt19937& rng, int n) {
   return all;
 }
 
+// Each setting also with 4 KiB pieces (an expert is then 3 or 4 reads that the loaders share).
 TEST_F(ByteStore, RandomVisitsAndPrefetchesHandOverTheFilesBytes) {
+  for (uint64_t piece : {uint64_t(0), uint64_t(4096)})
   for (int threads : {1, 3})
     for (int slots : {1, 2, 5, kExperts, kLayers * kExperts}) {
-      ExpertByteStore s(extents_, kBytes, opts(slots, threads));
+      ExpertStoreOptions o = opts(slots, threads);
+      o.piece_bytes = piece;
+      ExpertByteStore s(extents_, kBytes, o);
       std::mt19937 rng(uint32_t(slots * 10 + threads));
       for (int op = 0; op < 120; ++op) {
         const int l = int(rng() % kLayers);
@@ -278,6 +282,42 @@ TEST_F(ByteStore, TransientFaultDuringPrefetchIsReadAgain) {
     EXPECT_NE(err.find("experts.bin: expert 'layers.0.experts.3'"), std::string::npos) << err;
     EXPECT_NE(err.find(short_read ? "short read, got 1000 of" : "read failed: Input/output error"), std::string::npos)
         << err;
+  }
+}
+
+// An expert read in 4 KiB pieces (with a hook the store reads buffered: pieces start at the
+// expert's offset + 4096 k): a fault in its second piece fails the whole expert. On demand it is a
+// clear error naming the file and the expert, with the bytes counted from the expert's start; a
+// transient fault in a prefetch is read again on demand, with the file's bytes.
+TEST_F(ByteStore, FaultInAMiddlePieceFailsTheExpert) {
+  for (bool short_read : {false, true}) {
+    int times = -1;
+    ExpertStoreOptions o = opts(8, 3);
+    o.piece_bytes = 4096;
+    o.pread_hook = failing(offset(0, 3) + 4096, times, short_read);
+    ExpertByteStore s(extents_, kBytes, o);
+    std::string err;
+    try {
+      visit_checked(s, 0, {2, 3, 4});
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    EXPECT_NE(err.find("experts.bin: expert 'layers.0.experts.3' (bytes "), std::string::npos) << err;
+    EXPECT_NE(err.find(short_read ? "short read, got 5096 of 10007 bytes" : "read failed: Input/output error"),
+              std::string::npos)
+        << err;
+    visit_checked(s, 1, {3, 4, 5, 6, 7});  // the store goes on serving after the failed visit
+  }
+  for (bool short_read : {false, true}) {
+    int times = 1;
+    ExpertStoreOptions o = opts(8, 3);
+    o.piece_bytes = 4096;
+    o.pread_hook = failing(offset(0, 3) + 4096, times, short_read);
+    ExpertByteStore s(extents_, kBytes, o);
+    const int guess[] = {3};
+    s.prefetch(0, guess, 1);
+    visit_checked(s, 0, {3, 4});
+    EXPECT_EQ(s.stats().prefetch_failed, 1u) << short_read;
   }
 }
 

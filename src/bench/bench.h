@@ -77,6 +77,21 @@ struct StreamArgs {
 };
 void run_stream(const StreamArgs& a);
 
+/// `bench pieces`: how the expert store's read pieces (ExpertStoreOptions::piece_bytes) change the
+/// time of one visit of `misses` experts of `expert_mb` MB, on a simulated disk (a file in `dir`
+/// read through the store's pread hook, held back to `gbps` GB/s shared by the reads in flight, in
+/// 256 KB steps) with a compute of `compute_ms` ms per expert (each value of the comma-separated
+/// list): whole-expert reads against the default pieces, `runs` runs each (min / median), side by
+/// side with the I/O floor (bytes / gbps). A model of the disk, not a disk: it isolates the order
+/// in which experts land from a real disk's noise.
+struct PiecesArgs {
+  std::string dir = "/var/tmp/wren-bench-pieces";
+  double gbps = 0.05, expert_mb = 4;
+  std::string compute_ms = "0,20,40";
+  int misses = 12, loaders = 4, runs = 5;
+};
+void run_pieces(const PiecesArgs& a);
+
 /// `bench layers`: per-layer decode time against the memory floor, TTFT and prefill tok/s on a
 /// random in-memory model.
 struct LayersArgs {

@@ -92,15 +92,15 @@ void bench_experts(const ExpertsArgs& a) {
   std::vector<double> seq, st, ratio;
   for (int r = 0; r < a.runs; ++r) {  // each run: one plain read, then the store, both cold
     drop_cache(files);
-    seq.push_back(sequential_read(files, direct, &seq_bytes));
+    seq.push_back(sequential_read(files, direct, probe.loader_threads, &seq_bytes));
     drop_cache(files);
     st.push_back(store_read(*model, probe, &st_bytes));
     ratio.push_back(st.back() / seq.back());
   }
   const Spread q = spread(seq), s = spread(st), rs = spread(ratio);
   std::printf("| reader | bytes | GB/s min | GB/s median |\n|---|---|---|---|\n");
-  std::printf("| plain sequential read of the shards (8 MB reads, 1 thread) | %.2f GB | %.2f | %.2f |\n", seq_bytes / 1e9,
-              q.min, q.median);
+  std::printf("| plain sequential read of the shards (8 MB reads, %d in flight) | %.2f GB | %.2f | %.2f |\n",
+              probe.loader_threads, seq_bytes / 1e9, q.min, q.median);
   std::printf("| expert store (one read per expert, %d loaders, 16 at a time) | %.2f GB | %.2f | %.2f |\n",
               probe.loader_threads, st_bytes / 1e9, s.min, s.median);
   std::printf("ratio store / sequential (per run): min %.2fx, median %.2fx (%d runs; target >= 0.8x)\n", rs.min,

@@ -403,11 +403,12 @@ void run_stream(const StreamArgs& a) {
   std::vector<double> raw;
   for (int r = 0; r < a.runs; ++r) {
     drop_cache(files);
-    raw.push_back(sequential_read(files, direct));
+    raw.push_back(sequential_read(files, direct, a.loaders));
   }
   const double raw_med = median(raw);
-  std::printf("\n## Raw sequential read of the shards (%s, 8 MB reads, 1 thread)\nGB/s: min %.3f, median %.3f (%d runs)\n",
-              direct ? "cold: O_DIRECT" : "cold: page cache dropped", minimum(raw), raw_med, a.runs);
+  std::printf("\n## Raw sequential read of the shards (%s, 8 MB reads, %d in flight: one per loader)\n"
+              "GB/s: min %.3f, median %.3f (%d runs)\n",
+              direct ? "cold: O_DIRECT" : "cold: page cache dropped", a.loaders, minimum(raw), raw_med, a.runs);
 
   std::vector<double> st, st_ahead, st_x, ahead_x;
   for (int r = 0; r < a.runs; ++r) {

@@ -100,6 +100,21 @@ void add_bench_stream(CLI::App* bench) {
   });
 }
 
+void add_bench_pieces(CLI::App* bench) {
+  auto a = std::make_shared<bench::PiecesArgs>();
+  CLI::App* sub = bench->add_subcommand(
+      "pieces", "Expert store on a simulated disk: whole-expert reads vs pieces the loaders share, by compute per expert");
+  sub->add_option("--dir", a->dir, "Folder of the bench file (written when missing or different)")->capture_default_str();
+  sub->add_option("--gbps", a->gbps, "Simulated disk bandwidth, GB/s, shared by the reads in flight")
+      ->check(CLI::Range(0.001, 100.0))->capture_default_str();
+  sub->add_option("--expert-mb", a->expert_mb, "Expert size, MB")->check(CLI::Range(0.01, 256.0))->capture_default_str();
+  sub->add_option("--compute-ms", a->compute_ms, "Compute per expert, ms (comma-separated list)")->capture_default_str();
+  sub->add_option("--misses", a->misses, "Experts of the visit, all read")->check(CLI::Range(1, 256))->capture_default_str();
+  sub->add_option("--loaders", a->loaders, "Expert store loader threads")->check(CLI::Range(1, 64))->capture_default_str();
+  sub->add_option("--runs", a->runs, "Runs per setting (min / median)")->check(positive())->capture_default_str();
+  sub->callback([a] { bench::run_pieces(*a); });
+}
+
 void add_bench_layers(CLI::App* bench) {
   auto a = std::make_shared<bench::LayersArgs>();
   CLI::App* sub = bench->add_subcommand("layers", "Per-layer decode time vs the memory floor, TTFT and prefill tok/s on a random in-memory model");
@@ -165,6 +180,7 @@ void add_bench(CLI::App& app) {
   bench->require_subcommand(1);
   add_bench_experts(bench);
   add_bench_stream(bench);
+  add_bench_pieces(bench);
   add_bench_layers(bench);
   add_bench_prefill(bench);
   add_bench_batch(bench);

@@ -34,9 +34,10 @@ struct ExpertByteStore::Slot {
   bool in_lru = false;
   bool prefetched = false;   ///< loaded by prefetch() and not visited since
   bool retried = false;      ///< a failed prefetch read again on demand
+  int pieces_left = 0;       ///< pieces of the read in flight not yet landed (guarded by mu_)
   uint64_t data_off = 0;
   uint8_t* buf = nullptr;
-  std::string error;
+  std::string error;         ///< the first failure of the read (guarded by mu_)
   ~Slot() { std::free(buf); }
 };
 
@@ -44,6 +45,11 @@ ExpertByteStore::ExpertByteStore(std::vector<std::vector<ExpertExtent>> extents,
                                  const ExpertStoreOptions& opts, CheckFn check_fn)
     : extents_(std::move(extents)), expert_bytes_(expert_bytes), opts_(opts), check_(std::move(check_fn)) {
   slot_bytes_ = (expert_bytes_ + 2 * kAlign + kAlign - 1) / kAlign * kAlign;
+  {
+    const uint64_t loaders = uint64_t(std::max(1, opts.loader_threads));
+    const uint64_t want = opts.piece_bytes ? opts.piece_bytes : std::max<uint64_t>(1 << 20, (slot_bytes_ + loaders - 1) / loaders);
+    piece_bytes_ = (want + kAlign - 1) / kAlign * kAlign;
+  }
   check(opts.cache_bytes >= expert_bytes_,
         "--expert-cache " + std::to_string(opts.cache_bytes) + " bytes is below one expert (" +
             std::to_string(expert_bytes_) + " bytes)");
@@ -102,31 +108,51 @@ int ExpertByteStore::fd_for(const std::string& path) {
   return fd;
 }
 
-void ExpertByteStore::read_expert(Slot& s) {
+namespace {
+/// The bytes the store reads for `ref`: widened to whole 4096-byte blocks for O_DIRECT.
+std::pair<uint64_t, uint64_t> read_span(const ExpertExtent& ref, bool direct) {
+  if (!direct) return {ref.offset, ref.offset + ref.nbytes};
+  return {ref.offset / kAlign * kAlign, (ref.offset + ref.nbytes + kAlign - 1) / kAlign * kAlign};
+}
+}  // namespace
+
+void ExpertByteStore::read_piece(const Slot& s, int piece) {
   const ExpertExtent& ref = extents_[s.layer][s.e];
-  const uint64_t start = direct_ ? ref.offset / kAlign * kAlign : ref.offset;
-  const uint64_t end = direct_ ? (ref.offset + ref.nbytes + kAlign - 1) / kAlign * kAlign : ref.offset + ref.nbytes;
+  const auto [start, end] = read_span(ref, direct_);
+  const uint64_t p0 = start + uint64_t(piece) * piece_bytes_, p1 = std::min(end, p0 + piece_bytes_);
   const std::string where = ref.file + ": expert '" + ref.name + "' (bytes " + std::to_string(ref.offset) +
                             ".." + std::to_string(ref.offset + ref.nbytes) + ")";
   const int fd = fd_for(ref.file);
+  uint8_t* dst = s.buf + (p0 - start);
   uint64_t got = 0;
-  while (got < end - start) {
-    const long r = opts_.pread_hook ? opts_.pread_hook(fd, s.buf + got, end - start - got, start + got)
-                                    : long(::pread(fd, s.buf + got, end - start - got, off_t(start + got)));
+  while (got < p1 - p0) {
+    const long r = opts_.pread_hook ? opts_.pread_hook(fd, dst + got, p1 - p0 - got, p0 + got)
+                                    : long(::pread(fd, dst + got, p1 - p0 - got, off_t(p0 + got)));
     if (r < 0 && errno == EINTR) continue;
     check(r >= 0, where + ": read failed: " + std::strerror(errno));
     if (r == 0) break;  // end of file
     got += uint64_t(r);
   }
-  s.data_off = ref.offset - start;
-  check(got >= s.data_off + ref.nbytes, where + ": short read, got " + std::to_string(got) + " of " +
-                                            std::to_string(end - start) + " bytes (file truncated?)");
-  if (check_) check_(s.layer, s.e, s.buf + s.data_off);
+  // Only the widening past the expert's last byte may be missing (the end of the file).
+  check(p0 + got >= std::min(p1, ref.offset + ref.nbytes),
+        where + ": short read, got " + std::to_string(p0 - start + got) + " of " + std::to_string(end - start) +
+            " bytes (file truncated?)");
+}
+
+void ExpertByteStore::enqueue_locked(int slot, bool prefetch) {
+  Slot& s = *slots_[slot];
+  const auto [start, end] = read_span(extents_[s.layer][s.e], direct_);
+  const int pieces = int((end - start + piece_bytes_ - 1) / piece_bytes_);
+  s.data_off = extents_[s.layer][s.e].offset - start;
+  s.state = Slot::Loading;
+  s.error.clear();
+  s.pieces_left = pieces;
+  for (int i = 0; i < pieces; ++i) (prefetch ? prefetch_q_ : demand_q_).push_back({slot, i});
 }
 
 void ExpertByteStore::loader_main() {
   for (;;) {
-    int slot;
+    Job job;
     bool pre;
     {
       std::unique_lock<std::mutex> lk(mu_);
@@ -138,26 +164,45 @@ void ExpertByteStore::loader_main() {
       if (stop_) return;
       pre = demand_q_.empty();
       if (pre) ++prefetch_inflight_;
-      std::deque<int>& q = pre ? prefetch_q_ : demand_q_;
-      slot = q.front();
+      std::deque<Job>& q = pre ? prefetch_q_ : demand_q_;
+      job = q.front();
       q.pop_front();
     }
-    Slot& s = *slots_[slot];
+    Slot& s = *slots_[job.slot];
     const double t0 = now_s();
     std::string err;
     try {
-      read_expert(s);
+      read_piece(s, job.piece);
     } catch (const std::exception& e) {
       err = e.what();
+    }
+    bool last;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (s.error.empty()) s.error = err;
+      last = --s.pieces_left == 0;
+      if (last && s.error.empty()) err.clear();
+      else if (last) err = s.error;
+    }
+    // The last piece to land checks the whole expert (outside the lock: it reads the slot only).
+    if (last && err.empty() && check_) {
+      try {
+        check_(s.layer, s.e, s.buf + s.data_off);
+      } catch (const std::exception& e) {
+        err = e.what();
+      }
     }
     {
       std::lock_guard<std::mutex> lk(mu_);
       stats_.read_s += now_s() - t0;
-      s.error = err;
-      s.state = err.empty() ? Slot::Ready : Slot::Failed;
-      if (pre) done_.push_back(slot), --prefetch_inflight_;
+      if (last) {
+        s.error = err;
+        s.state = err.empty() ? Slot::Ready : Slot::Failed;
+        if (pre) done_.push_back(job.slot);
+      }
+      if (pre) --prefetch_inflight_;
     }
-    cv_done_.notify_all();
+    if (last) cv_done_.notify_all();
     if (pre) cv_job_.notify_one();
   }
 }
@@ -261,11 +306,9 @@ void ExpertByteStore::start_load(int layer, int e, int slot, bool prefetch) {
   where_[key(layer, e)] = slot;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    s.state = Slot::Loading;
-    s.error.clear();
-    (prefetch ? prefetch_q_ : demand_q_).push_back(slot);
+    enqueue_locked(slot, prefetch);
   }
-  cv_job_.notify_one();
+  cv_job_.notify_all();
   stats_.bytes_read += extents_[layer][e].nbytes;
 }
 
@@ -398,16 +441,14 @@ void ExpertByteStore::visit_batches(int layer, const std::vector<int>& experts, 
         retry = from_prefetch && !s.retried;
         if (retry) {
           s.retried = true;
-          s.state = Slot::Loading;
-          s.error.clear();
-          demand_q_.push_back(slot);
+          enqueue_locked(slot, false);
         }
       }
       if (!retry) throw Error(err);
       ++stats_.prefetch_failed;
       stats_.last_prefetch_error = err;
       stats_.bytes_read += expert_bytes_;
-      cv_job_.notify_one();
+      cv_job_.notify_all();
       from_prefetch = false;  // the retry is a demand read: its failure throws
     }
   };

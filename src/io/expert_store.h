@@ -1,7 +1,9 @@
 // The expert store at byte level: each routed expert is one byte range of a shard (its six MXFP4
-// tensors stored back to back: one expert = one read), streamed from disk into a bounded cache. No
-// expert is read at start-up; a layer's misses are read together, sorted by file offset, by a small
-// loader pool, while the experts that are already in memory compute. The cache only changes speed:
+// tensors stored back to back), streamed from disk into a bounded cache. No expert is read at
+// start-up; a layer's misses are read together, sorted by file offset, by a small loader pool,
+// while the experts that are already in memory compute. A large expert is read in pieces that the
+// loaders share, so the misses land one after another, each as soon as the disk allows, instead
+// of several at once at the end. The cache only changes speed:
 // the same bytes reach the caller at any budget. This floor knows files and bytes only; the view of
 // an expert's bytes as MXFP4 matrices (the ExpertSource) is built above it (runtime/expert_store.h).
 #pragma once
@@ -31,6 +33,9 @@ struct ExpertStoreOptions {
   uint64_t cache_bytes = 0;
   DirectIo direct = DirectIo::Auto;
   int loader_threads = 4;
+  /// Bytes of one read (a piece of an expert; the loaders read the pieces of one expert side by
+  /// side). 0 = an expert's span over the loaders, at least 1 MiB. Rounded up to 4096 bytes.
+  uint64_t piece_bytes = 0;
   /// Test hook replacing pread(2) (fault injection); null = pread.
   std::function<long(int fd, void* buf, size_t n, uint64_t off)> pread_hook;
 };
@@ -65,8 +70,9 @@ struct ExpertExtent {
 /// evicts the least recently used unpinned expert of any layer), filled by pread into aligned slot
 /// buffers allocated at construction. Bookkeeping is O(1) per expert: a hash map (layer, expert)
 /// -> slot, a free list and an intrusive LRU list of the evictable slots (loaded, unpinned).
-/// Reads run on `loader_threads` threads (several reads in flight); demand reads go before
-/// prefetch reads. visit_batches and prefetch may be called from one thread at a time (calls
+/// Reads run on `loader_threads` threads (several reads in flight), an expert as one or more
+/// pieces (ExpertStoreOptions::piece_bytes) taken in order, so the loaders work on the same expert
+/// and experts land in the order they were asked for; demand reads go before prefetch reads. visit_batches and prefetch may be called from one thread at a time (calls
 /// from several threads are serialized).
 class ExpertByteStore {
  public:
@@ -122,11 +128,19 @@ class ExpertByteStore {
   void lru_push_back(int slot);
   void free_slot(int slot);
   void loader_main();
-  void read_expert(Slot& s);
+  /// Reads piece `piece` of the expert in slot `s` (loader thread); throws wren::Error naming
+  /// file, expert and byte range on a failed or short read.
+  void read_piece(const Slot& s, int piece);
+  /// Queues every piece of slot `slot` (state Loading; the caller holds mu_).
+  void enqueue_locked(int slot, bool prefetch);
+  /// One read of a loader: a piece of the expert in `slot`.
+  struct Job {
+    int slot, piece;
+  };
   static int64_t key(int layer, int e) { return (int64_t(layer) << 32) | uint32_t(e); }
 
   std::vector<std::vector<ExpertExtent>> extents_;
-  uint64_t expert_bytes_, slot_bytes_;
+  uint64_t expert_bytes_, slot_bytes_, piece_bytes_ = 0;
   ExpertStoreOptions opts_;
   CheckFn check_;
   bool direct_ = false;
@@ -136,7 +150,7 @@ class ExpertByteStore {
   int lru_head_ = -1, lru_tail_ = -1;        ///< evictable slots, least recently used first
   int prefetched_unused_ = 0;                ///< slots loaded by prefetch, not yet visited
   int last_visit_ = 0;                       ///< experts asked for by the latest visit
-  int prefetch_inflight_ = 0;                ///< prefetch reads on loaders now (under mu_)
+  int prefetch_inflight_ = 0;                ///< prefetch pieces on loaders now (under mu_)
   int prefetch_room() const;                 ///< how many prefetched-unused slots may exist
   std::vector<std::vector<char>> guess_;     ///< [layer][e]: guessed since the layer's last visit
   std::vector<char> has_guess_;              ///< [layer]
@@ -146,7 +160,7 @@ class ExpertByteStore {
 
   std::mutex mu_;  ///< guards the queues, slot states and `done_`, read_s
   std::condition_variable cv_job_, cv_done_;
-  std::deque<int> demand_q_, prefetch_q_;  ///< slots to load
+  std::deque<Job> demand_q_, prefetch_q_;  ///< pieces to read, in order
   std::vector<int> done_;                  ///< finished prefetch reads not yet reaped
   bool stop_ = false;
   std::vector<std::thread> loaders_;
