@@ -321,6 +321,30 @@ TEST_F(ByteStore, FaultInAMiddlePieceFailsTheExpert) {
   }
 }
 
+// A shard truncated inside an expert read in pieces: the later pieces fail at once (end of file)
+// while the first, held back by the hook, still reads; the error must report the first short
+// piece, so the byte count is what was really read.
+TEST_F(ByteStore, TruncatedInsideAnExpertReportsTheBytesReallyRead) {
+  std::filesystem::resize_file(file_, offset(0, 5) + 1000);
+  for (int run = 0; run < 3; ++run) {
+    ExpertStoreOptions o = opts(4, 3);
+    o.piece_bytes = 4096;
+    o.pread_hook = [](int fd, void* buf, size_t n, uint64_t off) -> long {
+      if (off == offset(0, 5)) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // lands last
+      return long(::pread(fd, buf, n, off_t(off)));
+    };
+    ExpertByteStore s(extents_, kBytes, o);
+    std::string err;
+    try {
+      s.visit_batches(0, {5}, [](const int*, const uint8_t* const*, int) {});
+    } catch (const Error& e) {
+      err = e.what();
+    }
+    ASSERT_NE(err.find("expert 'layers.0.experts.5' (bytes "), std::string::npos) << err;
+    ASSERT_NE(err.find("short read, got 1000 of 10007 bytes (file truncated?)"), std::string::npos) << "run " << run << ": " << err;
+  }
+}
+
 TEST_F(ByteStore, PersistentFaultDuringPrefetchIsAClearError) {
   for (bool short_read : {false, true}) {
     int times = -1;

@@ -37,7 +37,8 @@ struct ExpertByteStore::Slot {
   int pieces_left = 0;       ///< pieces of the read in flight not yet landed (guarded by mu_)
   uint64_t data_off = 0;
   uint8_t* buf = nullptr;
-  std::string error;         ///< the first failure of the read (guarded by mu_)
+  std::string error;         ///< the failure of the read's lowest failed piece (guarded by mu_)
+  int error_piece = 0;       ///< that piece (guarded by mu_)
   ~Slot() { std::free(buf); }
 };
 
@@ -48,7 +49,7 @@ ExpertByteStore::ExpertByteStore(std::vector<std::vector<ExpertExtent>> extents,
   {
     const uint64_t loaders = uint64_t(std::max(1, opts.loader_threads));
     const uint64_t want = opts.piece_bytes ? opts.piece_bytes : std::max<uint64_t>(1 << 20, (slot_bytes_ + loaders - 1) / loaders);
-    piece_bytes_ = (want + kAlign - 1) / kAlign * kAlign;
+    piece_bytes_ = (std::min(want, slot_bytes_) + kAlign - 1) / kAlign * kAlign;  // no wrap-around
   }
   check(opts.cache_bytes >= expert_bytes_,
         "--expert-cache " + std::to_string(opts.cache_bytes) + " bytes is below one expert (" +
@@ -146,6 +147,7 @@ void ExpertByteStore::enqueue_locked(int slot, bool prefetch) {
   s.data_off = extents_[s.layer][s.e].offset - start;
   s.state = Slot::Loading;
   s.error.clear();
+  s.error_piece = 0;
   s.pieces_left = pieces;
   for (int i = 0; i < pieces; ++i) (prefetch ? prefetch_q_ : demand_q_).push_back({slot, i});
 }
@@ -179,7 +181,9 @@ void ExpertByteStore::loader_main() {
     bool last;
     {
       std::lock_guard<std::mutex> lk(mu_);
-      if (s.error.empty()) s.error = err;
+      // The lowest failed piece's message: every piece before it was read whole, so its byte count
+      // from the expert's start is what was really read (and the same in every run).
+      if (!err.empty() && (s.error.empty() || job.piece < s.error_piece)) s.error = err, s.error_piece = job.piece;
       last = --s.pieces_left == 0;
       if (last && s.error.empty()) err.clear();
       else if (last) err = s.error;
