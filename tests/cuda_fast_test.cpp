@@ -646,9 +646,10 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
   gemv_variants.push_back({true, 4, 0, "f0+4", 0}), gemv_variants.push_back({true, 4, 0, "f5+4", 5});
   // MXFP4 experts: also every other form (moe_decode.cu kMxForms: m1 16-byte scale loads for 2
   // blocks an SM, m2 / m3 with L2 asks 1 / 2 steps ahead, m4 / m5 4 blocks an SM (0 / 1 ahead),
-  // m6-m8 3 blocks an SM (0, 1, 2 ahead), m9 the default's byte scale loads for 3 blocks an SM).
+  // m6-m8 3 blocks an SM (0, 1, 2 ahead), m9 the default's byte scale loads for 3 blocks an SM,
+  // m10 / m11 the code and scale bytes through a cp.async ring of 3 / 2 stages a warp).
   std::vector<Variant> moe_variants = {{false, 0, 0, "plain"}, {true, 0, 0, "pdl"}, {true, 2, 0, "pdl+2"}};
-  static const char* kMxNames[] = {"m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "m9"};
+  static const char* kMxNames[] = {"m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "m9", "m10", "m11"};
   ASSERT_LE(CudaBackend::mx_decode_forms(), int(std::size(kMxNames)));
   for (int f = 1; f < CudaBackend::mx_decode_forms(); ++f) moe_variants.push_back({true, 0, 0, kMxNames[f], 0, 0, 0, f});
   auto report = [&](const std::string& what, double bytes, const std::function<double()>& timed,

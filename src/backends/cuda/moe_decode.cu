@@ -185,6 +185,98 @@ __device__ __forceinline__ void gemv_mx(const uint8_t* __restrict__ packed, cons
   }
 }
 
+/// One step of a warp's MXFP4 ring (gemv_mx_ring): the code bytes each lane loads in gemv_mx for
+/// kU spans (rows g and g + 8), at code[u][0 / 1][lane], and the 16 scale bytes of each of the
+/// warp's 16 rows for the step's 16 groups, at scale[row].
+struct MxStage {
+  uint4 code[kU][2][kWarp];
+  uint4 scale[kRows];
+};
+
+/// Whether gemv_mx_ring can take a matrix of `cols` columns with this scale base: a step's 16
+/// scale bytes of a row in one 16-byte copy (groups % 16 == 0, the base 16-byte aligned).
+__device__ __forceinline__ bool ring_ok(const uint8_t* scale, int cols) {
+  return (cols / 32) % 16 == 0 && (reinterpret_cast<uintptr_t>(scale) & 15) == 0;
+}
+
+/// gemv_mx's sums (the same bits) with the step's bytes brought by cp.async into `ring`, this
+/// warp's kStages stages in shared memory: the copies of the next kStages − 1 steps are in flight
+/// while a step computes, and they hold no register, so a warp keeps (kStages − 1) · 4.25 KB in
+/// flight (gemv_mx: 4 KB, in registers). Needs ring_ok. Rows past the matrix read zero codes
+/// (cp.async's zero fill) and scale 127 (2^0), as in gemv_mx.
+template <int kStages>
+__device__ __forceinline__ void gemv_mx_ring(const uint8_t* __restrict__ packed, const uint8_t* __restrict__ scale,
+                                             int rows, int cols, int r0, const uint2* xhi, const uint2* xlo, float& sg,
+                                             float& sh, MxStage* ring) {
+  const int lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4, groups = cols / 32;
+  const int ga = 2 * (t4 & 1);
+  const uint2* xs = g == t4 ? xhi : xlo;
+  const bool feeds = g == t4 || g == t4 + 4;
+  const int ra = r0 + g, rb = r0 + g + 8, rs = r0 + lane % kRows;
+  const uint8_t* pa = packed + size_t(ra < rows ? ra : 0) * (cols / 2);
+  const uint8_t* pb = packed + size_t(rb < rows ? rb : 0) * (cols / 2);
+  const uint8_t* ps = scale + size_t(rs < rows ? rs : 0) * groups;
+  const int steps = groups / (4 * kU);  // ring_ok: groups % 16 == 0
+  auto issue = [&](int step) {
+    MxStage& st = ring[step % kStages];
+    const int s0 = step * 4 * kU;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int G = s0 + 4 * u + t4;
+      cp_async16(&st.code[u][0][lane], pa + size_t(G) * 16, ra < rows);
+      cp_async16(&st.code[u][1][lane], pb + size_t(G) * 16, rb < rows);
+    }
+    if (lane < kRows) cp_async16(&st.scale[lane], ps + s0, rs < rows);
+  };
+#pragma unroll
+  for (int p = 0; p < kStages - 1; ++p) {
+    if (p < steps) issue(p);
+    cp_async_commit();
+  }
+  for (int step = 0; step < steps; ++step) {
+    if (step + kStages - 1 < steps) issue(step + kStages - 1);  // into the stage step − 1 used
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();  // this lane's copies of `step` have landed
+    __syncwarp();                  // and every lane's (the scale rows)
+    const MxStage& st = ring[step % kStages];
+    const uint8_t* sca = reinterpret_cast<const uint8_t*>(&st.scale[g]);
+    const uint8_t* scb = reinterpret_cast<const uint8_t*>(&st.scale[g + 8]);
+    const int s0 = step * 4 * kU;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int G = s0 + 4 * u + t4;
+      const uint4 ca = st.code[u][0][lane], cb = st.code[u][1][lane];
+      const uint32_t wa[4] = {ca.x, ca.y, ca.z, ca.w}, wb[4] = {cb.x, cb.y, cb.z, cb.w};
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint2 b = feeds ? xs[4 * G + i] : make_uint2(0, 0);
+        mma_e4m3(c, e4m3_low(wa[i]), e4m3_low(wb[i]), e4m3_high(wa[i]), e4m3_high(wb[i]), b.x, b.y);
+      }
+      const uint32_t sa0 = ra < rows ? sca[4 * u + ga] : 127u, sa1 = ra < rows ? sca[4 * u + ga + 1] : 127u;
+      const uint32_t sb0 = rb < rows ? scb[4 * u + ga] : 127u, sb1 = rb < rows ? scb[4 * u + ga + 1] : 127u;
+      sg = fmaf(c[0], ue8m0(sa0), fmaf(c[1], ue8m0(sa1), sg));
+      sh = fmaf(c[2], ue8m0(sb0), fmaf(c[3], ue8m0(sb1), sh));
+    }
+    __syncwarp();  // every lane has read the stage before a later step refills it
+  }
+}
+
+/// A warp's MXFP4 sums: through its cp.async ring when kStages > 0 and ring_ok, else gemv_mx.
+template <bool kVec, int kAhead, int kStages>
+__device__ __forceinline__ void gemv_mx_any(const uint8_t* __restrict__ packed, const uint8_t* __restrict__ scale,
+                                            int rows, int cols, int r0, const uint2* xhi, const uint2* xlo, float& sg,
+                                            float& sh, MxStage* ring) {
+  if constexpr (kStages > 0) {
+    if (ring_ok(scale, cols)) return gemv_mx_ring<kStages>(packed, scale, rows, cols, r0, xhi, xlo, sg, sh, ring);
+  }
+  gemv_mx<kVec, kAhead>(packed, scale, rows, cols, r0, xhi, xlo, sg, sh);
+}
+
+/// Bytes of dynamic shared memory before the rings: the staged token (2 bytes a value), rounded
+/// up to the 16 bytes of an MxStage.
+__host__ __device__ constexpr size_t ring_offset(int n) { return (size_t(n) * 2 + 15) / 16 * 16; }
+
 /// Adds a row's 4 lane sums (lanes t4 = 0..3 of a quad); every lane of the quad gets the total.
 __device__ __forceinline__ float quad_sum(float v) {
   v += __shfl_xor_sync(kFull, v, 1);
@@ -192,8 +284,9 @@ __device__ __forceinline__ float quad_sum(float v) {
 }
 
 /// Gate/up: act[j, r] = SiTU(W1[e]·z, W3[e]·z)[r] in f32 for the 16 rows of each warp (e = ids[j]).
-/// kMin: blocks an SM the registers are budgeted for; kVec, kAhead: gemv_mx's (MxForm).
-template <int kMin, bool kVec, int kAhead>
+/// kMin: blocks an SM the registers are budgeted for; kVec, kAhead: gemv_mx's; kStages: the warps'
+/// cp.async rings (gemv_mx_ring; 0 = none), after the token in dynamic shared memory (MxForm).
+template <int kMin, bool kVec, int kAhead, int kStages>
 __global__ void __launch_bounds__(kThreads, kMin) mx_gate_up_kernel(const ExpertPtrs* __restrict__ table,
                                                               const int* __restrict__ ids, const float* __restrict__ z,
                                                               int io, int inter, float b1, float b2,
@@ -213,8 +306,10 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_gate_up_kernel(const Expert
   const int sigma = stage_token(z, io, xst, xst + io / 8, red);
   if (r0 >= inter) return;
   float ga = 0.f, gb = 0.f, ua = 0.f, ub = 0.f;
-  gemv_mx<kVec, kAhead>(e.p1, e.s1, inter, io, r0, xst, xst + io / 8, ga, gb);
-  gemv_mx<kVec, kAhead>(e.p3, e.s3, inter, io, r0, xst, xst + io / 8, ua, ub);
+  MxStage* ring = reinterpret_cast<MxStage*>(reinterpret_cast<char*>(xst) + ring_offset(io)) +
+                  (int(threadIdx.x) / kWarp) * (kStages > 0 ? kStages : 1);
+  gemv_mx_any<kVec, kAhead, kStages>(e.p1, e.s1, inter, io, r0, xst, xst + io / 8, ga, gb, ring);
+  gemv_mx_any<kVec, kAhead, kStages>(e.p3, e.s3, inter, io, r0, xst, xst + io / 8, ua, ub, ring);
   const float back = ldexpf(1.f, 6 - sigma);
   ga = quad_sum(ga) * back, gb = quad_sum(gb) * back, ua = quad_sum(ua) * back, ub = quad_sum(ub) * back;
   if (t4 != 0) return;
@@ -223,7 +318,7 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_gate_up_kernel(const Expert
 }
 
 /// Down: ys[j, r] = (W2[e] · act[j])[r] for the 16 rows of each warp (template as mx_gate_up_kernel).
-template <int kMin, bool kVec, int kAhead>
+template <int kMin, bool kVec, int kAhead, int kStages>
 __global__ void __launch_bounds__(kThreads, kMin) mx_down_kernel(const ExpertPtrs* __restrict__ table,
                                                            const int* __restrict__ ids, const float* __restrict__ act,
                                                            int io, int inter, float* __restrict__ ys, int pf) {
@@ -240,7 +335,9 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_down_kernel(const ExpertPtr
   const int sigma = stage_token(act + size_t(j) * inter, inter, xst, xst + inter / 8, red);
   if (r0 >= io) return;
   float a = 0.f, b = 0.f;
-  gemv_mx<kVec, kAhead>(e.p2, e.s2, io, inter, r0, xst, xst + inter / 8, a, b);
+  MxStage* ring = reinterpret_cast<MxStage*>(reinterpret_cast<char*>(xst) + ring_offset(inter)) +
+                  (int(threadIdx.x) / kWarp) * (kStages > 0 ? kStages : 1);
+  gemv_mx_any<kVec, kAhead, kStages>(e.p2, e.s2, io, inter, r0, xst, xst + inter / 8, a, b, ring);
   const float back = ldexpf(1.f, 6 - sigma);
   a = quad_sum(a) * back, b = quad_sum(b) * back;
   if (t4 != 0) return;
@@ -403,17 +500,23 @@ void opt_in_smem(K kernel, size_t bytes, size_t& opted, const char* what) {
 
 /// The instances of the MXFP4 decode kernels set_mx_decode_form picks (a benchmark/test hook; 0 =
 /// the default): {blocks an SM the registers are budgeted for, 16-byte scale loads, L2 asks kAhead
-/// steps on}. Every form gives the same bits (the sums are the same; only loads and occupancy differ).
+/// steps on, cp.async ring stages a warp (0 = none)}. Every form gives the same bits (the sums are
+/// the same; only loads and occupancy differ). m10: rings of 3 stages, 2 blocks an SM; m11: 2
+/// stages, 3 blocks an SM (run 42's ncu: the default waits on its loads with 16 warps an SM; a ring
+/// keeps bytes in flight outside the registers). A shape whose token and rings do not fit the
+/// shared memory runs form 0.
 struct MxForm {
   void (*gate_up)(const ExpertPtrs*, const int*, const float*, int, int, float, float, float*, unsigned long long*,
                   unsigned long long, int);
   void (*down)(const ExpertPtrs*, const int*, const float*, int, int, float*, int);
+  int stages;
 };
-#define WREN_MX_FORM(kMin, kVec, kAhead) {mx_gate_up_kernel<kMin, kVec, kAhead>, mx_down_kernel<kMin, kVec, kAhead>}
-constexpr MxForm kMxForms[] = {WREN_MX_FORM(1, false, 0), WREN_MX_FORM(2, true, 0), WREN_MX_FORM(2, true, 1),
-                               WREN_MX_FORM(2, true, 2),  WREN_MX_FORM(4, true, 0), WREN_MX_FORM(4, true, 1),
-                               WREN_MX_FORM(3, true, 0),  WREN_MX_FORM(3, true, 1), WREN_MX_FORM(3, true, 2),
-                               WREN_MX_FORM(3, false, 0)};
+#define WREN_MX_FORM(kMin, kVec, kAhead, kStages) \
+  {mx_gate_up_kernel<kMin, kVec, kAhead, kStages>, mx_down_kernel<kMin, kVec, kAhead, kStages>, kStages}
+constexpr MxForm kMxForms[] = {WREN_MX_FORM(1, false, 0, 0), WREN_MX_FORM(2, true, 0, 0), WREN_MX_FORM(2, true, 1, 0),
+                               WREN_MX_FORM(2, true, 2, 0),  WREN_MX_FORM(4, true, 0, 0), WREN_MX_FORM(4, true, 1, 0),
+                               WREN_MX_FORM(3, true, 0, 0),  WREN_MX_FORM(3, true, 1, 0), WREN_MX_FORM(3, true, 2, 0),
+                               WREN_MX_FORM(3, false, 0, 0), WREN_MX_FORM(2, false, 0, 3), WREN_MX_FORM(3, false, 0, 2)};
 #undef WREN_MX_FORM
 constexpr int kNumMxForms = int(sizeof(kMxForms) / sizeof(kMxForms[0]));
 
@@ -433,11 +536,18 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
   // The backend's own act scratch (not the fast-mode LtState's: a decode step may be recorded into
   // a graph before anything has created that state, and creating it there would allocate).
   auto* act = static_cast<float*>(m.scratch(m.act, size_t(k) * inter * sizeof(float)));
-  const MxForm& f = kMxForms[m.mx_form];
+  // A form with rings needs the token and 8 warps' rings in shared memory; where they do not fit,
+  // form 0 runs (the same bits).
+  const size_t ring_bytes = size_t(kWarps) * kMxForms[m.mx_form].stages * sizeof(MxStage);
+  const bool fits = ring_offset(std::max(io, inter)) + ring_bytes + 64 <= size_t(m.max_smem_optin);
+  const int form = fits ? m.mx_form : 0;
+  const MxForm& f = kMxForms[form];
   static size_t opted_gu[kNumMxForms] = {}, opted_dn[kNumMxForms] = {};
-  const size_t gu_smem = size_t(io) * 2, dn_smem = size_t(inter) * 2;
-  opt_in_smem(f.gate_up, gu_smem, opted_gu[m.mx_form], "cudaFuncSetAttribute (mxfp4 decode gate/up)");
-  opt_in_smem(f.down, dn_smem, opted_dn[m.mx_form], "cudaFuncSetAttribute (mxfp4 decode down)");
+  const size_t rings = size_t(kWarps) * f.stages * sizeof(MxStage);
+  const size_t gu_smem = f.stages ? ring_offset(io) + rings : size_t(io) * 2;
+  const size_t dn_smem = f.stages ? ring_offset(inter) + rings : size_t(inter) * 2;
+  opt_in_smem(f.gate_up, gu_smem, opted_gu[form], "cudaFuncSetAttribute (mxfp4 decode gate/up)");
+  opt_in_smem(f.down, dn_smem, opted_dn[form], "cudaFuncSetAttribute (mxfp4 decode down)");
   const unsigned long long ebytes = device_expert_bytes(true, io, inter);
   const int per_block = kWarps * kRows;
   const char* gu = "routed_moe (fast) mxfp4 decode gate/up kernel";
