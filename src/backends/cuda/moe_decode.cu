@@ -502,9 +502,11 @@ void opt_in_smem(K kernel, size_t bytes, size_t& opted, const char* what) {
 /// the default): {blocks an SM the registers are budgeted for, 16-byte scale loads, L2 asks kAhead
 /// steps on, cp.async ring stages a warp (0 = none)}. Every form gives the same bits (the sums are
 /// the same; only loads and occupancy differ). m10: rings of 3 stages, 2 blocks an SM; m11: 2
-/// stages, 3 blocks an SM (run 42's ncu: the default waits on its loads with 16 warps an SM; a ring
-/// keeps bytes in flight outside the registers). A shape whose token and rings do not fit the
-/// shared memory runs form 0.
+/// stages, registers for 3 blocks an SM (run 42's ncu: the default waits on its loads with 16 warps
+/// an SM; a ring keeps bytes in flight outside the registers). On an H100 (228 KB of shared memory
+/// an SM, 1 KB of it reserved a block) m11's down kernel at K3 size gets 3 blocks, its gate/up
+/// (token 7 KB) 96 bytes too few for a third. A shape whose token and rings do not fit the shared
+/// memory runs form 0.
 struct MxForm {
   void (*gate_up)(const ExpertPtrs*, const int*, const float*, int, int, float, float, float*, unsigned long long*,
                   unsigned long long, int);
