@@ -133,6 +133,10 @@ void ExpertByteStore::read_piece(const Slot& s, int piece) {
     check(r >= 0, where + ": read failed: " + std::strerror(errno));
     if (r == 0) break;  // end of file
     got += uint64_t(r);
+    // O_DIRECT: a read that ends off a 4096-byte boundary ended at the end of the file. Another
+    // pread would start at an unaligned offset, which some filesystems refuse (EINVAL) instead
+    // of returning 0, failing an expert whose bytes were all read.
+    if (direct_ && got % kAlign != 0) break;
   }
   // Only the widening past the expert's last byte may be missing (the end of the file).
   check(p0 + got >= std::min(p1, ref.offset + ref.nbytes),
