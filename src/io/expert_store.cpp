@@ -189,8 +189,7 @@ void ExpertByteStore::loader_main() {
       // from the expert's start is what was really read (and the same in every run).
       if (!err.empty() && (s.error.empty() || job.piece < s.error_piece)) s.error = err, s.error_piece = job.piece;
       last = --s.pieces_left == 0;
-      if (last && s.error.empty()) err.clear();
-      else if (last) err = s.error;
+      if (last) err = s.error;  // the expert's outcome (empty: every piece landed)
     }
     // The last piece to land checks the whole expert (outside the lock: it reads the slot only).
     if (last && err.empty() && check_) {
