@@ -540,14 +540,13 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
   auto* act = static_cast<float*>(m.scratch(m.act, size_t(k) * inter * sizeof(float)));
   // A form with rings needs the token and 8 warps' rings in shared memory; where they do not fit,
   // form 0 runs (the same bits).
-  const size_t ring_bytes = size_t(kWarps) * kMxForms[m.mx_form].stages * sizeof(MxStage);
-  const bool fits = ring_offset(std::max(io, inter)) + ring_bytes + 64 <= size_t(m.max_smem_optin);
+  // (io, inter % 32 == 0: ring_offset is the token's bytes exactly, so form 0 asks what it did.)
+  auto rings_of = [](int form) { return size_t(kWarps) * kMxForms[form].stages * sizeof(MxStage); };
+  const bool fits = ring_offset(std::max(io, inter)) + rings_of(m.mx_form) + 64 <= size_t(m.max_smem_optin);
   const int form = fits ? m.mx_form : 0;
   const MxForm& f = kMxForms[form];
   static size_t opted_gu[kNumMxForms] = {}, opted_dn[kNumMxForms] = {};
-  const size_t rings = size_t(kWarps) * f.stages * sizeof(MxStage);
-  const size_t gu_smem = f.stages ? ring_offset(io) + rings : size_t(io) * 2;
-  const size_t dn_smem = f.stages ? ring_offset(inter) + rings : size_t(inter) * 2;
+  const size_t gu_smem = ring_offset(io) + rings_of(form), dn_smem = ring_offset(inter) + rings_of(form);
   opt_in_smem(f.gate_up, gu_smem, opted_gu[form], "cudaFuncSetAttribute (mxfp4 decode gate/up)");
   opt_in_smem(f.down, dn_smem, opted_dn[form], "cudaFuncSetAttribute (mxfp4 decode down)");
   const unsigned long long ebytes = device_expert_bytes(true, io, inter);
