@@ -160,6 +160,7 @@ struct CudaBackend::Impl {
   cuda::Scratch gemv_count;     ///< per-tile arrival counters of the column-split GEMV (zero between launches)
   cuda::Scratch argmax_part;    ///< argmax_rows: each segment's best (argmax.cu)
   cuda::Scratch argmax_count;   ///< argmax_rows: per-row arrival counters (zero between launches)
+  cuda::Scratch mx_queue;       ///< MXFP4 decode experts in one launch: work counters (zero between launches)
   cuda::LtState* lt = nullptr;  ///< fast mode state, created on first use (owned; cuda::lt_destroy)
   cuda::Placer* placer = nullptr;  ///< load-time placement state (owned; cuda::placer_destroy)
   // Decode graphs (graph.cu).

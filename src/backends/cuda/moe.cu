@@ -550,8 +550,7 @@ void CudaBackend::routed_moe(const RoutedMoeParams& p, const MoeWeights& mw, con
   if (dense) throw Error("CUDA backend: " + layer + ": the grouped dense-expert path declined after routing");
   const cuda::LayerTable& t = *tp;
   if (cuda::moe_decode_ok(m, T, t.io, t.inter, z, true)) {  // fast mode, one token: tensor-core GEMVs (moe_decode.cu)
-    cuda::moe_decode(m, t.dev, dids, z, k, t.io, t.inter, p.b1, p.b2, ys);
-    cuda::launch_slot_sum(m, ys, dw, k, t.io, 1, out);
+    cuda::moe_decode(m, t.dev, dids, dw, z, k, t.io, t.inter, p.b1, p.b2, ys, out);
     return;
   }
   float* act = static_cast<float*>(m.scratch(m.act, size_t(pairs) * t.inter * sizeof(float)));

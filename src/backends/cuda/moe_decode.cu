@@ -23,8 +23,10 @@
 //   group (c < 4: hi, c >= 4: lo) of each row, which the lane holding it scales in f32 by
 //   2^(s−127) and adds up (the f32 promotion every 128 values that FP8 MMA accumulation wants);
 //   the 4 lanes' sums of a row are added at the end and scaled by 2^(6−σ);
-// - gate/up: grid (ceil(inter / 128), k), 8 warps of 16 rows, act[j] = SiTU(g, u) in f32 (the down
-//   kernel stages it as the token); down: grid (ceil(io / 128), k); ys[j] in f32.
+// - tiles of 128 rows (8 warps of 16 rows): gate/up, ceil(inter / 128) a slot, act[j] = SiTU(g, u)
+//   in f32 (staged as the token of down); down, ceil(io / 128) a slot, ys[j] in f32; the default
+//   runs them all in one persistent launch that also adds the slots up (mx_experts_kernel), the
+//   other forms as a grid each (mx_gate_up_kernel, mx_down_kernel, then launch_slot_sum).
 // BF16 (dense experts, mma.sync m16n8k16): lane (g, t4) loads the 32 values (64 bytes) at columns
 // C + 32·t4 .. + 31 of rows g and g + 8 for each 128-column block C; MMA step i (0..7) takes its
 // columns C + 32·t4 + 4i .. + 3 as k slots 2·t4, 2·t4 + 1, 2·t4 + 8, 2·t4 + 9 of A and of B (the
@@ -69,24 +71,22 @@ __device__ __forceinline__ uint32_t e4m3_high(uint32_t q) { return (q & 0x808080
 /// 2^(s−127) in f32 (a ue8m0 scale byte; 0 → 2^-127, a subnormal; 255 never passes the load checks).
 __device__ __forceinline__ float ue8m0(uint32_t s) { return s ? __uint_as_float(s << 23) : 0x1p-127f; }
 
-/// The token x[n] (n % 32 == 0) staged for the e4m3 MMAs: for group G (32 values) and word j (0..3)
-/// hi[4G + j] = the e4m3 bytes of x' = x · 2^σ at values 8j + {0, 2, 4, 6} (.x) and 8j + {1, 3, 5, 7}
-/// (.y), lo[4G + j] the same of x' − hi; returns σ (max|x'| in [128, 256); 0 for an all-zero x).
-/// Whole block; `red` is 32 floats of shared memory; ends with a barrier.
-__device__ int stage_token(const float* __restrict__ x, int n, uint2* hi, uint2* lo, float* red) {
-  float m = 0.f;
-  for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) m = fmaxf(m, fabsf(x[i]));
-  for (int o = kWarp / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, o));
-  if (threadIdx.x % kWarp == 0) red[threadIdx.x / kWarp] = m;
-  __syncthreads();
-  m = 0.f;
-  for (int w = 0; w < int(blockDim.x) / kWarp; ++w) m = fmaxf(m, red[w]);
+/// σ for a token whose max|x| is m: the power of two putting m · 2^σ in [128, 256) (0 for m == 0).
+__device__ __forceinline__ int token_sigma(float m) {
   int e = 0;
-  frexpf(m, &e);                         // m = f · 2^e, f in [0.5, 1)
-  const int sigma = m > 0.f ? 8 - e : 0;  // m · 2^σ in [128, 256)
+  frexpf(m, &e);                  // m = f · 2^e, f in [0.5, 1)
+  return m > 0.f ? 8 - e : 0;
+}
+
+/// The token x[n] (n % 32 == 0) staged for the e4m3 MMAs with σ given: for group G (32 values) and
+/// word j (0..3) hi[4G + j] = the e4m3 bytes of x' = x · 2^σ at values 8j + {0, 2, 4, 6} (.x) and
+/// 8j + {1, 3, 5, 7} (.y), lo[4G + j] the same of x' − hi. Whole block; ends with a barrier. Reads
+/// x through L2 only (__ldcg, never the non-coherent path): mx_experts_kernel stages act written in
+/// the same launch.
+__device__ void stage_scaled(const float* x, int n, int sigma, uint2* hi, uint2* lo) {
   const float mul = ldexpf(1.f, sigma);
   for (int w = int(threadIdx.x); w < n / 8; w += int(blockDim.x)) {
-    const float4 a = reinterpret_cast<const float4*>(x)[2 * w], b = reinterpret_cast<const float4*>(x)[2 * w + 1];
+    const float4 a = __ldcg(reinterpret_cast<const float4*>(x) + 2 * w), b = __ldcg(reinterpret_cast<const float4*>(x) + 2 * w + 1);
     const float v[8] = {a.x * mul, a.y * mul, a.z * mul, a.w * mul, b.x * mul, b.y * mul, b.z * mul, b.w * mul};
     uint32_t h[2] = {0, 0}, l[2] = {0, 0};
 #pragma unroll
@@ -102,6 +102,20 @@ __device__ int stage_token(const float* __restrict__ x, int n, uint2* hi, uint2*
     lo[w] = make_uint2(l[0], l[1]);
   }
   __syncthreads();
+}
+
+/// stage_scaled with σ from the token's own max|x| (NaN values ignored, as fmaxf does); returns σ.
+/// Whole block; `red` is 32 floats of shared memory; ends with a barrier.
+__device__ int stage_token(const float* x, int n, uint2* hi, uint2* lo, float* red) {
+  float m = 0.f;
+  for (int i = int(threadIdx.x); i < n; i += int(blockDim.x)) m = fmaxf(m, fabsf(__ldcg(x + i)));
+  for (int o = kWarp / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, o));
+  if (threadIdx.x % kWarp == 0) red[threadIdx.x / kWarp] = m;
+  __syncthreads();
+  m = 0.f;
+  for (int w = 0; w < int(blockDim.x) / kWarp; ++w) m = fmaxf(m, red[w]);
+  const int sigma = token_sigma(m);
+  stage_scaled(x, n, sigma, hi, lo);
   return sigma;
 }
 
@@ -345,6 +359,131 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_down_kernel(const ExpertPtr
   if (r0 + g + 8 < io) ys[size_t(j) * io + r0 + g + 8] = b;
 }
 
+/// A 32-bit load with acquire semantics at GPU scope (pairs with a writer's __threadfence and atomic).
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+/// Both products of one decode token in one persistent launch (docs/gpu-method.md "MXFP4 experts
+/// of one decode token"): units of work are the 128-row tiles of the gate/up kernel, slot after
+/// slot, then those of the down kernel; a block takes the next unit from queue[0] until none is
+/// left, so no wave ends half full and down tiles of the first slots run while the last slots'
+/// gate/up tiles finish. A down tile of slot j starts once queue[2 + j] (gate/up tiles of slot j
+/// done) reaches ceil(inter / 128): those tiles were all taken before it by running blocks, which
+/// wait on nothing, so the wait ends. Each warp does gemv_mx_any over whole rows as in the two
+/// kernels: the same bits. The token z is staged once a block; act[j]'s σ comes from the max|act|
+/// its gate/up tiles leave in queue[2 + k + j] (f32 bits; the same max stage_token would find).
+/// queue: [2 + 2k] unsigned, zero between launches: the last block to finish (queue[1] counts them)
+/// puts them back.
+template <int kMin, bool kVec, int kAhead, int kStages>
+__global__ void __launch_bounds__(kThreads, kMin) mx_experts_kernel(const ExpertPtrs* __restrict__ table,
+                                                              const int* __restrict__ ids, const float* __restrict__ z,
+                                                              int k, int io, int inter, float b1, float b2,
+                                                              float* __restrict__ act, float* __restrict__ ys,
+                                                              const float* __restrict__ w, float* __restrict__ out,
+                                                              unsigned* __restrict__ queue,
+                                                              unsigned long long* __restrict__ traffic,
+                                                              unsigned long long ebytes, int pf) {
+  extern __shared__ __align__(16) uint2 xst[];  // the token (hi [n / 8], lo [n / 8]), then the rings
+  __shared__ float red[kWarps];
+  __shared__ unsigned unit_s, last_s;
+  const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+  const int per_block = kWarps * kRows;
+  const unsigned tiles_gu = unsigned((inter + per_block - 1) / per_block), tiles_dn = unsigned((io + per_block - 1) / per_block);
+  const unsigned units_gu = tiles_gu * unsigned(k), units = units_gu + tiles_dn * unsigned(k);
+  MxStage* ring = reinterpret_cast<MxStage*>(reinterpret_cast<char*>(xst) + ring_offset(io > inter ? io : inter)) +
+                  warp * (kStages > 0 ? kStages : 1);
+  // z was written before the router kernel began (moe_decode's contract), so it may be read before
+  // the wait; ids may not.
+  const int z_sigma = stage_token(z, io, xst, xst + io / 8, red);
+  bool z_staged = true;  // until a down tile stages act over it
+  unsigned* done = queue + 2;                    // [k] gate/up tiles done a slot
+  unsigned* amax = queue + 2 + k;                // [k] max|act[j]| (f32 bits)
+  unsigned* summed = queue + 2 + 2 * k;          // [tiles_dn] slots done a down tile
+  pdl_wait();  // ids come from the router kernel just before
+  pdl_trigger();
+  for (;;) {
+    __syncthreads();  // every thread has read unit_s and is done with the staged token of a down tile
+    if (threadIdx.x == 0) unit_s = atomicAdd(queue, 1u);
+    __syncthreads();
+    const unsigned u = unit_s;
+    if (u >= units) break;
+    if (u < units_gu) {  // gate/up tile of slot j
+      const int j = int(u / tiles_gu), r0 = (int(u % tiles_gu) * kWarps + warp) * kRows;
+      if (traffic && u % tiles_gu == 0 && threadIdx.x == 0) atomicAdd(traffic, 1ull), atomicAdd(traffic + 1, ebytes);
+      const ExpertPtrs e = table[ids[j]];
+      if (!z_staged) __trap();  // unreachable: every gate/up unit is taken before any down unit
+      if (r0 < inter) {
+        float ga = 0.f, gb = 0.f, ua = 0.f, ub = 0.f;
+        gemv_mx_any<kVec, kAhead, kStages>(e.p1, e.s1, inter, io, r0, xst, xst + io / 8, ga, gb, ring);
+        gemv_mx_any<kVec, kAhead, kStages>(e.p3, e.s3, inter, io, r0, xst, xst + io / 8, ua, ub, ring);
+        const float back = ldexpf(1.f, 6 - z_sigma);
+        ga = quad_sum(ga) * back, gb = quad_sum(gb) * back, ua = quad_sum(ua) * back, ub = quad_sum(ub) * back;
+        float m = 0.f;  // max|act| of the warp's rows, for the down tiles' σ (NaN ignored, as fmaxf does)
+        if (t4 == 0 && r0 + g < inter) {
+          const float a = situ_f(ga, ua, b1, b2);
+          act[size_t(j) * inter + r0 + g] = a, m = fmaxf(m, fabsf(a));
+        }
+        if (t4 == 0 && r0 + g + 8 < inter) {
+          const float a = situ_f(gb, ub, b1, b2);
+          act[size_t(j) * inter + r0 + g + 8] = a, m = fmaxf(m, fabsf(a));
+        }
+        for (int o = kWarp / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, o));
+        if (lane == 0 && m > 0.f) atomicMax(amax + j, __float_as_uint(m));  // m >= 0: ordered as bits
+      }
+      __syncthreads();  // the tile's act rows and max are written
+      if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(done + j, 1u);
+      }
+    } else {  // down tile of slot j
+      const unsigned v = u - units_gu, tile = v % tiles_dn;
+      const int j = int(v / tiles_dn), r0 = (int(tile) * kWarps + warp) * kRows;
+      const ExpertPtrs e = table[ids[j]];
+      prefetch_mx_head(e.p2, e.s2, io, inter, r0, pf);
+      if (threadIdx.x == 0)
+        while (load_acquire(done + j) < tiles_gu) __nanosleep(128);
+      __syncthreads();  // act[j] and its max are complete
+      const int sigma = token_sigma(__uint_as_float(__ldcg(amax + j)));
+      stage_scaled(act + size_t(j) * inter, inter, sigma, xst, xst + inter / 8);
+      z_staged = false;
+      if (r0 < io) {
+        float a = 0.f, b = 0.f;
+        gemv_mx_any<kVec, kAhead, kStages>(e.p2, e.s2, io, inter, r0, xst, xst + inter / 8, a, b, ring);
+        const float back = ldexpf(1.f, 6 - sigma);
+        a = quad_sum(a) * back, b = quad_sum(b) * back;
+        if (t4 == 0 && r0 + g < io) ys[size_t(j) * io + r0 + g] = a;
+        if (t4 == 0 && r0 + g + 8 < io) ys[size_t(j) * io + r0 + g + 8] = b;
+      }
+      __syncthreads();  // the tile's ys rows are written
+      if (threadIdx.x == 0) {
+        __threadfence();
+        last_s = atomicAdd(summed + tile, 1u) == unsigned(k - 1);
+      }
+      __syncthreads();
+      if (last_s) {  // every slot of these rows is done: out = Σ_j w[j] · ys[j] in slot order (slot_sum_kernel's sums)
+        __threadfence();
+        const int r = int(tile) * per_block + int(threadIdx.x);
+        if (threadIdx.x < unsigned(per_block) && r < io) {
+          float acc = 0.f;
+          for (int s2 = 0; s2 < k; ++s2) acc += __ldcg(w + s2) * __ldcg(ys + size_t(s2) * io + r);
+          out[r] = acc;
+        }
+      }
+    }
+  }
+  if (threadIdx.x == 0) {  // the last block out leaves the queue at zero for the next launch
+    __threadfence();
+    if (atomicAdd(queue + 1, 1u) == gridDim.x - 1) {
+      __threadfence();
+      queue[0] = 0, queue[1] = 0;
+      for (unsigned i = 2; i < 2 + 2 * unsigned(k) + tiles_dn; ++i) queue[i] = 0;
+    }
+  }
+}
+
 // ---- dense experts: BF16 operands ----
 
 /// The token's 32 BF16 values at columns col .. col + 31 (lanes g = 0), else zeros.
@@ -501,25 +640,36 @@ void opt_in_smem(K kernel, size_t bytes, size_t& opted, const char* what) {
 /// The instances of the MXFP4 decode kernels set_mx_decode_form picks (a benchmark/test hook; 0 =
 /// the default): {blocks an SM the registers are budgeted for, 16-byte scale loads, L2 asks kAhead
 /// steps on, cp.async ring stages a warp (0 = none)}. Every form gives the same bits (the sums are
-/// the same; only loads and occupancy differ). m10: rings of 3 stages, 2 blocks an SM; m11: 2
-/// stages, registers for 3 blocks an SM (run 42's ncu: the default waits on its loads with 16 warps
-/// an SM; a ring keeps bytes in flight outside the registers). On an H100 (228 KB of shared memory
-/// an SM, 1 KB of it reserved a block) m11's down kernel at K3 size gets 3 blocks, its gate/up
-/// (token 7 KB) 96 bytes too few for a third. A shape whose token and rings do not fit the shared
-/// memory runs form 0.
+/// the same; only loads, occupancy and launches differ).
+/// - m0, the default (run 44): gate/up, down and the weighted sum in one persistent launch
+///   (mx_experts_kernel, `experts`; gate_up and down null), gemv_mx's loads, registers for 2
+///   blocks an SM. m13 / m14: the same with rings of 2 / 3 stages (2 blocks); m15: 3 blocks an SM.
+/// - m1-m12: a gate/up and a down launch, then launch_slot_sum. m12 is runs 28-43's default
+///   (registers for 1 block, 2 fit: 108-112 registers). m10: rings of 3 stages, 2 blocks an SM;
+///   m11: 2 stages, registers for 3 blocks an SM (run 42's ncu: m12 waits on its loads with 16
+///   warps an SM; a ring keeps bytes in flight outside the registers). On an H100 (228 KB of shared
+///   memory an SM, 1 KB of it reserved a block) m11's down kernel at K3 size gets 3 blocks, its
+///   gate/up (token 7 KB) 96 bytes too few for a third.
+/// A shape whose token and rings do not fit the shared memory runs form 0 (no ring).
 struct MxForm {
   void (*gate_up)(const ExpertPtrs*, const int*, const float*, int, int, float, float, float*, unsigned long long*,
                   unsigned long long, int);
   void (*down)(const ExpertPtrs*, const int*, const float*, int, int, float*, int);
   int stages;
+  void (*experts)(const ExpertPtrs*, const int*, const float*, int, int, int, float, float, float*, float*,
+                  const float*, float*, unsigned*, unsigned long long*, unsigned long long, int);
 };
 #define WREN_MX_FORM(kMin, kVec, kAhead, kStages) \
-  {mx_gate_up_kernel<kMin, kVec, kAhead, kStages>, mx_down_kernel<kMin, kVec, kAhead, kStages>, kStages}
-constexpr MxForm kMxForms[] = {WREN_MX_FORM(1, false, 0, 0), WREN_MX_FORM(2, true, 0, 0), WREN_MX_FORM(2, true, 1, 0),
+  {mx_gate_up_kernel<kMin, kVec, kAhead, kStages>, mx_down_kernel<kMin, kVec, kAhead, kStages>, kStages, nullptr}
+#define WREN_MX_ONE(kMin, kVec, kAhead, kStages) {nullptr, nullptr, kStages, mx_experts_kernel<kMin, kVec, kAhead, kStages>}
+constexpr MxForm kMxForms[] = {WREN_MX_ONE(2, false, 0, 0),  WREN_MX_FORM(2, true, 0, 0), WREN_MX_FORM(2, true, 1, 0),
                                WREN_MX_FORM(2, true, 2, 0),  WREN_MX_FORM(4, true, 0, 0), WREN_MX_FORM(4, true, 1, 0),
                                WREN_MX_FORM(3, true, 0, 0),  WREN_MX_FORM(3, true, 1, 0), WREN_MX_FORM(3, true, 2, 0),
-                               WREN_MX_FORM(3, false, 0, 0), WREN_MX_FORM(2, false, 0, 3), WREN_MX_FORM(3, false, 0, 2)};
+                               WREN_MX_FORM(3, false, 0, 0), WREN_MX_FORM(2, false, 0, 3), WREN_MX_FORM(3, false, 0, 2),
+                               WREN_MX_FORM(1, false, 0, 0), WREN_MX_ONE(2, false, 0, 2),  WREN_MX_ONE(2, false, 0, 3),
+                               WREN_MX_ONE(3, false, 0, 0)};
 #undef WREN_MX_FORM
+#undef WREN_MX_ONE
 constexpr int kNumMxForms = int(sizeof(kMxForms) / sizeof(kMxForms[0]));
 
 }  // namespace
@@ -533,8 +683,8 @@ bool moe_decode_ok(const CudaBackend::Impl& m, int T, int io, int inter, const f
          size_t(std::max(io, mx ? inter : 0)) * 2 + fixed <= size_t(m.max_smem_optin);
 }
 
-void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, const float* z, int k, int io,
-                int inter, float b1, float b2, float* ys) {
+void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, const float* w, const float* z, int k,
+                int io, int inter, float b1, float b2, float* ys, float* out) {
   // The backend's own act scratch (not the fast-mode LtState's: a decode step may be recorded into
   // a graph before anything has created that state, and creating it there would allocate).
   auto* act = static_cast<float*>(m.scratch(m.act, size_t(k) * inter * sizeof(float)));
@@ -545,12 +695,29 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
   const bool fits = ring_offset(std::max(io, inter)) + rings_of(m.mx_form) + 64 <= size_t(m.max_smem_optin);
   const int form = fits ? m.mx_form : 0;
   const MxForm& f = kMxForms[form];
+  const unsigned long long ebytes = device_expert_bytes(true, io, inter);
+  const int per_block = kWarps * kRows;
+  if (f.experts) {
+    static size_t opted[kNumMxForms] = {};
+    const size_t smem = ring_offset(std::max(io, inter)) + rings_of(form);
+    opt_in_smem(f.experts, smem, opted[form], "cudaFuncSetAttribute (mxfp4 decode experts)");
+    int per_sm = 0;  // blocks an SM (registers, shared memory): the grid is one full wave
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f.experts, kThreads, smem),
+               "cudaOccupancyMaxActiveBlocksPerMultiprocessor (mxfp4 decode experts)");
+    const int tiles_dn = (io + per_block - 1) / per_block, units = ((inter + per_block - 1) / per_block + tiles_dn) * k;
+    auto* queue = static_cast<unsigned*>(m.counter_scratch(m.mx_queue, size_t(2 + 2 * k + tiles_dn) * sizeof(unsigned),
+                                                           "cudaMemsetAsync (mxfp4 decode queue)"));
+    const int blocks = std::max(1, std::min(units, std::max(per_sm, 1) * std::max(m.sm_count, 1)));
+    const char* what = "routed_moe (fast) mxfp4 decode experts kernel";
+    launch_ex(m, f.experts, dim3(unsigned(blocks)), dim3(kThreads), smem, 0, m.stream_pdl, what, table, ids, z, k, io,
+              inter, b1, b2, act, ys, w, out, queue, m.traffic_counters(), ebytes, m.stream_prefetch);
+    m.launched(what);
+    return;
+  }
   static size_t opted_gu[kNumMxForms] = {}, opted_dn[kNumMxForms] = {};
   const size_t gu_smem = ring_offset(io) + rings_of(form), dn_smem = ring_offset(inter) + rings_of(form);
   opt_in_smem(f.gate_up, gu_smem, opted_gu[form], "cudaFuncSetAttribute (mxfp4 decode gate/up)");
   opt_in_smem(f.down, dn_smem, opted_dn[form], "cudaFuncSetAttribute (mxfp4 decode down)");
-  const unsigned long long ebytes = device_expert_bytes(true, io, inter);
-  const int per_block = kWarps * kRows;
   const char* gu = "routed_moe (fast) mxfp4 decode gate/up kernel";
   launch_ex(m, f.gate_up, dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), dim3(kThreads),
             gu_smem, 0, m.stream_pdl, gu, table, ids, z, io, inter, b1, b2, act, m.traffic_counters(), ebytes,
@@ -560,6 +727,7 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
   launch_ex(m, f.down, dim3(unsigned((io + per_block - 1) / per_block), unsigned(k)), dim3(kThreads), dn_smem,
             0, m.stream_pdl, dn, table, ids, static_cast<const float*>(act), io, inter, ys, m.stream_prefetch);
   m.launched(dn);
+  launch_slot_sum(m, ys, w, k, io, 1, out);
 }
 
 void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const int* ids, const float* z, int k, int io,

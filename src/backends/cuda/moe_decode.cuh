@@ -21,12 +21,14 @@ inline unsigned long long device_expert_bytes(bool mx, int io, int inter) {
 bool moe_decode_ok(const CudaBackend::Impl& m, int T, int io, int inter, const float* z, bool mx);
 
 /// One token's top-k MXFP4 experts after the router: act[j] = SiTU(W1[e_j]·z, W3[e_j]·z) (f32,
-/// [k, inter] scratch), ys[j] = W2[e_j]·act[j] ([k, io] f32; the caller adds them up with the
-/// router weights). table: ExpertPtrs [E] device; ids: the router's device output [k]; z [io]
-/// device. Two launches (gate/up, down), no host sync (graph-capturable). Counts the visits into
-/// device_expert_*.
-void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, const float* z, int k, int io,
-                int inter, float b1, float b2, float* ys);
+/// [k, inter] scratch), ys[j] = W2[e_j]·act[j] ([k, io] f32), out [io] = Σ_j w[j] · ys[j] in slot
+/// order (launch_slot_sum's sums). table: ExpertPtrs [E] device; ids, w: the router kernel's
+/// device outputs [k], launched just before this (a programmatic dependent launch may read z, which
+/// must have been written before the router kernel began, ahead of its wait); z [io] device. The
+/// default form: one persistent launch (mx_experts_kernel); the others: gate/up, down, weighted
+/// sum. No host sync (graph-capturable). Counts the visits into device_expert_*.
+void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, const float* w, const float* z, int k,
+                int io, int inter, float b1, float b2, float* ys, float* out);
 
 /// moe_decode for dense BF16 experts (DenseExpertPtrs [E] device, every matrix 16-byte aligned;
 /// act BF16); the GLU is SiLU(g)·u when silu, else SiTU(b1, b2).
