@@ -375,8 +375,10 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
 /// wait on nothing, so the wait ends. Each warp does gemv_mx_any over whole rows as in the two
 /// kernels: the same bits. The token z is staged once a block; act[j]'s σ comes from the max|act|
 /// its gate/up tiles leave in queue[2 + k + j] (f32 bits; the same max stage_token would find).
-/// queue: [2 + 2k] unsigned, zero between launches: the last block to finish (queue[1] counts them)
-/// puts them back.
+/// queue: [2 + 2k + ceil(io / 128)] unsigned (next unit, blocks finished, gate/up tiles done a
+/// slot, max|act| a slot, slots done a down row tile), zero between launches: the last block to
+/// finish puts them back, so no path may leave the loop early. out must not alias z (a block that
+/// starts late stages z after others may have written out).
 template <int kMin, bool kVec, int kAhead, int kStages>
 __global__ void __launch_bounds__(kThreads, kMin) mx_experts_kernel(const ExpertPtrs* __restrict__ table,
                                                               const int* __restrict__ ids, const float* __restrict__ z,
@@ -395,8 +397,9 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_experts_kernel(const Expert
   const unsigned units_gu = tiles_gu * unsigned(k), units = units_gu + tiles_dn * unsigned(k);
   MxStage* ring = reinterpret_cast<MxStage*>(reinterpret_cast<char*>(xst) + ring_offset(io > inter ? io : inter)) +
                   warp * (kStages > 0 ? kStages : 1);
-  // z was written before the router kernel began (moe_decode's contract), so it may be read before
-  // the wait; ids may not.
+  // z is not written by the router kernel just before this one, and the router triggers only after
+  // its own wait, so every kernel that may write z has completed when this block starts
+  // (moe_decode's contract): z may be read before the wait; ids may not.
   const int z_sigma = stage_token(z, io, xst, xst + io / 8, red);
   bool z_staged = true;  // until a down tile stages act over it
   unsigned* done = queue + 2;                    // [k] gate/up tiles done a slot

@@ -23,8 +23,9 @@ bool moe_decode_ok(const CudaBackend::Impl& m, int T, int io, int inter, const f
 /// One token's top-k MXFP4 experts after the router: act[j] = SiTU(W1[e_j]·z, W3[e_j]·z) (f32,
 /// [k, inter] scratch), ys[j] = W2[e_j]·act[j] ([k, io] f32), out [io] = Σ_j w[j] · ys[j] in slot
 /// order (launch_slot_sum's sums). table: ExpertPtrs [E] device; ids, w: the router kernel's
-/// device outputs [k], launched just before this (a programmatic dependent launch may read z, which
-/// must have been written before the router kernel began, ahead of its wait); z [io] device. The
+/// device outputs [k], the router launched just before this: it must not write z and must trigger
+/// only after its own wait, so that every kernel before it has completed when this one starts and
+/// the persistent kernel may stage z ahead of its wait; z [io] device, not aliased by out. The
 /// default form: one persistent launch (mx_experts_kernel); the others: gate/up, down, weighted
 /// sum. No host sync (graph-capturable). Counts the visits into device_expert_*.
 void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, const float* w, const float* z, int k,
