@@ -137,6 +137,12 @@ struct CudaBackend::Impl {
   int gemv_wt = 0;              ///< set_decode_streams: tensor-core GEMV warps a tile (0 = the default, 8)
   int dense_gu_wt = 0, dense_dn_wt = 0;  ///< set_dense_expert_warps (0 = the default rule)
   int mx_form = 0;                       ///< set_mx_decode_form (moe_decode.cu kMxForms; 0 = the default)
+  /// moe_decode's persistent form: blocks an SM of form `form` at `smem` bytes (form -1: not asked yet).
+  struct {
+    int form = -1;
+    size_t smem = 0;
+    int blocks = 0;
+  } mx_occupancy;
   int gemv_form = 0;            ///< set_decode_streams: tensor-core GEMV form (gemv_tc.cu kForms; 0 = the default)
   /// KDA kernels launched back to back (kda_decode.cu): the launch count right after the last
   /// one, and the states (S) of the run of decode steps since the last ordinary launch, which may

@@ -704,9 +704,15 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
     static size_t opted[kNumMxForms] = {};
     const size_t smem = ring_offset(std::max(io, inter)) + rings_of(form);
     opt_in_smem(f.experts, smem, opted[form], "cudaFuncSetAttribute (mxfp4 decode experts)");
-    int per_sm = 0;  // blocks an SM (registers, shared memory): the grid is one full wave
-    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f.experts, kThreads, smem),
-               "cudaOccupancyMaxActiveBlocksPerMultiprocessor (mxfp4 decode experts)");
+    // Blocks an SM (registers, shared memory): the grid is one full wave. Asked once per form and
+    // size (every MoE layer of a model has the same; a step is recorded with one call a layer).
+    if (m.mx_occupancy.form != form || m.mx_occupancy.smem != smem) {
+      int per_sm = 0;
+      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f.experts, kThreads, smem),
+                 "cudaOccupancyMaxActiveBlocksPerMultiprocessor (mxfp4 decode experts)");
+      m.mx_occupancy = {form, smem, per_sm};
+    }
+    const int per_sm = m.mx_occupancy.blocks;
     const int tiles_dn = (io + per_block - 1) / per_block, units = ((inter + per_block - 1) / per_block + tiles_dn) * k;
     auto* queue = static_cast<unsigned*>(m.counter_scratch(m.mx_queue, size_t(2 + 2 * k + tiles_dn) * sizeof(unsigned),
                                                            "cudaMemsetAsync (mxfp4 decode queue)"));
