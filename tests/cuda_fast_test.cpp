@@ -419,7 +419,9 @@ TEST_F(CudaFast, RoutedMoeGroupedMatchesCpu) {
 // GEMVs, weights moved into e4m3 in registers) against the CPU: widths past and inside the 128-column
 // spans (io 64 … 8448, inter 32 … 1056; not all multiples of 128), top-1 … top-16, routed scales, many
 // random routings; the profile shows the decode kernels ran (no grouped or exact-order launch), two
-// runs of a call give the same bits, and exact mode keeps the CPU-order kernels (bit-for-bit path).
+// runs of a call give the same bits, every form (the default's one persistent launch with its folded
+// weighted sum, the two launches and their weighted-sum kernel, the rings) gives the same output
+// bits, and exact mode keeps the CPU-order kernels (bit-for-bit path).
 TEST_F(CudaFast, RoutedMoeMxfp4DecodeMatchesCpu) {
   std::mt19937 g(37);
   struct Case {
