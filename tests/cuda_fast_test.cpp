@@ -507,7 +507,8 @@ TEST_F(CudaFast, RoutedMoeMxfp4DecodeMatchesCpu) {
     if (t.name == "routed_moe gate/up kernel") exact_kernels = t.launches;
     if (t.name.find("grouped") != std::string::npos) grouped += t.launches;
   }
-  // Each fast T = 1 call: a gate/up and a down launch, or the one experts launch (forms m12-m15).
+  // Each fast T = 1 call: a gate/up and a down launch (forms m1-m12), or the one experts launch
+  // (forms m0, m13-m15).
   EXPECT_EQ(gate_up + experts, uint64_t(2 * calls + form_calls)) << "every fast T = 1 call took the decode kernels";
   EXPECT_EQ(down, gate_up);
   EXPECT_GT(experts, 0u) << "the forms in one launch ran";
