@@ -520,9 +520,11 @@ TEST_F(CudaFast, RoutedMoeMxfp4DecodeMatchesCpu) {
 // The routed dense (BF16) experts of one decode token in fast mode (moe_decode.cu's kernels without
 // the MXFP4 decode: Kimi Linear) against the CPU: widths inside and past the 128-column blocks up to
 // the Kimi-Linear-48B sizes (io 2304, inter 1024), top-1 … top-8, SiLU and SiTU, several routings;
-// the profile shows the decode kernels ran (no grouped launch), two runs give the same bits, every
-// warps-a-tile pair of set_dense_expert_warps matches the CPU too, and shapes the kernels cannot
-// take (io or inter not a multiple of 32) still go to the grouped kernels.
+// the profile shows the decode kernels ran (no grouped launch), two runs give the same bits, the
+// two-launch form (set_dense_decode_form(1)) gives the persistent default's bits, every
+// warps-a-tile pair of set_dense_expert_warps matches the CPU too (in both forms, the same bits),
+// and shapes the kernels cannot take (io or inter not a multiple of 32) still go to the grouped
+// kernels.
 TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
   std::mt19937 g(41);
   struct Case {
@@ -579,6 +581,17 @@ TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
       be_->routed_moe(p, mw, dl, dz, 1, work(poisoned(size_t(c.k) * c.io), c.inter), dout2);
       const auto again = host(dout2, size_t(c.io));
       EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4)) << sh << ": not deterministic";
+      be_->set_decode_streams(true, 0);
+      // Form 1 (a gate/up and a down launch, then the weighted-sum kernel): form 0's bits.
+      auto two_launches = [&](const std::vector<float>& want, const std::string& what) {
+        be_->set_dense_decode_form(1);
+        float* d = poisoned(size_t(c.io));
+        be_->routed_moe(p, mw, dl, dz, 1, work(poisoned(size_t(c.k) * c.io), c.inter), d);
+        be_->set_dense_decode_form(0);
+        const auto two = host(d, size_t(c.io));
+        EXPECT_EQ(0, std::memcmp(want.data(), two.data(), want.size() * 4)) << what << ": form 1 differs";
+      };
+      if (takes) two_launches(got, sh);
       if (rep == 0 && takes) {  // the warps a tile of each kernel (set_dense_expert_warps), against the CPU
         std::vector<float> one;  // the 1/1 result: with 2+ column steps in both kernels, 2/2 sums in another order
         for (const auto& [gu, dn] : {std::pair{1, 1}, {2, 2}, {4, 4}, {8, 8}, {8, 1}, {1, 8}, {4, 2}}) {
@@ -591,6 +604,7 @@ TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
           const double rw = test::rel_l2(w.data(), ref.data(), ref.size());
           EXPECT_LE(rw, 6e-3) << wsh;
           worst.add(rw);
+          two_launches(w, wsh);
           hooked += 1;
           if (gu == 1 && dn == 1) one = w;
           if (gu == 2 && dn == 2 && c.io >= 512 && c.inter >= 512) {  // the hook took effect
@@ -602,14 +616,18 @@ TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
     }
   }
   double total = 0;
-  uint64_t gate_up = 0, down = 0, grouped = 0;
+  uint64_t experts = 0, gate_up = 0, down = 0, grouped = 0;
   for (const CudaOpTime& t : be_->profile_end(&total)) {
+    if (t.name == "routed_moe (fast) dense decode experts kernel") experts = t.launches;
     if (t.name == "routed_moe (fast) dense decode gate/up kernel") gate_up = t.launches;
     if (t.name == "routed_moe (fast) dense decode down kernel") down = t.launches;
     if (t.name.find("dense gate/up grouped") != std::string::npos) grouped += t.launches;
   }
-  EXPECT_EQ(gate_up, uint64_t(2 * calls + hooked)) << "every fast T = 1 call on a 32-multiple shape took the decode kernels";
-  EXPECT_EQ(down, uint64_t(2 * calls + hooked));
+  // Form 0 (one launch): each routing twice and each warps-a-tile pair once; form 1 (two
+  // launches): once each.
+  EXPECT_EQ(experts, uint64_t(2 * calls + hooked)) << "every fast T = 1 call on a 32-multiple shape took the decode kernels";
+  EXPECT_EQ(gate_up, uint64_t(calls + hooked));
+  EXPECT_EQ(down, gate_up);
   EXPECT_EQ(grouped, uint64_t(2 * declined)) << "the other shapes kept the grouped kernels";
   std::printf("[ cuda fast ] dense decode experts: %d calls (every warps-a-tile pair), worst rel-L2 %.3g (%d calls on the grouped kernels)\n",
               worst.cases, worst.rel, 2 * declined);
@@ -635,6 +653,7 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
     int form = 0;
     int dense_gu = 0, dense_dn = 0;  ///< set_dense_expert_warps
     int mx = 0;                      ///< set_mx_decode_form
+    int dense_form = 0;              ///< set_dense_decode_form
   };
   // GEMV: also with a warp to a 16-row tile (the default is 8, a tile a block) and in its other
   // forms (gemv_tc.cu kForms: f1 the default kernel split for 2 blocks an SM, f2 3 blocks an SM
@@ -655,9 +674,11 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
   // 2 blocks an SM, m2 / m3 with L2 asks 1 / 2 steps ahead, m4 / m5 4 blocks an SM (0 / 1 ahead),
   // m6-m8 3 blocks an SM (0, 1, 2 ahead), m9 byte scale loads for 3 blocks an SM, m10 / m11 the
   // code and scale bytes through a cp.async ring of 3 / 2 stages a warp, m12 the default of runs
-  // 28-43; m13 / m14 m0 with rings of 2 / 3 stages, m15 m0 for 3 blocks an SM).
+  // 28-43; m13 / m14 m0 with rings of 2 / 3 stages, m15 m0 for 3 blocks an SM; m16 m0 without
+  // half-size down units (runs 44-45's default), m17 / m18 halves for the last 1 / 4 slots).
   std::vector<Variant> moe_variants = {{false, 0, 0, "plain"}, {true, 0, 0, "pdl"}, {true, 2, 0, "pdl+2"}};
-  static const char* kMxNames[] = {"m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7", "m8", "m9", "m10", "m11", "m12", "m13", "m14", "m15"};
+  static const char* kMxNames[] = {"m0",  "m1",  "m2",  "m3",  "m4",  "m5",  "m6",  "m7",  "m8",  "m9",
+                                   "m10", "m11", "m12", "m13", "m14", "m15", "m16", "m17", "m18"};
   ASSERT_LE(CudaBackend::mx_decode_forms(), int(std::size(kMxNames)));
   for (int f = 1; f < CudaBackend::mx_decode_forms(); ++f) moe_variants.push_back({true, 0, 0, kMxNames[f], 0, 0, 0, f});
   auto report = [&](const std::string& what, double bytes, const std::function<double()>& timed,
@@ -667,6 +688,7 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
       be_->set_decode_streams(v.pdl, v.lines, v.wt, v.form);
       be_->set_dense_expert_warps(v.dense_gu, v.dense_dn);
       be_->set_mx_decode_form(v.mx);
+      be_->set_dense_decode_form(v.dense_form);
       const double t = timed();
       char buf[96];
       std::snprintf(buf, sizeof buf, "  %s %7.2f us %5.0f GB/s %3.0f%%", v.name, t * 1e6, bytes / t / 1e9, 100 * bytes / t / copy);
@@ -676,6 +698,7 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
     be_->set_decode_streams(true, 0);
     be_->set_dense_expert_warps(0, 0);
     be_->set_mx_decode_form(0);
+    be_->set_dense_decode_form(0);
   };
   struct Shape {
     const char* name;
@@ -748,7 +771,8 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
   const std::vector<Variant> dense_variants = {
       {false, 0, 0, "plain"},     {true, 0, 0, "pdl"},        {true, 2, 0, "pdl+2"},      {true, 0, 0, "1/1", 0, 1, 1},
       {true, 0, 0, "2/1", 0, 2, 1}, {true, 0, 0, "4/1", 0, 4, 1}, {true, 0, 0, "8/1", 0, 8, 1}, {true, 0, 0, "4/2", 0, 4, 2},
-      {true, 0, 0, "4/4", 0, 4, 4}, {true, 0, 0, "2/2", 0, 2, 2}};
+      {true, 0, 0, "4/4", 0, 4, 4}, {true, 0, 0, "2/2", 0, 2, 2}, {true, 0, 0, "two", 0, 0, 0, 0, 1},
+      {true, 0, 0, "two 4/1", 0, 4, 1, 0, 1}};
   auto moe = [&](const std::string& what, bool mx, int E, int k, int io, int inter, std::vector<ExpertRef> experts) {
     MoeWeights mw;
     mw.experts = std::move(experts);
@@ -778,16 +802,18 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
       return be_->time_recorded([&](int i) { be_->routed_moe(p, mw, logits[size_t(i % sets)], dz, 1, ws, dout); }, R, 10);
     }, mx ? moe_variants : dense_variants);
     ASSERT_EQ(be_->fallbacks(), 0u) << what;
-    for (int f = 0; f < (mx ? CudaBackend::mx_decode_forms() : 1); ++f) {  // MXFP4: each form's kernels
-      be_->set_mx_decode_form(f);
+    for (int f = 0; f < (mx ? CudaBackend::mx_decode_forms() : 2); ++f) {  // each form's kernels
+      if (mx) be_->set_mx_decode_form(f);
+      else be_->set_dense_decode_form(f);
       be_->profile_begin();
       be_->routed_moe(p, mw, logits[0], dz, 1, ws, dout);
       double total = 0;
       for (const CudaOpTime& t : be_->profile_end(&total))
-        std::printf("[ decode streams ]   %s profiled%s%s: %-52s %8.1f us\n", what.c_str(), mx ? " m" : "",
-                    mx ? std::to_string(f).c_str() : "", t.name.c_str(), t.ms * 1e3);
+        std::printf("[ decode streams ]   %s profiled %s%d: %-52s %8.1f us\n", what.c_str(), mx ? "m" : "d", f,
+                    t.name.c_str(), t.ms * 1e3);
     }
     be_->set_mx_decode_form(0);
+    be_->set_dense_decode_form(0);
     be_->release(dys);
     be_->release(dout);
   };

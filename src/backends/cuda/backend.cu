@@ -191,7 +191,7 @@ CudaBackend::~CudaBackend() {
   cuda::lt_destroy(m);
   cuda::placer_destroy(m);
   for (cuda::Scratch* s : {&m.ids, &m.act, &m.scores, &m.router_ids, &m.router_w, &m.pair_table, &m.gemv_part, &m.gemv_count,
-                            &m.argmax_part, &m.argmax_count, &m.mx_queue})
+                            &m.argmax_part, &m.argmax_count, &m.mx_queue, &m.dense_queue})
     if (s->ptr) cudaFree(s->ptr);
   for (void* a : m.arenas) cudaFree(a);
   m.tier_reset();

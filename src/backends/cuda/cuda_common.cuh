@@ -137,12 +137,22 @@ struct CudaBackend::Impl {
   int gemv_wt = 0;              ///< set_decode_streams: tensor-core GEMV warps a tile (0 = the default, 8)
   int dense_gu_wt = 0, dense_dn_wt = 0;  ///< set_dense_expert_warps (0 = the default rule)
   int mx_form = 0;                       ///< set_mx_decode_form (moe_decode.cu kMxForms; 0 = the default)
-  /// moe_decode's persistent form: blocks an SM of form `form` at `smem` bytes (form -1: not asked yet).
-  struct {
+  int dense_form = 0;                    ///< set_dense_decode_form (0: one persistent launch; 1: two + weighted sum)
+  /// Blocks an SM of a persistent decode-experts kernel (form `form`) at `smem` bytes of dynamic
+  /// shared memory (form -1: not asked yet): asked once per form and size, not at every layer.
+  struct Occupancy {
     int form = -1;
     size_t smem = 0;
     int blocks = 0;
-  } mx_occupancy;
+  };
+  Occupancy mx_occupancy, dense_occupancy;
+  /// Dynamic shared memory opted into so far by the decode-experts kernels (moe_decode.cu): per
+  /// MXFP4 form {persistent or gate/up, down}; dense {persistent, gate/up}.
+  static constexpr int kMaxMxForms = 24;
+  size_t mx_opted[kMaxMxForms][2] = {};
+  struct {
+    size_t experts = 0, gate_up = 0;
+  } dense_opted;
   int gemv_form = 0;            ///< set_decode_streams: tensor-core GEMV form (gemv_tc.cu kForms; 0 = the default)
   /// KDA kernels launched back to back (kda_decode.cu): the launch count right after the last
   /// one, and the states (S) of the run of decode steps since the last ordinary launch, which may
@@ -167,6 +177,7 @@ struct CudaBackend::Impl {
   cuda::Scratch argmax_part;    ///< argmax_rows: each segment's best (argmax.cu)
   cuda::Scratch argmax_count;   ///< argmax_rows: per-row arrival counters (zero between launches)
   cuda::Scratch mx_queue;       ///< MXFP4 decode experts in one launch: work counters (zero between launches)
+  cuda::Scratch dense_queue;    ///< dense decode experts in one launch: work counters (zero between launches)
   cuda::LtState* lt = nullptr;  ///< fast mode state, created on first use (owned; cuda::lt_destroy)
   cuda::Placer* placer = nullptr;  ///< load-time placement state (owned; cuda::placer_destroy)
   // Decode graphs (graph.cu).

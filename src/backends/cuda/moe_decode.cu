@@ -297,6 +297,97 @@ __device__ __forceinline__ float quad_sum(float v) {
   return v + __shfl_xor_sync(kFull, v, 2);
 }
 
+/// gemv_mx's sums of row r0 + g alone (lanes g = 0..7: a warp on 8 rows), kSpans 128-column spans a
+/// step (gemv_mx: 4 spans of 2 rows; 8 spans of 1 row keep as many bytes in flight in half as many
+/// steps). The span's MMA gets zeros for rows g + 8, and each output of an MMA depends on its own
+/// row only; the spans whose first group is below groups rounded up to 16 are added in gemv_mx's
+/// order with its fmaf expression (the spans gemv_mx adds: those of its 16-group steps), so sg has
+/// gemv_mx's bits for the row. Byte scale loads (gemv_mx's kVec = false; the bits do not depend on
+/// kVec).
+template <int kSpans>
+__device__ __forceinline__ void gemv_mx_half(const uint8_t* __restrict__ packed, const uint8_t* __restrict__ scale,
+                                             int rows, int cols, int r0, const uint2* xhi, const uint2* xlo, float& sg) {
+  const int lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4, groups = cols / 32;
+  const int ga = 2 * (t4 & 1), limit = (groups + 4 * kU - 1) / (4 * kU) * (4 * kU);
+  const uint2* xs = g == t4 ? xhi : xlo;
+  const bool feeds = g == t4 || g == t4 + 4;
+  const int ra = r0 + g;
+  for (int s0 = 0; s0 < groups; s0 += 4 * kSpans) {
+    uint4 ca[kSpans];
+    uint32_t sa[kSpans][2];
+#pragma unroll
+    for (int u = 0; u < kSpans; ++u) {
+      const int G = s0 + 4 * u + t4, Gs = s0 + 4 * u + ga;
+      ca[u] = ra < rows && G < groups ? __ldg(reinterpret_cast<const uint4*>(packed + size_t(ra) * (cols / 2)) + G)
+                                      : make_uint4(0, 0, 0, 0);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) sa[u][h] = ra < rows && Gs + h < groups ? __ldg(scale + size_t(ra) * groups + Gs + h) : 127u;
+    }
+#pragma unroll
+    for (int u = 0; u < kSpans; ++u) {
+      if (s0 + 4 * u >= limit) break;  // uniform: past gemv_mx's last span
+      const int G = s0 + 4 * u + t4;
+      const bool use = feeds && G < groups;
+      const uint32_t wa[4] = {ca[u].x, ca[u].y, ca[u].z, ca[u].w};
+      float c[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint2 b = use ? xs[4 * G + i] : make_uint2(0, 0);
+        mma_e4m3(c, e4m3_low(wa[i]), 0u, e4m3_high(wa[i]), 0u, b.x, b.y);
+      }
+      sg = fmaf(c[0], ue8m0(sa[u][0]), fmaf(c[1], ue8m0(sa[u][1]), sg));
+    }
+  }
+}
+
+/// One warp's gate/up rows r0 + g, r0 + g + 8 against the staged token (σ = sigma): act_j[r] =
+/// SiTU(W1·z, W3·z)[r] in f32 (lanes t4 = 0 write); returns this lane's max|act| of what it wrote
+/// (NaN ignored, as fmaxf does). mx_gate_up_kernel and mx_experts_kernel's gate/up tiles.
+template <bool kVec, int kAhead, int kStages>
+__device__ __forceinline__ float mx_gate_up_rows(const ExpertPtrs& e, int io, int inter, int r0, const uint2* xst,
+                                                 int sigma, float b1, float b2, float* act_j, MxStage* ring) {
+  const int lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+  float ga = 0.f, gb = 0.f, ua = 0.f, ub = 0.f;
+  gemv_mx_any<kVec, kAhead, kStages>(e.p1, e.s1, inter, io, r0, xst, xst + io / 8, ga, gb, ring);
+  gemv_mx_any<kVec, kAhead, kStages>(e.p3, e.s3, inter, io, r0, xst, xst + io / 8, ua, ub, ring);
+  const float back = ldexpf(1.f, 6 - sigma);
+  ga = quad_sum(ga) * back, gb = quad_sum(gb) * back, ua = quad_sum(ua) * back, ub = quad_sum(ub) * back;
+  float m = 0.f;
+  if (t4 == 0 && r0 + g < inter) {
+    const float a = situ_f(ga, ua, b1, b2);
+    act_j[r0 + g] = a, m = fmaxf(m, fabsf(a));
+  }
+  if (t4 == 0 && r0 + g + 8 < inter) {
+    const float a = situ_f(gb, ub, b1, b2);
+    act_j[r0 + g + 8] = a, m = fmaxf(m, fabsf(a));
+  }
+  return m;
+}
+
+/// One warp's down rows r0 + g, r0 + g + 8 against the staged act (σ = sigma): ys_j[r] = (W2 ·
+/// act)[r] in f32 (lanes t4 = 0 write). mx_down_kernel and mx_experts_kernel's down tiles.
+template <bool kVec, int kAhead, int kStages>
+__device__ __forceinline__ void mx_down_rows(const ExpertPtrs& e, int io, int inter, int r0, const uint2* xst, int sigma,
+                                             float* ys_j, MxStage* ring) {
+  const int lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+  float a = 0.f, b = 0.f;
+  gemv_mx_any<kVec, kAhead, kStages>(e.p2, e.s2, io, inter, r0, xst, xst + inter / 8, a, b, ring);
+  const float back = ldexpf(1.f, 6 - sigma);
+  a = quad_sum(a) * back, b = quad_sum(b) * back;
+  if (t4 == 0 && r0 + g < io) ys_j[r0 + g] = a;
+  if (t4 == 0 && r0 + g + 8 < io) ys_j[r0 + g + 8] = b;
+}
+
+/// mx_down_rows for the 8 rows r0 + g of a warp (gemv_mx_half): the same bits a row.
+__device__ __forceinline__ void mx_down_rows8(const ExpertPtrs& e, int io, int inter, int r0, const uint2* xst,
+                                              int sigma, float* ys_j) {
+  const int lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+  float a = 0.f;
+  gemv_mx_half<2 * kU>(e.p2, e.s2, io, inter, r0, xst, xst + inter / 8, a);
+  a = quad_sum(a) * ldexpf(1.f, 6 - sigma);
+  if (t4 == 0 && r0 + g < io) ys_j[r0 + g] = a;
+}
+
 /// Gate/up: act[j, r] = SiTU(W1[e]·z, W3[e]·z)[r] in f32 for the 16 rows of each warp (e = ids[j]).
 /// kMin: blocks an SM the registers are budgeted for; kVec, kAhead: gemv_mx's; kStages: the warps'
 /// cp.async rings (gemv_mx_ring; 0 = none), after the token in dynamic shared memory (MxForm).
@@ -309,7 +400,7 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_gate_up_kernel(const Expert
                                                               unsigned long long ebytes, int pf) {
   extern __shared__ __align__(16) uint2 xst[];  // hi [io / 8], lo [io / 8]
   __shared__ float red[kWarps];
-  const int j = int(blockIdx.y), lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+  const int j = int(blockIdx.y);
   pdl_wait();  // ids come from the router kernel just before
   pdl_trigger();
   if (traffic && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(traffic, 1ull), atomicAdd(traffic + 1, ebytes);
@@ -319,16 +410,9 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_gate_up_kernel(const Expert
   prefetch_mx_head(e.p3, e.s3, inter, io, r0, pf);
   const int sigma = stage_token(z, io, xst, xst + io / 8, red);
   if (r0 >= inter) return;
-  float ga = 0.f, gb = 0.f, ua = 0.f, ub = 0.f;
   MxStage* ring = reinterpret_cast<MxStage*>(reinterpret_cast<char*>(xst) + ring_offset(io)) +
                   (int(threadIdx.x) / kWarp) * (kStages > 0 ? kStages : 1);
-  gemv_mx_any<kVec, kAhead, kStages>(e.p1, e.s1, inter, io, r0, xst, xst + io / 8, ga, gb, ring);
-  gemv_mx_any<kVec, kAhead, kStages>(e.p3, e.s3, inter, io, r0, xst, xst + io / 8, ua, ub, ring);
-  const float back = ldexpf(1.f, 6 - sigma);
-  ga = quad_sum(ga) * back, gb = quad_sum(gb) * back, ua = quad_sum(ua) * back, ub = quad_sum(ub) * back;
-  if (t4 != 0) return;
-  if (r0 + g < inter) act[size_t(j) * inter + r0 + g] = situ_f(ga, ua, b1, b2);
-  if (r0 + g + 8 < inter) act[size_t(j) * inter + r0 + g + 8] = situ_f(gb, ub, b1, b2);
+  mx_gate_up_rows<kVec, kAhead, kStages>(e, io, inter, r0, xst, sigma, b1, b2, act + size_t(j) * inter, ring);
 }
 
 /// Down: ys[j, r] = (W2[e] · act[j])[r] for the 16 rows of each warp (template as mx_gate_up_kernel).
@@ -338,7 +422,7 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_down_kernel(const ExpertPtr
                                                            int io, int inter, float* __restrict__ ys, int pf) {
   extern __shared__ __align__(16) uint2 xst[];  // hi [inter / 8], lo [inter / 8]
   __shared__ float red[kWarps];
-  const int j = int(blockIdx.y), lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+  const int j = int(blockIdx.y);
   // ids were written before the gate/up kernel passed its pdl_wait, so before this kernel could
   // start: the expert is known now, its act only after the wait.
   const ExpertPtrs e = table[ids[j]];
@@ -348,15 +432,9 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_down_kernel(const ExpertPtr
   pdl_trigger();
   const int sigma = stage_token(act + size_t(j) * inter, inter, xst, xst + inter / 8, red);
   if (r0 >= io) return;
-  float a = 0.f, b = 0.f;
   MxStage* ring = reinterpret_cast<MxStage*>(reinterpret_cast<char*>(xst) + ring_offset(inter)) +
                   (int(threadIdx.x) / kWarp) * (kStages > 0 ? kStages : 1);
-  gemv_mx_any<kVec, kAhead, kStages>(e.p2, e.s2, io, inter, r0, xst, xst + inter / 8, a, b, ring);
-  const float back = ldexpf(1.f, 6 - sigma);
-  a = quad_sum(a) * back, b = quad_sum(b) * back;
-  if (t4 != 0) return;
-  if (r0 + g < io) ys[size_t(j) * io + r0 + g] = a;
-  if (r0 + g + 8 < io) ys[size_t(j) * io + r0 + g + 8] = b;
+  mx_down_rows<kVec, kAhead, kStages>(e, io, inter, r0, xst, sigma, ys + size_t(j) * io, ring);
 }
 
 /// A 32-bit load with acquire semantics at GPU scope (pairs with a writer's __threadfence and atomic).
@@ -370,13 +448,16 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
 /// of one decode token"): units of work are the 128-row tiles of the gate/up kernel, slot after
 /// slot, then those of the down kernel; a block takes the next unit from queue[0] until none is
 /// left, so no wave ends half full and down tiles of the first slots run while the last slots'
-/// gate/up tiles finish. A down tile of slot j starts once queue[2 + j] (gate/up tiles of slot j
-/// done) reaches ceil(inter / 128): those tiles were all taken before it by running blocks, which
-/// wait on nothing, so the wait ends. Each warp does gemv_mx_any over whole rows as in the two
-/// kernels: the same bits. The token z is staged once a block; act[j]'s σ comes from the max|act|
+/// gate/up tiles finish. The down tiles of the last `split` slots come as two units of 64 rows each
+/// (8 rows a warp, gemv_mx_half: the same bits a row), so the launch's last units are half as long
+/// and its blocks run out of work closer together. A down unit of slot j starts once queue[2 + j]
+/// (gate/up tiles of slot j done) reaches ceil(inter / 128): those tiles were all taken before it
+/// by running blocks, which wait on nothing, so the wait ends. Each warp does gemv_mx_any (or
+/// gemv_mx_half) over whole rows as in the two kernels: the same bits. The token z is staged once a
+/// block, before every down unit (which stages act over it); act[j]'s σ comes from the max|act|
 /// its gate/up tiles leave in queue[2 + k + j] (f32 bits; the same max stage_token would find).
 /// queue: [2 + 2k + ceil(io / 128)] unsigned (next unit, blocks finished, gate/up tiles done a
-/// slot, max|act| a slot, slots done a down row tile), zero between launches: the last block to
+/// slot, max|act| a slot, down units done a 128-row tile), zero between launches: the last block to
 /// finish puts them back, so no path may leave the loop early. out must not alias z (a block that
 /// starts late stages z after others may have written out).
 template <int kMin, bool kVec, int kAhead, int kStages>
@@ -387,24 +468,24 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_experts_kernel(const Expert
                                                               const float* __restrict__ w, float* __restrict__ out,
                                                               unsigned* __restrict__ queue,
                                                               unsigned long long* __restrict__ traffic,
-                                                              unsigned long long ebytes, int pf) {
+                                                              unsigned long long ebytes, int pf, int split) {
   extern __shared__ __align__(16) uint2 xst[];  // the token (hi [n / 8], lo [n / 8]), then the rings
   __shared__ float red[kWarps];
   __shared__ unsigned unit_s, last_s;
-  const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+  const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
   const int per_block = kWarps * kRows;
   const unsigned tiles_gu = unsigned((inter + per_block - 1) / per_block), tiles_dn = unsigned((io + per_block - 1) / per_block);
-  const unsigned units_gu = tiles_gu * unsigned(k), units = units_gu + tiles_dn * unsigned(k);
+  const unsigned units_gu = tiles_gu * unsigned(k), whole_dn = tiles_dn * unsigned(k - split);
+  const unsigned units = units_gu + whole_dn + 2 * tiles_dn * unsigned(split), arrivals = unsigned(k + split);
   MxStage* ring = reinterpret_cast<MxStage*>(reinterpret_cast<char*>(xst) + ring_offset(io > inter ? io : inter)) +
                   warp * (kStages > 0 ? kStages : 1);
   // z is not written by the router kernel just before this one, and the router triggers only after
   // its own wait, so every kernel that may write z has completed when this block starts
   // (moe_decode's contract): z may be read before the wait; ids may not.
   const int z_sigma = stage_token(z, io, xst, xst + io / 8, red);
-  bool z_staged = true;  // until a down tile stages act over it
   unsigned* done = queue + 2;                    // [k] gate/up tiles done a slot
   unsigned* amax = queue + 2 + k;                // [k] max|act[j]| (f32 bits)
-  unsigned* summed = queue + 2 + 2 * k;          // [tiles_dn] slots done a down tile
+  unsigned* summed = queue + 2 + 2 * k;          // [tiles_dn] down units done a tile
   pdl_wait();  // ids come from the router kernel just before
   pdl_trigger();
   for (;;) {
@@ -413,26 +494,12 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_experts_kernel(const Expert
     __syncthreads();
     const unsigned u = unit_s;
     if (u >= units) break;
-    if (u < units_gu) {  // gate/up tile of slot j
+    if (u < units_gu) {  // gate/up tile of slot j (every one is taken before any down unit: z is staged)
       const int j = int(u / tiles_gu), r0 = (int(u % tiles_gu) * kWarps + warp) * kRows;
       if (traffic && u % tiles_gu == 0 && threadIdx.x == 0) atomicAdd(traffic, 1ull), atomicAdd(traffic + 1, ebytes);
       const ExpertPtrs e = table[ids[j]];
-      if (!z_staged) __trap();  // unreachable: every gate/up unit is taken before any down unit
       if (r0 < inter) {
-        float ga = 0.f, gb = 0.f, ua = 0.f, ub = 0.f;
-        gemv_mx_any<kVec, kAhead, kStages>(e.p1, e.s1, inter, io, r0, xst, xst + io / 8, ga, gb, ring);
-        gemv_mx_any<kVec, kAhead, kStages>(e.p3, e.s3, inter, io, r0, xst, xst + io / 8, ua, ub, ring);
-        const float back = ldexpf(1.f, 6 - z_sigma);
-        ga = quad_sum(ga) * back, gb = quad_sum(gb) * back, ua = quad_sum(ua) * back, ub = quad_sum(ub) * back;
-        float m = 0.f;  // max|act| of the warp's rows, for the down tiles' σ (NaN ignored, as fmaxf does)
-        if (t4 == 0 && r0 + g < inter) {
-          const float a = situ_f(ga, ua, b1, b2);
-          act[size_t(j) * inter + r0 + g] = a, m = fmaxf(m, fabsf(a));
-        }
-        if (t4 == 0 && r0 + g + 8 < inter) {
-          const float a = situ_f(gb, ub, b1, b2);
-          act[size_t(j) * inter + r0 + g + 8] = a, m = fmaxf(m, fabsf(a));
-        }
+        float m = mx_gate_up_rows<kVec, kAhead, kStages>(e, io, inter, r0, xst, z_sigma, b1, b2, act + size_t(j) * inter, ring);
         for (int o = kWarp / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, o));
         if (lane == 0 && m > 0.f) atomicMax(amax + j, __float_as_uint(m));  // m >= 0: ordered as bits
       }
@@ -441,9 +508,14 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_experts_kernel(const Expert
         __threadfence();
         atomicAdd(done + j, 1u);
       }
-    } else {  // down tile of slot j
-      const unsigned v = u - units_gu, tile = v % tiles_dn;
-      const int j = int(v / tiles_dn), r0 = (int(tile) * kWarps + warp) * kRows;
+    } else {  // down unit: a whole 128-row tile of slot j, or (the last `split` slots) half of one
+      const unsigned v = u - units_gu;
+      const bool half = v >= whole_dn;
+      const unsigned h = v - whole_dn;  // half units: (slot, tile, half) in that order
+      const int j = half ? k - split + int(h / (2 * tiles_dn)) : int(v / tiles_dn);
+      const unsigned tile = half ? h % (2 * tiles_dn) / 2 : v % tiles_dn;
+      const int r0 = half ? int(tile) * per_block + int(h % 2) * (per_block / 2) + warp * (kRows / 2)
+                          : (int(tile) * kWarps + warp) * kRows;
       const ExpertPtrs e = table[ids[j]];
       prefetch_mx_head(e.p2, e.s2, io, inter, r0, pf);
       if (threadIdx.x == 0)
@@ -451,19 +523,16 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_experts_kernel(const Expert
       __syncthreads();  // act[j] and its max are complete
       const int sigma = token_sigma(__uint_as_float(__ldcg(amax + j)));
       stage_scaled(act + size_t(j) * inter, inter, sigma, xst, xst + inter / 8);
-      z_staged = false;
       if (r0 < io) {
-        float a = 0.f, b = 0.f;
-        gemv_mx_any<kVec, kAhead, kStages>(e.p2, e.s2, io, inter, r0, xst, xst + inter / 8, a, b, ring);
-        const float back = ldexpf(1.f, 6 - sigma);
-        a = quad_sum(a) * back, b = quad_sum(b) * back;
-        if (t4 == 0 && r0 + g < io) ys[size_t(j) * io + r0 + g] = a;
-        if (t4 == 0 && r0 + g + 8 < io) ys[size_t(j) * io + r0 + g + 8] = b;
+        if (half)
+          mx_down_rows8(e, io, inter, r0, xst, sigma, ys + size_t(j) * io);
+        else
+          mx_down_rows<kVec, kAhead, kStages>(e, io, inter, r0, xst, sigma, ys + size_t(j) * io, ring);
       }
-      __syncthreads();  // the tile's ys rows are written
+      __syncthreads();  // the unit's ys rows are written
       if (threadIdx.x == 0) {
         __threadfence();
-        last_s = atomicAdd(summed + tile, 1u) == unsigned(k - 1);
+        last_s = atomicAdd(summed + tile, 1u) == arrivals - 1;
       }
       __syncthreads();
       if (last_s) {  // every slot of these rows is done: out = Σ_j w[j] · ys[j] in slot order (slot_sum_kernel's sums)
@@ -560,30 +629,22 @@ __device__ __forceinline__ void tile_sums(TileRed<N>& red, float (&c)[N][4], int
   }
 }
 
-/// Gate/up: act[j, r] = GLU(W1[e]·z, W3[e]·z)[r] (BF16) for the 16 rows of each tile (GLU:
-/// SiLU(g)·u when silu, else SiTU); a block is 8 / wt tiles of wt warps each (gemv_bf16's column
-/// steps split over the tile's warps, their sums added in warp order).
-__global__ void __launch_bounds__(kThreads, 2) dense_gate_up_kernel(
-    const DenseExpertPtrs* __restrict__ table, const int* __restrict__ ids, const float* __restrict__ z, int io,
-    int inter, float b1, float b2, int silu, __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ traffic,
-    unsigned long long ebytes, int pf, int wt) {
-  extern __shared__ __align__(16) uint32_t zs[];  // z as BF16 pairs [io / 2]
-  __shared__ TileRed<2> red;
-  const int j = int(blockIdx.y), warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp, g = lane / 4,
-            t4 = lane % 4;
-  pdl_wait();  // ids come from the router kernel just before
-  pdl_trigger();
-  if (traffic && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(traffic, 1ull), atomicAdd(traffic + 1, ebytes);
-  const DenseExpertPtrs e = table[ids[j]];
-  const int r0 = (int(blockIdx.x) * (kWarps / wt) + warp / wt) * kRows, wi = warp % wt;
-  prefetch_bf16_head(e.w1, inter, io, r0, pf, wi);  // in flight while the token is staged
-  prefetch_bf16_head(e.w3, inter, io, r0, pf, wi);
-  for (int i = int(threadIdx.x); i < io / 2; i += kThreads) {
-    const float2 v = reinterpret_cast<const float2*>(z)[i];
+/// z [io] (f32) as BF16 pairs in zs [io / 2], read through L2 only (__ldcg). Whole block; no barrier.
+__device__ __forceinline__ void stage_bf16(const float* z, int io, uint32_t* zs) {
+  for (int i = int(threadIdx.x); i < io / 2; i += int(blockDim.x)) {
+    const float2 v = __ldcg(reinterpret_cast<const float2*>(z) + i);
     const __nv_bfloat162 b = __floats2bfloat162_rn(v.x, v.y);
     zs[i] = *reinterpret_cast<const uint32_t*>(&b);
   }
-  __syncthreads();
+}
+
+/// Gate/up of one tile of wt warps (this warp: index wi, rows r0 .. r0 + 15): act_j[r] = GLU(W1·z,
+/// W3·z)[r] in BF16 (GLU: SiLU(g)·u when silu, else SiTU), z staged as BF16 pairs in zs; the
+/// tile's warps' sums added in warp order (tile_sums). Whole block (every warp must call it).
+__device__ __forceinline__ void dense_gate_up_rows(const DenseExpertPtrs& e, int io, int inter, int r0, int wi, int wt,
+                                                   const uint32_t* zs, float b1, float b2, int silu,
+                                                   __nv_bfloat16* act_j, TileRed<2>& red) {
+  const int lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
   float c[2][4] = {{0.f, 0.f, 0.f, 0.f}, {0.f, 0.f, 0.f, 0.f}};  // gate, up
   if (r0 < inter) {  // a whole tile or none (inter % 32 == 0); every warp reaches tile_sums' barrier
     gemv_bf16(e.w1, inter, io, r0, zs, c[0], wi, wt);
@@ -595,8 +656,43 @@ __global__ void __launch_bounds__(kThreads, 2) dense_gate_up_kernel(
   for (int h = 0; h < 2; ++h) {
     const int r = r0 + g + 8 * h;
     const float gv = c[0][2 * h], uv = c[1][2 * h];
-    act[size_t(j) * inter + r] = __float2bfloat16_rn(silu ? gv / (1.f + __expf(-gv)) * uv : situ_f(gv, uv, b1, b2));
+    act_j[r] = __float2bfloat16_rn(silu ? gv / (1.f + __expf(-gv)) * uv : situ_f(gv, uv, b1, b2));
   }
+}
+
+/// Down of one tile of wt warps (as dense_gate_up_rows): ys_j[r] = (W2 · act)[r] in f32, act as
+/// BF16 pairs. Whole block.
+__device__ __forceinline__ void dense_down_rows(const DenseExpertPtrs& e, int io, int inter, int r0, int wi, int wt,
+                                                const uint32_t* act_pairs, float* ys_j, TileRed<1>& red) {
+  const int lane = int(threadIdx.x) % kWarp, g = lane / 4, t4 = lane % 4;
+  float c[1][4] = {{0.f, 0.f, 0.f, 0.f}};
+  if (r0 < io) gemv_bf16(e.w2, io, inter, r0, act_pairs, c[0], wi, wt);
+  tile_sums<1>(red, c, wt);
+  if (wi != 0 || t4 != 0 || r0 >= io) return;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) ys_j[r0 + g + 8 * h] = c[0][2 * h];
+}
+
+/// Gate/up: act[j, r] = GLU(W1[e]·z, W3[e]·z)[r] (BF16) for the 16 rows of each tile; a block is
+/// 8 / wt tiles of wt warps each (gemv_bf16's column steps split over the tile's warps, their sums
+/// added in warp order).
+__global__ void __launch_bounds__(kThreads, 2) dense_gate_up_kernel(
+    const DenseExpertPtrs* __restrict__ table, const int* __restrict__ ids, const float* __restrict__ z, int io,
+    int inter, float b1, float b2, int silu, __nv_bfloat16* __restrict__ act, unsigned long long* __restrict__ traffic,
+    unsigned long long ebytes, int pf, int wt) {
+  extern __shared__ __align__(16) uint32_t zs[];  // z as BF16 pairs [io / 2]
+  __shared__ TileRed<2> red;
+  const int j = int(blockIdx.y), warp = int(threadIdx.x) / kWarp;
+  pdl_wait();  // ids come from the router kernel just before
+  pdl_trigger();
+  if (traffic && blockIdx.x == 0 && threadIdx.x == 0) atomicAdd(traffic, 1ull), atomicAdd(traffic + 1, ebytes);
+  const DenseExpertPtrs e = table[ids[j]];
+  const int r0 = (int(blockIdx.x) * (kWarps / wt) + warp / wt) * kRows, wi = warp % wt;
+  prefetch_bf16_head(e.w1, inter, io, r0, pf, wi);  // in flight while the token is staged
+  prefetch_bf16_head(e.w3, inter, io, r0, pf, wi);
+  stage_bf16(z, io, zs);
+  __syncthreads();
+  dense_gate_up_rows(e, io, inter, r0, wi, wt, zs, b1, b2, silu, act + size_t(j) * inter, red);
 }
 
 /// Down: ys[j, r] = (W2[e] · act[j])[r] for the 16 rows of each tile, tiles as in the gate/up kernel.
@@ -605,19 +701,97 @@ __global__ void __launch_bounds__(kThreads, 2) dense_down_kernel(const DenseExpe
                                                               const __nv_bfloat16* __restrict__ act, int io, int inter,
                                                               float* __restrict__ ys, int pf, int wt) {
   __shared__ TileRed<1> red;
-  const int j = int(blockIdx.y), warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp, g = lane / 4,
-            t4 = lane % 4;
+  const int j = int(blockIdx.y), warp = int(threadIdx.x) / kWarp;
   const DenseExpertPtrs e = table[ids[j]];  // known before the wait, as in mx_down_kernel
   const int r0 = (int(blockIdx.x) * (kWarps / wt) + warp / wt) * kRows, wi = warp % wt;
   prefetch_bf16_head(e.w2, io, inter, r0, pf, wi);
   pdl_wait();
   pdl_trigger();
-  float c[1][4] = {{0.f, 0.f, 0.f, 0.f}};
-  if (r0 < io) gemv_bf16(e.w2, io, inter, r0, reinterpret_cast<const uint32_t*>(act + size_t(j) * inter), c[0], wi, wt);
-  tile_sums<1>(red, c, wt);
-  if (wi != 0 || t4 != 0 || r0 >= io) return;
-#pragma unroll
-  for (int h = 0; h < 2; ++h) ys[size_t(j) * io + r0 + g + 8 * h] = c[0][2 * h];
+  dense_down_rows(e, io, inter, r0, wi, wt, reinterpret_cast<const uint32_t*>(act + size_t(j) * inter),
+                  ys + size_t(j) * io, red);
+}
+
+/// The dense experts of one decode token in one persistent launch, as mx_experts_kernel: units are
+/// the blocks of the gate/up kernel (8 / gu_wt tiles of 16 rows), slot after slot, then those of
+/// the down kernel (8 / dn_wt tiles); a down unit of slot j waits until queue[2 + j] (gate/up units
+/// of slot j done) reaches their number, stages act[j] (BF16, through L2) and runs the down
+/// kernel's rows; the last down unit of a row block (queue[2 + k + b] arrivals) writes out = Σ_j
+/// w[j] · ys[j] in slot order (slot_sum_kernel's sums). Each tile runs the two kernels' code with
+/// the same warps a tile: the same bits. z is staged before the wait (moe_decode's contract; out
+/// must not alias z). queue: [2 + k + down units a slot] unsigned, zero between launches.
+__global__ void __launch_bounds__(kThreads, 2) dense_experts_kernel(
+    const DenseExpertPtrs* __restrict__ table, const int* __restrict__ ids, const float* __restrict__ z, int k, int io,
+    int inter, float b1, float b2, int silu, __nv_bfloat16* __restrict__ act, float* __restrict__ ys,
+    const float* __restrict__ w, float* __restrict__ out, unsigned* __restrict__ queue,
+    unsigned long long* __restrict__ traffic, unsigned long long ebytes, int pf, int gu_wt, int dn_wt) {
+  extern __shared__ __align__(16) uint32_t zs[];  // z as BF16 pairs [io / 2], then act[j]'s [inter / 2]
+  uint32_t* as = zs + io / 2;
+  __shared__ TileRed<2> red;
+  __shared__ unsigned unit_s, last_s;
+  const int warp = int(threadIdx.x) / kWarp;
+  const int gu_rows = kWarps / gu_wt * kRows, dn_rows = kWarps / dn_wt * kRows;
+  const unsigned blocks_gu = unsigned((inter + gu_rows - 1) / gu_rows), blocks_dn = unsigned((io + dn_rows - 1) / dn_rows);
+  const unsigned units_gu = blocks_gu * unsigned(k), units = units_gu + blocks_dn * unsigned(k);
+  unsigned* done = queue + 2;        // [k] gate/up units done a slot
+  unsigned* summed = queue + 2 + k;  // [blocks_dn] slots done a down block
+  stage_bf16(z, io, zs);             // z may be read before the wait (moe_decode's contract); ids may not
+  pdl_wait();
+  pdl_trigger();
+  for (;;) {
+    __syncthreads();  // every thread has read unit_s and is done with red and the staged act
+    if (threadIdx.x == 0) unit_s = atomicAdd(queue, 1u);
+    __syncthreads();
+    const unsigned u = unit_s;
+    if (u >= units) break;
+    if (u < units_gu) {  // gate/up block of slot j
+      const int j = int(u / blocks_gu), bx = int(u % blocks_gu);
+      if (traffic && bx == 0 && threadIdx.x == 0) atomicAdd(traffic, 1ull), atomicAdd(traffic + 1, ebytes);
+      const DenseExpertPtrs e = table[ids[j]];
+      const int r0 = (bx * (kWarps / gu_wt) + warp / gu_wt) * kRows;
+      dense_gate_up_rows(e, io, inter, r0, warp % gu_wt, gu_wt, zs, b1, b2, silu, act + size_t(j) * inter, red);
+      __syncthreads();  // the block's act rows are written
+      if (threadIdx.x == 0) {
+        __threadfence();
+        atomicAdd(done + j, 1u);
+      }
+    } else {  // down block of slot j
+      const unsigned v = u - units_gu, bx = v % blocks_dn;
+      const int j = int(v / blocks_dn), r0 = (int(bx) * (kWarps / dn_wt) + warp / dn_wt) * kRows;
+      const DenseExpertPtrs e = table[ids[j]];
+      prefetch_bf16_head(e.w2, io, inter, r0, pf, warp % dn_wt);
+      if (threadIdx.x == 0)
+        while (load_acquire(done + j) < blocks_gu) __nanosleep(128);
+      __syncthreads();  // act[j] is complete
+      const unsigned* aj = reinterpret_cast<const unsigned*>(act + size_t(j) * inter);
+      for (int i = int(threadIdx.x); i < inter / 2; i += kThreads) as[i] = __ldcg(aj + i);
+      __syncthreads();
+      dense_down_rows(e, io, inter, r0, warp % dn_wt, dn_wt, as, ys + size_t(j) * io,
+                      *reinterpret_cast<TileRed<1>*>(&red));
+      __syncthreads();  // the block's ys rows are written
+      if (threadIdx.x == 0) {
+        __threadfence();
+        last_s = atomicAdd(summed + bx, 1u) == unsigned(k - 1);
+      }
+      __syncthreads();
+      if (last_s) {  // every slot of these rows is done: the weighted sum in slot order
+        __threadfence();
+        const int r = int(bx) * dn_rows + int(threadIdx.x);
+        if (int(threadIdx.x) < dn_rows && r < io) {
+          float acc = 0.f;
+          for (int s2 = 0; s2 < k; ++s2) acc += __ldcg(w + s2) * __ldcg(ys + size_t(s2) * io + r);
+          out[r] = acc;
+        }
+      }
+    }
+  }
+  if (threadIdx.x == 0) {  // the last block out leaves the queue at zero for the next launch
+    __threadfence();
+    if (atomicAdd(queue + 1, 1u) == gridDim.x - 1) {
+      __threadfence();
+      queue[0] = 0, queue[1] = 0;
+      for (unsigned i = 2; i < 2 + unsigned(k) + blocks_dn; ++i) queue[i] = 0;
+    }
+  }
 }
 
 /// Warps a 16-row tile of the dense decode experts (1, 2, 4 or 8) for a kernel over `rows` rows
@@ -632,7 +806,8 @@ int dense_warps(const CudaBackend::Impl& m, int hook, int rows, int cols, int k)
 }
 
 /// Opts `kernel` in to `bytes` of dynamic shared memory when past the default 48 KiB (once per
-/// kernel and size: `opted` keeps the largest set so far, per process).
+/// kernel and size: `opted`, the backend's, keeps the largest set so far; the attribute belongs to
+/// the device's context, so a second backend on it asks once more, harmlessly).
 template <class K>
 void opt_in_smem(K kernel, size_t bytes, size_t& opted, const char* what) {
   if (bytes <= 48 * 1024 || bytes <= opted) return;
@@ -642,11 +817,14 @@ void opt_in_smem(K kernel, size_t bytes, size_t& opted, const char* what) {
 
 /// The instances of the MXFP4 decode kernels set_mx_decode_form picks (a benchmark/test hook; 0 =
 /// the default): {blocks an SM the registers are budgeted for, 16-byte scale loads, L2 asks kAhead
-/// steps on, cp.async ring stages a warp (0 = none)}. Every form gives the same bits (the sums are
-/// the same; only loads, occupancy and launches differ).
-/// - m0, the default (run 44): gate/up, down and the weighted sum in one persistent launch
+/// steps on, cp.async ring stages a warp (0 = none)}, and for the persistent launch the slots whose
+/// down tiles come as half units. Every form gives the same bits (the sums are the same; only
+/// loads, occupancy, unit sizes and launches differ).
+/// - m0, the default: gate/up, down and the weighted sum in one persistent launch
 ///   (mx_experts_kernel, `experts`; gate_up and down null), gemv_mx's loads, registers for 2
-///   blocks an SM. m13 / m14: the same with rings of 2 / 3 stages (2 blocks); m15: 3 blocks an SM.
+///   blocks an SM, the last 2 slots' down tiles in halves. m16: the same without halves (runs
+///   44-45's default); m17 / m18: halves for the last 1 / 4 slots. m13 / m14: rings of 2 / 3
+///   stages (2 blocks); m15: 3 blocks an SM (no halves).
 /// - m1-m12: a gate/up and a down launch, then launch_slot_sum. m12 is runs 28-43's default
 ///   (registers for 1 block, 2 fit: 108-112 registers). m10: rings of 3 stages, 2 blocks an SM;
 ///   m11: 2 stages, registers for 3 blocks an SM (run 42's ncu: m12 waits on its loads with 16
@@ -660,20 +838,24 @@ struct MxForm {
   void (*down)(const ExpertPtrs*, const int*, const float*, int, int, float*, int);
   int stages;
   void (*experts)(const ExpertPtrs*, const int*, const float*, int, int, int, float, float, float*, float*,
-                  const float*, float*, unsigned*, unsigned long long*, unsigned long long, int);
+                  const float*, float*, unsigned*, unsigned long long*, unsigned long long, int, int);
+  int split = 0;  ///< experts: slots (the last ones) whose down tiles come as two half units
 };
 #define WREN_MX_FORM(kMin, kVec, kAhead, kStages) \
   {mx_gate_up_kernel<kMin, kVec, kAhead, kStages>, mx_down_kernel<kMin, kVec, kAhead, kStages>, kStages, nullptr}
-#define WREN_MX_ONE(kMin, kVec, kAhead, kStages) {nullptr, nullptr, kStages, mx_experts_kernel<kMin, kVec, kAhead, kStages>}
-constexpr MxForm kMxForms[] = {WREN_MX_ONE(2, false, 0, 0),  WREN_MX_FORM(2, true, 0, 0), WREN_MX_FORM(2, true, 1, 0),
-                               WREN_MX_FORM(2, true, 2, 0),  WREN_MX_FORM(4, true, 0, 0), WREN_MX_FORM(4, true, 1, 0),
-                               WREN_MX_FORM(3, true, 0, 0),  WREN_MX_FORM(3, true, 1, 0), WREN_MX_FORM(3, true, 2, 0),
-                               WREN_MX_FORM(3, false, 0, 0), WREN_MX_FORM(2, false, 0, 3), WREN_MX_FORM(3, false, 0, 2),
-                               WREN_MX_FORM(1, false, 0, 0), WREN_MX_ONE(2, false, 0, 2),  WREN_MX_ONE(2, false, 0, 3),
-                               WREN_MX_ONE(3, false, 0, 0)};
+#define WREN_MX_ONE(kMin, kVec, kAhead, kStages, split) \
+  {nullptr, nullptr, kStages, mx_experts_kernel<kMin, kVec, kAhead, kStages>, split}
+constexpr MxForm kMxForms[] = {WREN_MX_ONE(2, false, 0, 0, 2),  WREN_MX_FORM(2, true, 0, 0),    WREN_MX_FORM(2, true, 1, 0),
+                               WREN_MX_FORM(2, true, 2, 0),     WREN_MX_FORM(4, true, 0, 0),    WREN_MX_FORM(4, true, 1, 0),
+                               WREN_MX_FORM(3, true, 0, 0),     WREN_MX_FORM(3, true, 1, 0),    WREN_MX_FORM(3, true, 2, 0),
+                               WREN_MX_FORM(3, false, 0, 0),    WREN_MX_FORM(2, false, 0, 3),   WREN_MX_FORM(3, false, 0, 2),
+                               WREN_MX_FORM(1, false, 0, 0),    WREN_MX_ONE(2, false, 0, 2, 0), WREN_MX_ONE(2, false, 0, 3, 0),
+                               WREN_MX_ONE(3, false, 0, 0, 0),  WREN_MX_ONE(2, false, 0, 0, 0), WREN_MX_ONE(2, false, 0, 0, 1),
+                               WREN_MX_ONE(2, false, 0, 0, 4)};
 #undef WREN_MX_FORM
 #undef WREN_MX_ONE
 constexpr int kNumMxForms = int(sizeof(kMxForms) / sizeof(kMxForms[0]));
+static_assert(kNumMxForms <= CudaBackend::Impl::kMaxMxForms, "Impl::mx_opted has a row for each form");
 
 }  // namespace
 
@@ -701,9 +883,8 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
   const unsigned long long ebytes = device_expert_bytes(true, io, inter);
   const int per_block = kWarps * kRows;
   if (f.experts) {
-    static size_t opted[kNumMxForms] = {};
     const size_t smem = ring_offset(std::max(io, inter)) + rings_of(form);
-    opt_in_smem(f.experts, smem, opted[form], "cudaFuncSetAttribute (mxfp4 decode experts)");
+    opt_in_smem(f.experts, smem, m.mx_opted[form][0], "cudaFuncSetAttribute (mxfp4 decode experts)");
     // Blocks an SM (registers, shared memory): the grid is one full wave. Asked once per form and
     // size (every MoE layer of a model has the same; a step is recorded with one call a layer).
     if (m.mx_occupancy.form != form || m.mx_occupancy.smem != smem) {
@@ -719,14 +900,14 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
     const int blocks = std::max(1, std::min(units, std::max(per_sm, 1) * std::max(m.sm_count, 1)));
     const char* what = "routed_moe (fast) mxfp4 decode experts kernel";
     launch_ex(m, f.experts, dim3(unsigned(blocks)), dim3(kThreads), smem, 0, m.stream_pdl, what, table, ids, z, k, io,
-              inter, b1, b2, act, ys, w, out, queue, m.traffic_counters(), ebytes, m.stream_prefetch);
+              inter, b1, b2, act, ys, w, out, queue, m.traffic_counters(), ebytes, m.stream_prefetch,
+              std::min(f.split, k));
     m.launched(what);
     return;
   }
-  static size_t opted_gu[kNumMxForms] = {}, opted_dn[kNumMxForms] = {};
   const size_t gu_smem = ring_offset(io) + rings_of(form), dn_smem = ring_offset(inter) + rings_of(form);
-  opt_in_smem(f.gate_up, gu_smem, opted_gu[form], "cudaFuncSetAttribute (mxfp4 decode gate/up)");
-  opt_in_smem(f.down, dn_smem, opted_dn[form], "cudaFuncSetAttribute (mxfp4 decode down)");
+  opt_in_smem(f.gate_up, gu_smem, m.mx_opted[form][0], "cudaFuncSetAttribute (mxfp4 decode gate/up)");
+  opt_in_smem(f.down, dn_smem, m.mx_opted[form][1], "cudaFuncSetAttribute (mxfp4 decode down)");
   const char* gu = "routed_moe (fast) mxfp4 decode gate/up kernel";
   launch_ex(m, f.gate_up, dim3(unsigned((inter + per_block - 1) / per_block), unsigned(k)), dim3(kThreads),
             gu_smem, 0, m.stream_pdl, gu, table, ids, z, io, inter, b1, b2, act, m.traffic_counters(), ebytes,
@@ -739,25 +920,45 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
   launch_slot_sum(m, ys, w, k, io, 1, out);
 }
 
-void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const int* ids, const float* z, int k, int io,
-                      int inter, float b1, float b2, bool silu, float* ys) {
+void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const int* ids, const float* w, const float* z,
+                      int k, int io, int inter, float b1, float b2, bool silu, float* ys, float* out) {
   auto* act = static_cast<__nv_bfloat16*>(m.scratch(m.act, size_t(k) * inter * sizeof(__nv_bfloat16)));
-  static size_t opted = 0;
-  const size_t zs_bytes = size_t(io) * 2;  // z as BF16
-  opt_in_smem(dense_gate_up_kernel, zs_bytes, opted, "cudaFuncSetAttribute (dense decode gate/up)");
   const unsigned long long ebytes = device_expert_bytes(false, io, inter);
   const int gu_wt = dense_warps(m, m.dense_gu_wt, inter, io, k), dn_wt = dense_warps(m, m.dense_dn_wt, io, inter, k);
   const int gu_rows = kWarps / gu_wt * kRows, dn_rows = kWarps / dn_wt * kRows;  // rows a block
+  const int gu_blocks = (inter + gu_rows - 1) / gu_rows, dn_blocks = (io + dn_rows - 1) / dn_rows;
+  const size_t both = size_t(io + inter) * 2;  // z and act[j] as BF16
+  if (m.dense_form == 0 && both + sizeof(TileRed<2>) + 64 <= size_t(m.max_smem_optin)) {
+    opt_in_smem(dense_experts_kernel, both, m.dense_opted.experts, "cudaFuncSetAttribute (dense decode experts)");
+    if (m.dense_occupancy.smem != both) {  // blocks an SM at this size (asked once a size)
+      int per_sm = 0;
+      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dense_experts_kernel, kThreads, both),
+                 "cudaOccupancyMaxActiveBlocksPerMultiprocessor (dense decode experts)");
+      m.dense_occupancy = {0, both, per_sm};
+    }
+    const int units = (gu_blocks + dn_blocks) * k;
+    const int blocks = std::max(1, std::min(units, std::max(m.dense_occupancy.blocks, 1) * std::max(m.sm_count, 1)));
+    auto* queue = static_cast<unsigned*>(m.counter_scratch(m.dense_queue, size_t(2 + k + dn_blocks) * sizeof(unsigned),
+                                                           "cudaMemsetAsync (dense decode queue)"));
+    const char* what = "routed_moe (fast) dense decode experts kernel";
+    launch_ex(m, dense_experts_kernel, dim3(unsigned(blocks)), dim3(kThreads), both, 0, m.stream_pdl, what, table, ids,
+              z, k, io, inter, b1, b2, silu ? 1 : 0, act, ys, w, out, queue, m.traffic_counters(), ebytes,
+              m.stream_prefetch, gu_wt, dn_wt);
+    m.launched(what);
+    return;
+  }
+  const size_t zs_bytes = size_t(io) * 2;  // z as BF16
+  opt_in_smem(dense_gate_up_kernel, zs_bytes, m.dense_opted.gate_up, "cudaFuncSetAttribute (dense decode gate/up)");
   const char* gu = "routed_moe (fast) dense decode gate/up kernel";
-  launch_ex(m, dense_gate_up_kernel, dim3(unsigned((inter + gu_rows - 1) / gu_rows), unsigned(k)), dim3(kThreads),
-            zs_bytes, 0, m.stream_pdl, gu, table, ids, z, io, inter, b1, b2, silu ? 1 : 0, act, m.traffic_counters(),
-            ebytes, m.stream_prefetch, gu_wt);
+  launch_ex(m, dense_gate_up_kernel, dim3(unsigned(gu_blocks), unsigned(k)), dim3(kThreads), zs_bytes, 0, m.stream_pdl,
+            gu, table, ids, z, io, inter, b1, b2, silu ? 1 : 0, act, m.traffic_counters(), ebytes, m.stream_prefetch,
+            gu_wt);
   m.launched(gu);
   const char* dn = "routed_moe (fast) dense decode down kernel";
-  launch_ex(m, dense_down_kernel, dim3(unsigned((io + dn_rows - 1) / dn_rows), unsigned(k)), dim3(kThreads), 0, 0,
-            m.stream_pdl, dn, table, ids, static_cast<const __nv_bfloat16*>(act), io, inter, ys, m.stream_prefetch,
-            dn_wt);
+  launch_ex(m, dense_down_kernel, dim3(unsigned(dn_blocks), unsigned(k)), dim3(kThreads), 0, 0, m.stream_pdl, dn,
+            table, ids, static_cast<const __nv_bfloat16*>(act), io, inter, ys, m.stream_prefetch, dn_wt);
   m.launched(dn);
+  launch_slot_sum(m, ys, w, k, io, 1, out);
 }
 
 }  // namespace wren::cuda
@@ -771,6 +972,12 @@ void CudaBackend::set_mx_decode_form(int form) {
 }
 
 int CudaBackend::mx_decode_forms() { return cuda::kNumMxForms; }
+
+void CudaBackend::set_dense_decode_form(int form) {
+  check(form == 0 || form == 1, "CUDA backend: set_dense_decode_form: expected 0 (one persistent launch) or 1 (two "
+                                "launches and the weighted-sum kernel)");
+  impl_->dense_form = form;
+}
 
 void CudaBackend::set_dense_expert_warps(int gate_up, int down) {
   check(cuda::warps_a_tile_ok(gate_up) && cuda::warps_a_tile_ok(down),

@@ -32,9 +32,11 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
                 int io, int inter, float b1, float b2, float* ys, float* out);
 
 /// moe_decode for dense BF16 experts (DenseExpertPtrs [E] device, every matrix 16-byte aligned;
-/// act BF16); the GLU is SiLU(g)·u when silu, else SiTU(b1, b2).
-void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const int* ids, const float* z, int k, int io,
-                      int inter, float b1, float b2, bool silu, float* ys);
+/// act BF16), with the same contract on the router, z and out; the GLU is SiLU(g)·u when silu,
+/// else SiTU(b1, b2). The default form: one persistent launch (dense_experts_kernel) where z and
+/// act fit the shared memory together; else gate/up, down, weighted sum (the same bits).
+void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const int* ids, const float* w, const float* z,
+                      int k, int io, int inter, float b1, float b2, bool silu, float* ys, float* out);
 
 /// out [T, io] = Σ_j w[t·k + j] · ys[t·k + j] over the k slots of each row, in slot order (the
 /// routed experts' outputs ys [T·k, io] weighted by the router's w [T·k], all on the device): one

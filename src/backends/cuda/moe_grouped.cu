@@ -644,8 +644,7 @@ bool grouped_moe(CudaBackend::Impl& m, const RoutedMoeParams& p, const MoeWeight
   // One token, dense experts: the decode kernels (moe_decode.cu; MXFP4 tokens never come here, T = 1
   // goes to moe_decode from moe.cu), reading each chosen expert's rows once at a stream's pace.
   if (T == 1 && dt && dt->aligned16 && moe_decode_ok(m, T, io, inter, z, false)) {  // (io % 32: slot_sum's io % 4)
-    moe_decode_dense(m, dt->dev, dids, z, k, io, inter, p.b1, p.b2, p.act == Activation::SiLU, ys);
-    launch_slot_sum(m, ys, dw, k, io, 1, out);
+    moe_decode_dense(m, dt->dev, dids, dw, z, k, io, inter, p.b1, p.b2, p.act == Activation::SiLU, ys, out);
     ++m.stats.grouped_moe_calls;
     return true;
   }
