@@ -508,7 +508,7 @@ TEST_F(CudaFast, RoutedMoeMxfp4DecodeMatchesCpu) {
     if (t.name.find("grouped") != std::string::npos) grouped += t.launches;
   }
   // Each fast T = 1 call: a gate/up and a down launch (forms m1-m12), or the one experts launch
-  // (forms m0, m13-m15).
+  // (forms m0, m13-m18).
   EXPECT_EQ(gate_up + experts, uint64_t(2 * calls + form_calls)) << "every fast T = 1 call took the decode kernels";
   EXPECT_EQ(down, gate_up);
   EXPECT_GT(experts, 0u) << "the forms in one launch ran";
@@ -521,7 +521,7 @@ TEST_F(CudaFast, RoutedMoeMxfp4DecodeMatchesCpu) {
 // the MXFP4 decode: Kimi Linear) against the CPU: widths inside and past the 128-column blocks up to
 // the Kimi-Linear-48B sizes (io 2304, inter 1024), top-1 … top-8, SiLU and SiTU, several routings;
 // the profile shows the decode kernels ran (no grouped launch), two runs give the same bits, the
-// two-launch form (set_dense_decode_form(1)) gives the persistent default's bits, every
+// persistent form (set_dense_decode_form(1)) gives the two launches' bits, every
 // warps-a-tile pair of set_dense_expert_warps matches the CPU too (in both forms, the same bits),
 // and shapes the kernels cannot take (io or inter not a multiple of 32) still go to the grouped
 // kernels.
@@ -582,16 +582,16 @@ TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
       const auto again = host(dout2, size_t(c.io));
       EXPECT_EQ(0, std::memcmp(got.data(), again.data(), got.size() * 4)) << sh << ": not deterministic";
       be_->set_decode_streams(true, 0);
-      // Form 1 (a gate/up and a down launch, then the weighted-sum kernel): form 0's bits.
-      auto two_launches = [&](const std::vector<float>& want, const std::string& what) {
+      // Form 1 (gate/up, down and the weighted sum in one persistent launch): form 0's bits.
+      auto other_form = [&](const std::vector<float>& want, const std::string& what) {
         be_->set_dense_decode_form(1);
         float* d = poisoned(size_t(c.io));
         be_->routed_moe(p, mw, dl, dz, 1, work(poisoned(size_t(c.k) * c.io), c.inter), d);
         be_->set_dense_decode_form(0);
-        const auto two = host(d, size_t(c.io));
-        EXPECT_EQ(0, std::memcmp(want.data(), two.data(), want.size() * 4)) << what << ": form 1 differs";
+        const auto one = host(d, size_t(c.io));
+        EXPECT_EQ(0, std::memcmp(want.data(), one.data(), want.size() * 4)) << what << ": form 1 differs";
       };
-      if (takes) two_launches(got, sh);
+      if (takes) other_form(got, sh);
       if (rep == 0 && takes) {  // the warps a tile of each kernel (set_dense_expert_warps), against the CPU
         std::vector<float> one;  // the 1/1 result: with 2+ column steps in both kernels, 2/2 sums in another order
         for (const auto& [gu, dn] : {std::pair{1, 1}, {2, 2}, {4, 4}, {8, 8}, {8, 1}, {1, 8}, {4, 2}}) {
@@ -604,7 +604,7 @@ TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
           const double rw = test::rel_l2(w.data(), ref.data(), ref.size());
           EXPECT_LE(rw, 6e-3) << wsh;
           worst.add(rw);
-          two_launches(w, wsh);
+          other_form(w, wsh);
           hooked += 1;
           if (gu == 1 && dn == 1) one = w;
           if (gu == 2 && dn == 2 && c.io >= 512 && c.inter >= 512) {  // the hook took effect
@@ -623,11 +623,11 @@ TEST_F(CudaFast, RoutedMoeDenseDecodeMatchesCpu) {
     if (t.name == "routed_moe (fast) dense decode down kernel") down = t.launches;
     if (t.name.find("dense gate/up grouped") != std::string::npos) grouped += t.launches;
   }
-  // Form 0 (one launch): each routing twice and each warps-a-tile pair once; form 1 (two
-  // launches): once each.
-  EXPECT_EQ(experts, uint64_t(2 * calls + hooked)) << "every fast T = 1 call on a 32-multiple shape took the decode kernels";
-  EXPECT_EQ(gate_up, uint64_t(calls + hooked));
+  // Form 0 (two launches): each routing twice and each warps-a-tile pair once; form 1 (one
+  // persistent launch): once each.
+  EXPECT_EQ(gate_up, uint64_t(2 * calls + hooked)) << "every fast T = 1 call on a 32-multiple shape took the decode kernels";
   EXPECT_EQ(down, gate_up);
+  EXPECT_EQ(experts, uint64_t(calls + hooked)) << "the persistent form ran";
   EXPECT_EQ(grouped, uint64_t(2 * declined)) << "the other shapes kept the grouped kernels";
   std::printf("[ cuda fast ] dense decode experts: %d calls (every warps-a-tile pair), worst rel-L2 %.3g (%d calls on the grouped kernels)\n",
               worst.cases, worst.rel, 2 * declined);
@@ -674,8 +674,8 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
   // 2 blocks an SM, m2 / m3 with L2 asks 1 / 2 steps ahead, m4 / m5 4 blocks an SM (0 / 1 ahead),
   // m6-m8 3 blocks an SM (0, 1, 2 ahead), m9 byte scale loads for 3 blocks an SM, m10 / m11 the
   // code and scale bytes through a cp.async ring of 3 / 2 stages a warp, m12 the default of runs
-  // 28-43; m13 / m14 m0 with rings of 2 / 3 stages, m15 m0 for 3 blocks an SM; m16 m0 without
-  // half-size down units (runs 44-45's default), m17 / m18 halves for the last 1 / 4 slots).
+  // 28-43; m13 / m14 m0 with rings of 2 / 3 stages, m15 m0 for 3 blocks an SM;
+  // m16 / m17 / m18 m0 with half-size down units for the last 2 / 1 / 4 slots).
   std::vector<Variant> moe_variants = {{false, 0, 0, "plain"}, {true, 0, 0, "pdl"}, {true, 2, 0, "pdl+2"}};
   static const char* kMxNames[] = {"m0",  "m1",  "m2",  "m3",  "m4",  "m5",  "m6",  "m7",  "m8",  "m9",
                                    "m10", "m11", "m12", "m13", "m14", "m15", "m16", "m17", "m18"};
@@ -771,8 +771,8 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
   const std::vector<Variant> dense_variants = {
       {false, 0, 0, "plain"},     {true, 0, 0, "pdl"},        {true, 2, 0, "pdl+2"},      {true, 0, 0, "1/1", 0, 1, 1},
       {true, 0, 0, "2/1", 0, 2, 1}, {true, 0, 0, "4/1", 0, 4, 1}, {true, 0, 0, "8/1", 0, 8, 1}, {true, 0, 0, "4/2", 0, 4, 2},
-      {true, 0, 0, "4/4", 0, 4, 4}, {true, 0, 0, "2/2", 0, 2, 2}, {true, 0, 0, "two", 0, 0, 0, 0, 1},
-      {true, 0, 0, "two 4/1", 0, 4, 1, 0, 1}};
+      {true, 0, 0, "4/4", 0, 4, 4}, {true, 0, 0, "2/2", 0, 2, 2}, {true, 0, 0, "one", 0, 0, 0, 0, 1},
+      {true, 0, 0, "one 4/1", 0, 4, 1, 0, 1}};
   auto moe = [&](const std::string& what, bool mx, int E, int k, int io, int inter, std::vector<ExpertRef> experts) {
     MoeWeights mw;
     mw.experts = std::move(experts);

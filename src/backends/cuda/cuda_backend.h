@@ -223,8 +223,8 @@ class CudaBackend final : public Backend {
   /// The number of forms set_mx_decode_form takes.
   static int mx_decode_forms();
   /// Benchmark/test hook: the form of the fast mode's dense (BF16) decode experts (moe_decode.cu):
-  /// 0 (the default) gate/up, down and the weighted sum in one persistent launch, 1 a launch each.
-  /// Changes timing only: both give the same bits. Throws wren::Error for other forms.
+  /// 0 (the default) a gate/up, a down and a weighted-sum launch; 1 all three in one persistent
+  /// launch. Changes timing only: both give the same bits. Throws wren::Error for other forms.
   void set_dense_decode_form(int form);
   /// One KDA decode step (T = 1) for each of B sequences, sequence b on its own state
   /// *states[b] (shapes as kda_core: q, k, v, z, gate, out [B, P], beta [B, H], P = heads ·

@@ -137,7 +137,7 @@ struct CudaBackend::Impl {
   int gemv_wt = 0;              ///< set_decode_streams: tensor-core GEMV warps a tile (0 = the default, 8)
   int dense_gu_wt = 0, dense_dn_wt = 0;  ///< set_dense_expert_warps (0 = the default rule)
   int mx_form = 0;                       ///< set_mx_decode_form (moe_decode.cu kMxForms; 0 = the default)
-  int dense_form = 0;                    ///< set_dense_decode_form (0: one persistent launch; 1: two + weighted sum)
+  int dense_form = 0;                    ///< set_dense_decode_form (0: two launches + weighted sum; 1: one persistent)
   /// Blocks an SM of a persistent decode-experts kernel (form `form`) at `smem` bytes of dynamic
   /// shared memory (form -1: not asked yet): asked once per form and size, not at every layer.
   struct Occupancy {

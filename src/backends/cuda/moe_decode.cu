@@ -459,8 +459,9 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
 /// queue: [2 + 2k + ceil(io / 128)] unsigned (next unit, blocks finished, gate/up tiles done a
 /// slot, max|act| a slot, down units done a 128-row tile), zero between launches: the last block to
 /// finish puts them back, so no path may leave the loop early. out must not alias z (a block that
-/// starts late stages z after others may have written out).
-template <int kMin, bool kVec, int kAhead, int kStages>
+/// starts late stages z after others may have written out). kHalves: the half units are compiled
+/// in (without them, `split` must be 0 and the kernel is runs 44-45's).
+template <int kMin, bool kVec, int kAhead, int kStages, bool kHalves>
 __global__ void __launch_bounds__(kThreads, kMin) mx_experts_kernel(const ExpertPtrs* __restrict__ table,
                                                               const int* __restrict__ ids, const float* __restrict__ z,
                                                               int k, int io, int inter, float b1, float b2,
@@ -475,6 +476,7 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_experts_kernel(const Expert
   const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
   const int per_block = kWarps * kRows;
   const unsigned tiles_gu = unsigned((inter + per_block - 1) / per_block), tiles_dn = unsigned((io + per_block - 1) / per_block);
+  split = kHalves ? min(max(split, 0), k) : 0;  // (the host passes 0 .. k)
   const unsigned units_gu = tiles_gu * unsigned(k), whole_dn = tiles_dn * unsigned(k - split);
   const unsigned units = units_gu + whole_dn + 2 * tiles_dn * unsigned(split), arrivals = unsigned(k + split);
   MxStage* ring = reinterpret_cast<MxStage*>(reinterpret_cast<char*>(xst) + ring_offset(io > inter ? io : inter)) +
@@ -510,29 +512,30 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_experts_kernel(const Expert
       }
     } else {  // down unit: a whole 128-row tile of slot j, or (the last `split` slots) half of one
       const unsigned v = u - units_gu;
-      const bool half = v >= whole_dn;
+      const bool half = kHalves && v >= whole_dn;
       const unsigned h = v - whole_dn;  // half units: (slot, tile, half) in that order
       const int j = half ? k - split + int(h / (2 * tiles_dn)) : int(v / tiles_dn);
       const unsigned tile = half ? h % (2 * tiles_dn) / 2 : v % tiles_dn;
       const int r0 = half ? int(tile) * per_block + int(h % 2) * (per_block / 2) + warp * (kRows / 2)
                           : (int(tile) * kWarps + warp) * kRows;
       const ExpertPtrs e = table[ids[j]];
-      prefetch_mx_head(e.p2, e.s2, io, inter, r0, pf);
+      if (!half) prefetch_mx_head(e.p2, e.s2, io, inter, r0, pf);  // (16 rows a warp)
       if (threadIdx.x == 0)
         while (load_acquire(done + j) < tiles_gu) __nanosleep(128);
       __syncthreads();  // act[j] and its max are complete
       const int sigma = token_sigma(__uint_as_float(__ldcg(amax + j)));
       stage_scaled(act + size_t(j) * inter, inter, sigma, xst, xst + inter / 8);
       if (r0 < io) {
-        if (half)
-          mx_down_rows8(e, io, inter, r0, xst, sigma, ys + size_t(j) * io);
-        else
-          mx_down_rows<kVec, kAhead, kStages>(e, io, inter, r0, xst, sigma, ys + size_t(j) * io, ring);
+        if constexpr (kHalves) {
+          if (half) mx_down_rows8(e, io, inter, r0, xst, sigma, ys + size_t(j) * io);
+        }
+        if (!half) mx_down_rows<kVec, kAhead, kStages>(e, io, inter, r0, xst, sigma, ys + size_t(j) * io, ring);
       }
       __syncthreads();  // the unit's ys rows are written
       if (threadIdx.x == 0) {
         __threadfence();
         last_s = atomicAdd(summed + tile, 1u) == arrivals - 1;
+        __threadfence();  // the other units' ys, seen through the counter, before the barrier
       }
       __syncthreads();
       if (last_s) {  // every slot of these rows is done: out = Σ_j w[j] · ys[j] in slot order (slot_sum_kernel's sums)
@@ -748,6 +751,8 @@ __global__ void __launch_bounds__(kThreads, 2) dense_experts_kernel(
       if (traffic && bx == 0 && threadIdx.x == 0) atomicAdd(traffic, 1ull), atomicAdd(traffic + 1, ebytes);
       const DenseExpertPtrs e = table[ids[j]];
       const int r0 = (bx * (kWarps / gu_wt) + warp / gu_wt) * kRows;
+      prefetch_bf16_head(e.w1, inter, io, r0, pf, warp % gu_wt);
+      prefetch_bf16_head(e.w3, inter, io, r0, pf, warp % gu_wt);
       dense_gate_up_rows(e, io, inter, r0, warp % gu_wt, gu_wt, zs, b1, b2, silu, act + size_t(j) * inter, red);
       __syncthreads();  // the block's act rows are written
       if (threadIdx.x == 0) {
@@ -771,6 +776,7 @@ __global__ void __launch_bounds__(kThreads, 2) dense_experts_kernel(
       if (threadIdx.x == 0) {
         __threadfence();
         last_s = atomicAdd(summed + bx, 1u) == unsigned(k - 1);
+        __threadfence();  // the other units' ys, seen through the counter, before the barrier
       }
       __syncthreads();
       if (last_s) {  // every slot of these rows is done: the weighted sum in slot order
@@ -820,11 +826,11 @@ void opt_in_smem(K kernel, size_t bytes, size_t& opted, const char* what) {
 /// steps on, cp.async ring stages a warp (0 = none)}, and for the persistent launch the slots whose
 /// down tiles come as half units. Every form gives the same bits (the sums are the same; only
 /// loads, occupancy, unit sizes and launches differ).
-/// - m0, the default: gate/up, down and the weighted sum in one persistent launch
+/// - m0, the default (runs 44-45): gate/up, down and the weighted sum in one persistent launch
 ///   (mx_experts_kernel, `experts`; gate_up and down null), gemv_mx's loads, registers for 2
-///   blocks an SM, the last 2 slots' down tiles in halves. m16: the same without halves (runs
-///   44-45's default); m17 / m18: halves for the last 1 / 4 slots. m13 / m14: rings of 2 / 3
-///   stages (2 blocks); m15: 3 blocks an SM (no halves).
+///   blocks an SM. m16 / m17 / m18: the same with the last 2 / 1 / 4 slots' down tiles in
+///   halves (not yet timed on a GPU). m13 / m14: rings of 2 / 3 stages (2 blocks); m15: 3
+///   blocks an SM.
 /// - m1-m12: a gate/up and a down launch, then launch_slot_sum. m12 is runs 28-43's default
 ///   (registers for 1 block, 2 fit: 108-112 registers). m10: rings of 3 stages, 2 blocks an SM;
 ///   m11: 2 stages, registers for 3 blocks an SM (run 42's ncu: m12 waits on its loads with 16
@@ -844,13 +850,13 @@ struct MxForm {
 #define WREN_MX_FORM(kMin, kVec, kAhead, kStages) \
   {mx_gate_up_kernel<kMin, kVec, kAhead, kStages>, mx_down_kernel<kMin, kVec, kAhead, kStages>, kStages, nullptr}
 #define WREN_MX_ONE(kMin, kVec, kAhead, kStages, split) \
-  {nullptr, nullptr, kStages, mx_experts_kernel<kMin, kVec, kAhead, kStages>, split}
-constexpr MxForm kMxForms[] = {WREN_MX_ONE(2, false, 0, 0, 2),  WREN_MX_FORM(2, true, 0, 0),    WREN_MX_FORM(2, true, 1, 0),
+  {nullptr, nullptr, kStages, mx_experts_kernel<kMin, kVec, kAhead, kStages, (split > 0)>, split}
+constexpr MxForm kMxForms[] = {WREN_MX_ONE(2, false, 0, 0, 0),  WREN_MX_FORM(2, true, 0, 0),    WREN_MX_FORM(2, true, 1, 0),
                                WREN_MX_FORM(2, true, 2, 0),     WREN_MX_FORM(4, true, 0, 0),    WREN_MX_FORM(4, true, 1, 0),
                                WREN_MX_FORM(3, true, 0, 0),     WREN_MX_FORM(3, true, 1, 0),    WREN_MX_FORM(3, true, 2, 0),
                                WREN_MX_FORM(3, false, 0, 0),    WREN_MX_FORM(2, false, 0, 3),   WREN_MX_FORM(3, false, 0, 2),
                                WREN_MX_FORM(1, false, 0, 0),    WREN_MX_ONE(2, false, 0, 2, 0), WREN_MX_ONE(2, false, 0, 3, 0),
-                               WREN_MX_ONE(3, false, 0, 0, 0),  WREN_MX_ONE(2, false, 0, 0, 0), WREN_MX_ONE(2, false, 0, 0, 1),
+                               WREN_MX_ONE(3, false, 0, 0, 0),  WREN_MX_ONE(2, false, 0, 0, 2), WREN_MX_ONE(2, false, 0, 0, 1),
                                WREN_MX_ONE(2, false, 0, 0, 4)};
 #undef WREN_MX_FORM
 #undef WREN_MX_ONE
@@ -894,14 +900,15 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
       m.mx_occupancy = {form, smem, per_sm};
     }
     const int per_sm = m.mx_occupancy.blocks;
-    const int tiles_dn = (io + per_block - 1) / per_block, units = ((inter + per_block - 1) / per_block + tiles_dn) * k;
+    const int split = std::min(f.split, k), tiles_dn = (io + per_block - 1) / per_block;
+    const int units = ((inter + per_block - 1) / per_block + tiles_dn) * k + tiles_dn * split;  // half units: 2 a tile
     auto* queue = static_cast<unsigned*>(m.counter_scratch(m.mx_queue, size_t(2 + 2 * k + tiles_dn) * sizeof(unsigned),
                                                            "cudaMemsetAsync (mxfp4 decode queue)"));
     const int blocks = std::max(1, std::min(units, std::max(per_sm, 1) * std::max(m.sm_count, 1)));
     const char* what = "routed_moe (fast) mxfp4 decode experts kernel";
     launch_ex(m, f.experts, dim3(unsigned(blocks)), dim3(kThreads), smem, 0, m.stream_pdl, what, table, ids, z, k, io,
               inter, b1, b2, act, ys, w, out, queue, m.traffic_counters(), ebytes, m.stream_prefetch,
-              std::min(f.split, k));
+              split);
     m.launched(what);
     return;
   }
@@ -928,7 +935,7 @@ void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const 
   const int gu_rows = kWarps / gu_wt * kRows, dn_rows = kWarps / dn_wt * kRows;  // rows a block
   const int gu_blocks = (inter + gu_rows - 1) / gu_rows, dn_blocks = (io + dn_rows - 1) / dn_rows;
   const size_t both = size_t(io + inter) * 2;  // z and act[j] as BF16
-  if (m.dense_form == 0 && both + sizeof(TileRed<2>) + 64 <= size_t(m.max_smem_optin)) {
+  if (m.dense_form == 1 && both + sizeof(TileRed<2>) + 64 <= size_t(m.max_smem_optin)) {
     opt_in_smem(dense_experts_kernel, both, m.dense_opted.experts, "cudaFuncSetAttribute (dense decode experts)");
     if (m.dense_occupancy.smem != both) {  // blocks an SM at this size (asked once a size)
       int per_sm = 0;
@@ -974,8 +981,8 @@ void CudaBackend::set_mx_decode_form(int form) {
 int CudaBackend::mx_decode_forms() { return cuda::kNumMxForms; }
 
 void CudaBackend::set_dense_decode_form(int form) {
-  check(form == 0 || form == 1, "CUDA backend: set_dense_decode_form: expected 0 (one persistent launch) or 1 (two "
-                                "launches and the weighted-sum kernel)");
+  check(form == 0 || form == 1, "CUDA backend: set_dense_decode_form: expected 0 (the default: two launches and the "
+                                "weighted-sum kernel) or 1 (one persistent launch)");
   impl_->dense_form = form;
 }
 

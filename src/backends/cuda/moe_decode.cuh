@@ -33,8 +33,9 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
 
 /// moe_decode for dense BF16 experts (DenseExpertPtrs [E] device, every matrix 16-byte aligned;
 /// act BF16), with the same contract on the router, z and out; the GLU is SiLU(g)·u when silu,
-/// else SiTU(b1, b2). The default form: one persistent launch (dense_experts_kernel) where z and
-/// act fit the shared memory together; else gate/up, down, weighted sum (the same bits).
+/// else SiTU(b1, b2). The default form (0): gate/up, down, weighted sum; form 1
+/// (set_dense_decode_form): one persistent launch (dense_experts_kernel) where z and act fit the
+/// shared memory together, else the default (the same bits).
 void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const int* ids, const float* w, const float* z,
                       int k, int io, int inter, float b1, float b2, bool silu, float* ys, float* out);
 
