@@ -4,8 +4,9 @@
 # op: wrong nibble order, KV row written at position 0, decay skipped, ...). Every CudaOps test and
 # every CUDA model test must FAIL with it. Only the patched .cu files are recompiled (with the
 # build's own nvcc command lines) and the test binary relinked; BUILD must be a CUDA build.
-# Usage: scripts/cuda_planted.sh [BUILD [PATCH [NAME]]]   (defaults: build,
-# tests/cuda_planted_bugs.patch, wren_tests_planted). A PATCH that touches no .cuh header only
+# Usage: scripts/cuda_planted.sh [BUILD [PATCH [NAME [TARGET]]]]   (defaults: build,
+# tests/cuda_planted_bugs.patch, wren_tests_planted, wren_tests). TARGET wren links the CLI instead
+# (a variant binary for side-by-side timing, e.g. a patch that restores an old default). A PATCH that touches no .cuh header only
 # recompiles the .cu files it patches (single-bug patches: tests/cuda_planted_{routed,graph,tier}.patch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -13,6 +14,8 @@ root=$(pwd)
 build=${1:-build}
 patch_file=${2:-tests/cuda_planted_bugs.patch}
 out_name=${3:-wren_tests_planted}
+target=${4:-wren_tests}
+case "$target" in wren|wren_tests) ;; *) echo "TARGET must be wren or wren_tests" >&2; exit 2 ;; esac
 case "$patch_file" in /*) ;; *) patch_file="$root/$patch_file" ;; esac
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -36,10 +39,10 @@ for cu in "${sources[@]}"; do
   (cd "$build" && eval "$cmd")
 done
 (cd "$tmp/obj" && ar r "$tmp/libwren_lib.a" ./*.o)  # x.cu.o, or x.cpp.o for a patched .cpp
-link=$(cd "$build" && ninja -t commands wren_tests | tail -1)
+link=$(cd "$build" && ninja -t commands "$target" | tail -1)
 link=${link#: && }
 link=${link%% && :*}
 link=${link// libwren_lib.a / $tmp\/libwren_lib.a }
-link=${link//-o wren_tests /-o $out_name }
+link=${link//-o $target /-o $out_name }
 (cd "$build" && eval "$link")
 echo "built $build/$out_name"
