@@ -2,7 +2,9 @@
 // side in one process, so the server's scaling (docs/serve.md) can be split into the forward call,
 // the host draw and, with --profile, the device timeline per kernel label.
 #include <algorithm>
+#include <cctype>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -30,19 +32,52 @@ double secs(Clock::duration d) { return std::chrono::duration<double>(d).count()
 
 }  // namespace
 
+std::vector<DecodeForm> parse_expert_forms(const std::string& s, int mx_forms, int dense_forms) {
+  std::vector<DecodeForm> out;
+  if (s.empty()) return out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) {
+    const char kind = item.empty() ? 0 : item[0];
+    const int hi = kind == 'm' ? mx_forms - 1 : dense_forms - 1;
+    char* end = nullptr;
+    const long v = item.size() > 1 && std::isdigit(static_cast<unsigned char>(item[1])) ? std::strtol(item.c_str() + 1, &end, 10) : -1;
+    usage_check((kind == 'm' || kind == 'd') && end && *end == '\0' && v >= 0 && v <= hi,
+                "--expert-forms: '" + item + "' is not mN (an MXFP4 decode-experts form, N in 0.." +
+                    std::to_string(mx_forms - 1) + ") or dN (a dense decode-experts form, N in 0.." +
+                    std::to_string(dense_forms - 1) + ")");
+    out.push_back({kind, int(v)});
+  }
+  usage_check(!out.empty(), "--expert-forms: give at least one form");
+  return out;
+}
+
 void run_batch(BatchArgs a) {
   const std::vector<int> batches = parse_count_list(a.batches, "--batches", 1, 4096, "batch size");
-  // --gemv-forms: every size once per form of the CUDA fast mode's tensor-core GEMV, side by side.
-  std::vector<int> forms = {0};
-  if (!a.gemv_forms.empty()) {
+  // --gemv-forms, --expert-forms: every size once per form of a CUDA fast-mode decode kernel, side
+  // by side (a form: 'f' GEMV, 'm' MXFP4 decode experts, 'd' dense decode experts; the others at
+  // their defaults). Without either: the backend's own settings, once.
+  using Form = DecodeForm;
+  std::vector<Form> forms;
 #ifdef WREN_HAVE_CUDA
-    forms = parse_count_list(a.gemv_forms, "--gemv-forms", 0, CudaBackend::gemv_forms() - 1, "GEMV form");
-    usage_check(a.engine.cuda.precision == GpuPrecision::Fast,
-                "bench batch: --gemv-forms times the tensor-core GEMV of --gpu-precision fast (exact mode has none)");
+  const int mx_forms = CudaBackend::mx_decode_forms(), dense_forms = 2;
 #else
-    usage_check(false, "bench batch: --gemv-forms needs a CUDA build (this one has no CUDA backend)");
+  const int mx_forms = 1 << 20, dense_forms = 1 << 20;  // the syntax only: the flag needs a CUDA build
+#endif
+  const std::vector<Form> expert = parse_expert_forms(a.expert_forms, mx_forms, dense_forms);
+  const bool hooks = !a.gemv_forms.empty() || !expert.empty();
+  if (hooks) {
+#ifdef WREN_HAVE_CUDA
+    usage_check(a.engine.cuda.precision == GpuPrecision::Fast,
+                "bench batch: --gemv-forms and --expert-forms time kernels of --gpu-precision fast (exact mode has none)");
+    if (!a.gemv_forms.empty())
+      for (const int f : parse_count_list(a.gemv_forms, "--gemv-forms", 0, CudaBackend::gemv_forms() - 1, "GEMV form"))
+        forms.push_back({'f', f});
+    forms.insert(forms.end(), expert.begin(), expert.end());
+#else
+    usage_check(false, "bench batch: --gemv-forms and --expert-forms need a CUDA build (this one has no CUDA backend)");
 #endif
   }
+  if (forms.empty()) forms.push_back({});
   check(a.prompt >= 1 && a.steps >= 1, "bench batch: --prompt and --steps must be at least 1");
   a.engine.ctx = std::max(a.engine.ctx, a.prompt + a.steps + 8);
   a.engine.cpu_fallback = false;
@@ -55,14 +90,17 @@ void run_batch(BatchArgs a) {
   std::fprintf(stderr, "wren bench batch: %s loaded in %.1f s; backend %s, chunk %d; %s\n",
                e.dir().c_str(), load_s, e.backend().name(), e.chunk(), options.c_str());
 #ifdef WREN_HAVE_CUDA
-  CudaBackend* const cu = a.gemv_forms.empty() ? nullptr : dynamic_cast<CudaBackend*>(&e.backend());
-  usage_check(a.gemv_forms.empty() || cu != nullptr, "bench batch: --gemv-forms needs the CUDA backend (--backend cuda)");
+  CudaBackend* const cu = hooks ? dynamic_cast<CudaBackend*>(&e.backend()) : nullptr;
+  usage_check(!hooks || cu != nullptr, "bench batch: --gemv-forms and --expert-forms need the CUDA backend (--backend cuda)");
 #endif
-  const auto set_form = [&](int form) {  // only with --gemv-forms: else the backend's own setting stays
+  const auto set_form = [&](Form f) {  // only with a forms list: else the backend's own settings stay
 #ifdef WREN_HAVE_CUDA
-    if (cu) cu->set_decode_streams(true, 0, 0, form);
+    if (!cu) return;
+    cu->set_decode_streams(true, 0, 0, f.kind == 'f' ? f.n : 0);
+    cu->set_mx_decode_form(f.kind == 'm' ? f.n : 0);
+    cu->set_dense_decode_form(f.kind == 'd' ? f.n : 0);
 #else
-    (void)form;
+    (void)f;
 #endif
   };
   const int V = e.config().vocab;
@@ -92,9 +130,9 @@ void run_batch(BatchArgs a) {
     passes.emplace_back(suffix, std::make_unique<Forward>(e.model(), e.backend(), fo));
   }
   double first = 0;
-  // Each batch size once per form (the default form alone without --gemv-forms).
-  std::vector<std::pair<int, int>> runs;  // (form, batch size)
-  for (const int form : forms)
+  // Each batch size once per form (the defaults alone without a forms list).
+  std::vector<std::pair<Form, int>> runs;  // (form, batch size)
+  for (const Form& form : forms)
     for (const int B : batches) runs.emplace_back(form, B);
   for (const auto& [form, B] : runs) {
     set_form(form);
@@ -153,7 +191,7 @@ void run_batch(BatchArgs a) {
       const double n = a.steps;
       const double mb_tok = double(c1.expert_bytes - c0.expert_bytes) / 1e6 / (n * B);
       const std::string label = std::to_string(B) + passes[mode].first + (draw ? "h" : "") + (stepwise ? "s" : "") +
-                                (forms.size() > 1 ? "/f" + std::to_string(form) : "");
+                                (forms.size() > 1 ? "/" + std::string(1, form.kind) + std::to_string(form.n) : "");
       std::printf("%-6s %10.3f %10.3f %10.3f %10.1f %7.2fx %10.1f %9.1f %8.1f %8.1f %12.2f\n",
                   label.c_str(), per * 1e3, fwd_s / n * 1e3,
                   draw_s / n * 1e3, tok_s, tok_s / first, (c1.launches - c0.launches) / n,
@@ -165,7 +203,9 @@ void run_batch(BatchArgs a) {
           {"recorded_ahead_per_step", double(c1.graph_ahead - c0.graph_ahead) / a.steps},
           {"recorded", c1.graph_launches > c0.graph_launches},
           {"host_draw", draw == 1},
-          {"gemv_form", form},
+          {"gemv_form", form.kind == 'f' ? form.n : 0},
+          {"mx_decode_form", form.kind == 'm' ? form.n : 0},
+          {"dense_decode_form", form.kind == 'd' ? form.n : 0},
           {"ms_per_step", per * 1e3},
           {"forward_ms", fwd_s / n * 1e3},
           {"draw_ms", draw_s / n * 1e3},
@@ -213,7 +253,7 @@ void run_batch(BatchArgs a) {
       out["runs"].push_back(row);
     }
   }
-  set_form(0);
+  set_form({hooks ? 'f' : char(0), 0});
   if (a.json) std::printf("%s\n", out.dump().c_str());
 }
 

@@ -165,11 +165,14 @@ void run_prefill(PrefillArgs a);
 /// batched steps too (rows "Br"), side by side. `gemv_forms` (CUDA, a
 /// benchmark knob): every size once per form of the fast mode's tensor-core GEMV (comma-separated
 /// 0 .. CudaBackend::gemv_forms() - 1, rows "B/fN"; a form's column split changes the order of a
-/// row's sum, not the math); empty: the default form alone.
+/// row's sum, not the math); empty: the default form alone. `expert_forms` (CUDA, a benchmark
+/// knob, parse_expert_forms): every size once per form of the fast mode's decode experts (rows
+/// "B/mN", "B/dN"; every form gives the same bits), after the GEMV forms.
 struct BatchArgs {
   EngineOptions engine;
   std::string batches = "1,4,16";
   std::string gemv_forms;
+  std::string expert_forms;  ///< --expert-forms (parse_expert_forms): rows "B/mN", "B/dN"
   int prompt = 64, steps = 32;
   bool profile = false, eager = false, record_batched = false, host_draw = false;
   uint64_t seed = 1;
@@ -177,5 +180,18 @@ struct BatchArgs {
   std::string cpu_line;
 };
 void run_batch(BatchArgs a);
+
+/// A form of a CUDA fast-mode decode kernel for bench batch's side-by-side rows: kind 'f' the
+/// tensor-core GEMV (CudaBackend::set_decode_streams' form), 'm' the MXFP4 decode experts
+/// (set_mx_decode_form), 'd' the dense decode experts (set_dense_decode_form); n the form.
+struct DecodeForm {
+  char kind = 0;  ///< 0: no hook set (the backend's own settings)
+  int n = 0;
+};
+
+/// Parses --expert-forms: comma-separated items "mN" (an MXFP4 decode-experts form, 0 ..
+/// mx_forms - 1) or "dN" (a dense decode-experts form, 0 .. dense_forms - 1), e.g. "m0,m16,d0,d1";
+/// empty gives none. Throws UsageError naming --expert-forms and the item otherwise.
+std::vector<DecodeForm> parse_expert_forms(const std::string& s, int mx_forms, int dense_forms);
 
 }  // namespace wren::bench
