@@ -102,6 +102,7 @@ struct LayersArgs {
   uint64_t seed = 1;
   bool json = false;
   CudaOptions cuda;  ///< --gpu-precision, --cuda-kda etc. (the CUDA backend)
+  std::string expert_forms;  ///< --expert-forms (parse_expert_forms): the whole token again per form (CUDA fast)
 };
 void run_layers(const LayersArgs& a);
 

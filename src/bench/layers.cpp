@@ -303,6 +303,15 @@ void bench_layers(const LayersArgs& a) {
   const auto start = clock_type::now();
   check(a.kda >= 0 && a.mla >= 0 && a.kda + a.mla >= 1, "--kda/--mla: at least one layer");
   const std::string kind = resolve_backend(a.backend);
+  if (!a.expert_forms.empty()) {  // checked before the model is built
+#ifdef WREN_HAVE_CUDA
+    parse_expert_forms(a.expert_forms, CudaBackend::mx_decode_forms(), 2);
+    usage_check(kind == "cuda" && a.cuda.precision == GpuPrecision::Fast,
+                "bench layers: --expert-forms times the decode experts of --backend cuda --gpu-precision fast");
+#else
+    usage_check(false, "bench layers: --expert-forms needs a CUDA build (this one has no CUDA backend)");
+#endif
+  }
   auto t0 = clock_type::now();
   const int experts = a.experts > 0 ? a.experts : a.preset == "kimi-linear" ? 256 : 896;
   auto model = make_random_model(bench_config(a), a.seed, std::min(a.distinct, experts), plan);
@@ -342,6 +351,22 @@ void bench_layers(const LayersArgs& a) {
     ordinary_s = decode_time(*model, *be, c.n_layers, a.decode, true, nullptr);
     cu->set_decode_streams(true, 0);
     progress(start, "decode, streams launched ordinarily: " + std::to_string(ordinary_s * 1e3) + " ms/token");
+  }
+#endif
+  // The whole model once more per --expert-forms entry (the decode experts' forms), side by
+  // side with the default above.
+  std::vector<std::pair<DecodeForm, double>> form_s;
+#ifdef WREN_HAVE_CUDA
+  if (auto* cu = dynamic_cast<CudaBackend*>(be.get()); cu && a.cuda.precision == GpuPrecision::Fast) {
+    for (const DecodeForm& f : parse_expert_forms(a.expert_forms, CudaBackend::mx_decode_forms(), 2)) {
+      cu->set_mx_decode_form(f.kind == 'm' ? f.n : 0);
+      cu->set_dense_decode_form(f.kind == 'd' ? f.n : 0);
+      form_s.emplace_back(f, decode_time(*model, *be, c.n_layers, a.decode, true, nullptr));
+      progress(start, std::string("decode, experts form ") + f.kind + std::to_string(f.n) + ": " +
+                          std::to_string(form_s.back().second * 1e3) + " ms/token");
+    }
+    cu->set_mx_decode_form(0);
+    cu->set_dense_decode_form(0);
   }
 #endif
   const DecodeBytes floor_bytes = decode_bytes(*model, 8 + a.decode / 2);
@@ -410,6 +435,11 @@ void bench_layers(const LayersArgs& a) {
     std::printf("same token with the decode weight streams launched ordinarily (no programmatic dependent launch): "
                 "%.3f ms (%.2fx)\n", ordinary_s * 1e3, ordinary_s / cum.back());
     out["ordinary_launch_decode_ms"] = ordinary_s * 1e3;
+  }
+  for (const auto& [f, t] : form_s) {
+    std::printf("same token with decode-experts form %c%d: %.3f ms (%.2fx the default's)\n", f.kind, f.n, t * 1e3,
+                t / cum.back());
+    out["expert_forms"].push_back({{"form", std::string(1, f.kind) + std::to_string(f.n)}, {"decode_ms", t * 1e3}});
   }
   std::printf("prefill %d tokens (chunk %d%s%s): TTFT %.3f s, %.1f tok/s\n", a.prompt, chunk,
               gpu ? ", gpu precision " : "", gpu ? gpu_precision_name(a.cuda.precision) : "", ttft, a.prompt / ttft);

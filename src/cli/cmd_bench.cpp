@@ -131,6 +131,9 @@ void add_bench_layers(CLI::App* bench) {
   sub->add_option("--decode", a->decode, "Decode tokens timed per configuration (default 16)")->check(positive());
   sub->add_option("--chunk", a->chunk, "Prefill chunk (default: the backend's, see runtime/engine.h)")->check(positive())->default_str("auto");
   sub->add_option("--seed", a->seed, "Weight seed (default 1)");
+  sub->add_option("--expert-forms", a->expert_forms,
+                  "CUDA fast mode: the whole token again per decode-experts form, mN MXFP4 or dN dense (e.g. m16,m17,d1; "
+                  "every form gives the same bits)");
   sub->add_flag("--json", a->json, "Also print the numbers as one JSON object");
   auto cuda = std::make_shared<CudaFlags>();
   cuda->add_to(sub);
