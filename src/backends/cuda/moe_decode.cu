@@ -444,6 +444,72 @@ __device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
   return v;
 }
 
+// The work queue of the persistent decode-experts launches (mx_experts_kernel, dense_experts_kernel):
+// queue[0] the next unit, queue[1] the blocks finished, then a kernel's own counters, all zero
+// between launches. Each helper is whole-block unless it says otherwise.
+
+/// The next unit for the block, taken by thread 0 from queue[0]. The barrier before it also ends
+/// the previous unit's use of shared memory.
+__device__ __forceinline__ unsigned take_unit(unsigned* queue) {
+  __shared__ unsigned unit_s;
+  __syncthreads();
+  if (threadIdx.x == 0) unit_s = atomicAdd(queue, 1u);
+  __syncthreads();
+  return unit_s;
+}
+
+/// A gate/up unit of a slot is done: after the barrier that ends its writes, thread 0 counts it in
+/// *done_j (a fence first, so a down unit that sees the count sees the writes).
+__device__ __forceinline__ void unit_done(unsigned* done_j) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    atomicAdd(done_j, 1u);
+  }
+}
+
+/// Waits until *done_j reaches n (thread 0 spinning on an acquire load, then a barrier).
+__device__ __forceinline__ void wait_done(const unsigned* done_j, unsigned n) {
+  if (threadIdx.x == 0)
+    while (load_acquire(done_j) < n) __nanosleep(128);
+  __syncthreads();
+}
+
+/// A down unit of a row block is done: after the barrier that ends its ys writes it arrives in
+/// *summed_b, and the unit whose arrival is the `arrivals`-th writes out[r] = Σ_j w[j] · ys[j, r]
+/// for r in [r0, r0 + n) ∩ [0, io) (n <= blockDim.x) in slot order: slot_sum_kernel's sums.
+__device__ __forceinline__ void arrive_and_sum(unsigned* summed_b, unsigned arrivals, const float* w, const float* ys,
+                                               int k, int io, int r0, int n, float* out) {
+  __shared__ unsigned last_s;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last_s = atomicAdd(summed_b, 1u) == arrivals - 1;
+    __threadfence();  // the other units' ys, seen through the counter, before the barrier
+  }
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  const int r = r0 + int(threadIdx.x);
+  if (int(threadIdx.x) < n && r < io) {
+    float acc = 0.f;
+    for (int s2 = 0; s2 < k; ++s2) acc += __ldcg(w + s2) * __ldcg(ys + size_t(s2) * io + r);
+    out[r] = acc;
+  }
+}
+
+/// At a block's end (after its last unit): the last block to finish puts queue[0 .. n) back to zero
+/// for the next launch, so no block may leave its loop early.
+__device__ __forceinline__ void finish_queue(unsigned* queue, unsigned n) {
+  if (threadIdx.x != 0) return;
+  __threadfence();
+  if (atomicAdd(queue + 1, 1u) == gridDim.x - 1) {
+    __threadfence();
+    queue[0] = 0, queue[1] = 0;
+    for (unsigned i = 2; i < n; ++i) queue[i] = 0;
+  }
+}
+
 /// Both products of one decode token in one persistent launch (docs/gpu-method.md "MXFP4 experts
 /// of one decode token"): units of work are the 128-row tiles of the gate/up kernel, slot after
 /// slot, then those of the down kernel; a block takes the next unit from queue[0] until none is
@@ -472,7 +538,6 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_experts_kernel(const Expert
                                                               unsigned long long ebytes, int pf, int split) {
   extern __shared__ __align__(16) uint2 xst[];  // the token (hi [n / 8], lo [n / 8]), then the rings
   __shared__ float red[kWarps];
-  __shared__ unsigned unit_s, last_s;
   const int warp = int(threadIdx.x) / kWarp, lane = int(threadIdx.x) % kWarp;
   const int per_block = kWarps * kRows;
   const unsigned tiles_gu = unsigned((inter + per_block - 1) / per_block), tiles_dn = unsigned((io + per_block - 1) / per_block);
@@ -491,10 +556,7 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_experts_kernel(const Expert
   pdl_wait();  // ids come from the router kernel just before
   pdl_trigger();
   for (;;) {
-    __syncthreads();  // every thread has read unit_s and is done with the staged token of a down tile
-    if (threadIdx.x == 0) unit_s = atomicAdd(queue, 1u);
-    __syncthreads();
-    const unsigned u = unit_s;
+    const unsigned u = take_unit(queue);  // (every thread is done with the staged token of a down tile)
     if (u >= units) break;
     if (u < units_gu) {  // gate/up tile of slot j (every one is taken before any down unit: z is staged)
       const int j = int(u / tiles_gu), r0 = (int(u % tiles_gu) * kWarps + warp) * kRows;
@@ -505,11 +567,7 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_experts_kernel(const Expert
         for (int o = kWarp / 2; o > 0; o >>= 1) m = fmaxf(m, __shfl_xor_sync(kFull, m, o));
         if (lane == 0 && m > 0.f) atomicMax(amax + j, __float_as_uint(m));  // m >= 0: ordered as bits
       }
-      __syncthreads();  // the tile's act rows and max are written
-      if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(done + j, 1u);
-      }
+      unit_done(done + j);  // the tile's act rows and max are written
     } else {  // down unit: a whole 128-row tile of slot j, or (the last `split` slots) half of one
       const unsigned v = u - units_gu;
       const bool half = kHalves && v >= whole_dn;
@@ -520,9 +578,7 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_experts_kernel(const Expert
                           : (int(tile) * kWarps + warp) * kRows;
       const ExpertPtrs e = table[ids[j]];
       if (!half) prefetch_mx_head(e.p2, e.s2, io, inter, r0, pf);  // (16 rows a warp)
-      if (threadIdx.x == 0)
-        while (load_acquire(done + j) < tiles_gu) __nanosleep(128);
-      __syncthreads();  // act[j] and its max are complete
+      wait_done(done + j, tiles_gu);  // act[j] and its max are complete
       const int sigma = token_sigma(__uint_as_float(__ldcg(amax + j)));
       stage_scaled(act + size_t(j) * inter, inter, sigma, xst, xst + inter / 8);
       if (r0 < io) {
@@ -531,32 +587,10 @@ __global__ void __launch_bounds__(kThreads, kMin) mx_experts_kernel(const Expert
         }
         if (!half) mx_down_rows<kVec, kAhead, kStages>(e, io, inter, r0, xst, sigma, ys + size_t(j) * io, ring);
       }
-      __syncthreads();  // the unit's ys rows are written
-      if (threadIdx.x == 0) {
-        __threadfence();
-        last_s = atomicAdd(summed + tile, 1u) == arrivals - 1;
-        __threadfence();  // the other units' ys, seen through the counter, before the barrier
-      }
-      __syncthreads();
-      if (last_s) {  // every slot of these rows is done: out = Σ_j w[j] · ys[j] in slot order (slot_sum_kernel's sums)
-        __threadfence();
-        const int r = int(tile) * per_block + int(threadIdx.x);
-        if (threadIdx.x < unsigned(per_block) && r < io) {
-          float acc = 0.f;
-          for (int s2 = 0; s2 < k; ++s2) acc += __ldcg(w + s2) * __ldcg(ys + size_t(s2) * io + r);
-          out[r] = acc;
-        }
-      }
+      arrive_and_sum(summed + tile, arrivals, w, ys, k, io, int(tile) * per_block, per_block, out);
     }
   }
-  if (threadIdx.x == 0) {  // the last block out leaves the queue at zero for the next launch
-    __threadfence();
-    if (atomicAdd(queue + 1, 1u) == gridDim.x - 1) {
-      __threadfence();
-      queue[0] = 0, queue[1] = 0;
-      for (unsigned i = 2; i < 2 + 2 * unsigned(k) + tiles_dn; ++i) queue[i] = 0;
-    }
-  }
+  finish_queue(queue, 2 + 2 * unsigned(k) + tiles_dn);
 }
 
 // ---- dense experts: BF16 operands ----
@@ -730,7 +764,6 @@ __global__ void __launch_bounds__(kThreads, 2) dense_experts_kernel(
   extern __shared__ __align__(16) uint32_t zs[];  // z as BF16 pairs [io / 2], then act[j]'s [inter / 2]
   uint32_t* as = zs + io / 2;
   __shared__ TileRed<2> red;
-  __shared__ unsigned unit_s, last_s;
   const int warp = int(threadIdx.x) / kWarp;
   const int gu_rows = kWarps / gu_wt * kRows, dn_rows = kWarps / dn_wt * kRows;
   const unsigned blocks_gu = unsigned((inter + gu_rows - 1) / gu_rows), blocks_dn = unsigned((io + dn_rows - 1) / dn_rows);
@@ -741,10 +774,7 @@ __global__ void __launch_bounds__(kThreads, 2) dense_experts_kernel(
   pdl_wait();
   pdl_trigger();
   for (;;) {
-    __syncthreads();  // every thread has read unit_s and is done with red and the staged act
-    if (threadIdx.x == 0) unit_s = atomicAdd(queue, 1u);
-    __syncthreads();
-    const unsigned u = unit_s;
+    const unsigned u = take_unit(queue);  // (every thread is done with red and the staged act)
     if (u >= units) break;
     if (u < units_gu) {  // gate/up block of slot j
       const int j = int(u / blocks_gu), bx = int(u % blocks_gu);
@@ -754,50 +784,22 @@ __global__ void __launch_bounds__(kThreads, 2) dense_experts_kernel(
       prefetch_bf16_head(e.w1, inter, io, r0, pf, warp % gu_wt);
       prefetch_bf16_head(e.w3, inter, io, r0, pf, warp % gu_wt);
       dense_gate_up_rows(e, io, inter, r0, warp % gu_wt, gu_wt, zs, b1, b2, silu, act + size_t(j) * inter, red);
-      __syncthreads();  // the block's act rows are written
-      if (threadIdx.x == 0) {
-        __threadfence();
-        atomicAdd(done + j, 1u);
-      }
+      unit_done(done + j);  // the block's act rows are written
     } else {  // down block of slot j
       const unsigned v = u - units_gu, bx = v % blocks_dn;
       const int j = int(v / blocks_dn), r0 = (int(bx) * (kWarps / dn_wt) + warp / dn_wt) * kRows;
       const DenseExpertPtrs e = table[ids[j]];
       prefetch_bf16_head(e.w2, io, inter, r0, pf, warp % dn_wt);
-      if (threadIdx.x == 0)
-        while (load_acquire(done + j) < blocks_gu) __nanosleep(128);
-      __syncthreads();  // act[j] is complete
+      wait_done(done + j, blocks_gu);  // act[j] is complete
       const unsigned* aj = reinterpret_cast<const unsigned*>(act + size_t(j) * inter);
       for (int i = int(threadIdx.x); i < inter / 2; i += kThreads) as[i] = __ldcg(aj + i);
       __syncthreads();
       dense_down_rows(e, io, inter, r0, warp % dn_wt, dn_wt, as, ys + size_t(j) * io,
                       *reinterpret_cast<TileRed<1>*>(&red));
-      __syncthreads();  // the block's ys rows are written
-      if (threadIdx.x == 0) {
-        __threadfence();
-        last_s = atomicAdd(summed + bx, 1u) == unsigned(k - 1);
-        __threadfence();  // the other units' ys, seen through the counter, before the barrier
-      }
-      __syncthreads();
-      if (last_s) {  // every slot of these rows is done: the weighted sum in slot order
-        __threadfence();
-        const int r = int(bx) * dn_rows + int(threadIdx.x);
-        if (int(threadIdx.x) < dn_rows && r < io) {
-          float acc = 0.f;
-          for (int s2 = 0; s2 < k; ++s2) acc += __ldcg(w + s2) * __ldcg(ys + size_t(s2) * io + r);
-          out[r] = acc;
-        }
-      }
+      arrive_and_sum(summed + bx, unsigned(k), w, ys, k, io, int(bx) * dn_rows, dn_rows, out);
     }
   }
-  if (threadIdx.x == 0) {  // the last block out leaves the queue at zero for the next launch
-    __threadfence();
-    if (atomicAdd(queue + 1, 1u) == gridDim.x - 1) {
-      __threadfence();
-      queue[0] = 0, queue[1] = 0;
-      for (unsigned i = 2; i < 2 + unsigned(k) + blocks_dn; ++i) queue[i] = 0;
-    }
-  }
+  finish_queue(queue, 2 + unsigned(k) + blocks_dn);
 }
 
 /// Warps a 16-row tile of the dense decode experts (1, 2, 4 or 8) for a kernel over `rows` rows
