@@ -802,7 +802,7 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
       return be_->time_recorded([&](int i) { be_->routed_moe(p, mw, logits[size_t(i % sets)], dz, 1, ws, dout); }, R, 10);
     }, mx ? moe_variants : dense_variants);
     ASSERT_EQ(be_->fallbacks(), 0u) << what;
-    for (int f = 0; f < (mx ? CudaBackend::mx_decode_forms() : 2); ++f) {  // each form's kernels
+    for (int f = 0; f < (mx ? CudaBackend::mx_decode_forms() : CudaBackend::dense_decode_forms()); ++f) {  // each form's kernels
       if (mx) be_->set_mx_decode_form(f);
       else be_->set_dense_decode_form(f);
       be_->profile_begin();

@@ -59,7 +59,7 @@ void run_batch(BatchArgs a) {
   using Form = DecodeForm;
   std::vector<Form> forms;
 #ifdef WREN_HAVE_CUDA
-  const int mx_forms = CudaBackend::mx_decode_forms(), dense_forms = 2;
+  const int mx_forms = CudaBackend::mx_decode_forms(), dense_forms = CudaBackend::dense_decode_forms();
 #else
   const int mx_forms = 1 << 20, dense_forms = 1 << 20;  // the syntax only: the flag needs a CUDA build
 #endif
@@ -253,7 +253,7 @@ void run_batch(BatchArgs a) {
       out["runs"].push_back(row);
     }
   }
-  set_form({hooks ? 'f' : char(0), 0});
+  set_form({});
   if (a.json) std::printf("%s\n", out.dump().c_str());
 }
 

@@ -305,7 +305,7 @@ void bench_layers(const LayersArgs& a) {
   const std::string kind = resolve_backend(a.backend);
   if (!a.expert_forms.empty()) {  // checked before the model is built
 #ifdef WREN_HAVE_CUDA
-    parse_expert_forms(a.expert_forms, CudaBackend::mx_decode_forms(), 2);
+    parse_expert_forms(a.expert_forms, CudaBackend::mx_decode_forms(), CudaBackend::dense_decode_forms());
     usage_check(kind == "cuda" && a.cuda.precision == GpuPrecision::Fast,
                 "bench layers: --expert-forms times the decode experts of --backend cuda --gpu-precision fast");
 #else
@@ -358,7 +358,8 @@ void bench_layers(const LayersArgs& a) {
   std::vector<std::pair<DecodeForm, double>> form_s;
 #ifdef WREN_HAVE_CUDA
   if (auto* cu = dynamic_cast<CudaBackend*>(be.get()); cu && a.cuda.precision == GpuPrecision::Fast) {
-    for (const DecodeForm& f : parse_expert_forms(a.expert_forms, CudaBackend::mx_decode_forms(), 2)) {
+    for (const DecodeForm& f :
+         parse_expert_forms(a.expert_forms, CudaBackend::mx_decode_forms(), CudaBackend::dense_decode_forms())) {
       cu->set_mx_decode_form(f.kind == 'm' ? f.n : 0);
       cu->set_dense_decode_form(f.kind == 'd' ? f.n : 0);
       form_s.emplace_back(f, decode_time(*model, *be, c.n_layers, a.decode, true, nullptr));

@@ -226,6 +226,8 @@ class CudaBackend final : public Backend {
   /// 0 (the default) a gate/up, a down and a weighted-sum launch; 1 all three in one persistent
   /// launch. Changes timing only: both give the same bits. Throws wren::Error for other forms.
   void set_dense_decode_form(int form);
+  /// The number of forms set_dense_decode_form takes.
+  static int dense_decode_forms();
   /// One KDA decode step (T = 1) for each of B sequences, sequence b on its own state
   /// *states[b] (shapes as kda_core: q, k, v, z, gate, out [B, P], beta [B, H], P = heads ·
   /// head_dim; device pointers). The same arithmetic, per sequence, as B kda_core calls with T = 1

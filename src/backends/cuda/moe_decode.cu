@@ -982,9 +982,11 @@ void CudaBackend::set_mx_decode_form(int form) {
 
 int CudaBackend::mx_decode_forms() { return cuda::kNumMxForms; }
 
+int CudaBackend::dense_decode_forms() { return 2; }
+
 void CudaBackend::set_dense_decode_form(int form) {
-  check(form == 0 || form == 1, "CUDA backend: set_dense_decode_form: expected 0 (the default: two launches and the "
-                                "weighted-sum kernel) or 1 (one persistent launch)");
+  check(form >= 0 && form < dense_decode_forms(), "CUDA backend: set_dense_decode_form: expected 0 (the default: two "
+                                                   "launches and the weighted-sum kernel) or 1 (one persistent launch)");
   impl_->dense_form = form;
 }
 
