@@ -61,8 +61,20 @@ TEST(CudaCli, AutoFallsBackToCpuWithoutCuda) {
 TEST(Bench, TinyPresetRunsOnTheCpu) {
   std::string out;
   ASSERT_EQ(0, test::run_wren("bench layers --backend cpu --preset tiny --kda 2 --mla 1 --experts 16 --distinct-experts 4 "
-                              "--vocab 512 --prompt 40 --decode 3 --chunk 16 --json", &out)) << out;
-  for (const char* want : {"backend cpu", "\"layer\":2", "\"type\":\"MLA\"", "TTFT", "prefill_tok_s"})
+                              "--vocab 512 --prompt 40 --decode 3 --chunk 16 --json --profile", &out)) << out;
+  for (const char* want : {"backend cpu", "\"layer\":2", "\"type\":\"MLA\"", "TTFT", "prefill_tok_s",
+                           "--profile: this backend has no per-launch device timing"})
+    EXPECT_NE(out.find(want), std::string::npos) << want << " in\n" << out;
+}
+
+TEST(Bench, TinyPresetProfilesADecodeTokenOnTheGpu) {
+  std::string why, out;
+  if (!cuda_usable(&why)) GTEST_SKIP() << "no usable CUDA device (" << why << ")";
+  ASSERT_EQ(0, test::run_wren("bench layers --backend cuda --gpu-precision fast --preset tiny --kda 1 --mla 1 --experts 16 "
+                              "--distinct-experts 4 --vocab 512 --prompt 40 --decode 3 --chunk 16 --json --profile "
+                              "--expert-forms m16,d1", &out)) << out;
+  for (const char* want : {"profile of one decode token", "\"profile\":[", "\"profile_total_ms\"",
+                           "decode-experts form m16", "decode-experts form d1"})
     EXPECT_NE(out.find(want), std::string::npos) << want << " in\n" << out;
 }
 

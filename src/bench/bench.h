@@ -103,6 +103,7 @@ struct LayersArgs {
   bool json = false;
   CudaOptions cuda;  ///< --gpu-precision, --cuda-kda etc. (the CUDA backend)
   std::string expert_forms;  ///< --expert-forms (parse_expert_forms): the whole token again per form (CUDA fast)
+  bool profile = false;  ///< GPU: one more decode token op by op with per-launch device timing, printed per kernel label
 };
 void run_layers(const LayersArgs& a);
 

@@ -139,6 +139,23 @@ double decode_time(const Model& m, Backend& be, int layers, int tokens, bool gra
   return t[t.size() / 2];
 }
 
+/// One decode token of the whole model op by op (no graph; an event after every launch, the same
+/// numerics), after an 8-token prefill: device milliseconds per kernel label, largest first, and
+/// *total_ms the span. Empty where the backend has no per-launch timing (the CPU).
+std::vector<GpuOpTime> profile_decode(const Model& m, Backend& be, double* total_ms) {
+  Forward fwd(m, be, {32, -1, false});
+  SequenceState st(be, m.config, 64);
+  std::vector<int> ids(8);
+  for (int i = 0; i < 8; ++i) ids[i] = 3 + i;
+  std::vector<float> logits(m.config.vocab);
+  fwd.run(st, ids.data(), nullptr, 8, logits.data(), false);
+  const int id = argmax(logits.data(), m.config.vocab);
+  *total_ms = 0;
+  if (!gpu_profile_begin(be)) return {};
+  fwd.run(st, &id, nullptr, 1, logits.data(), false);
+  return gpu_profile_end(be, total_ms);
+}
+
 /// A progress line on stderr with the seconds since `start` (long runs stay observable).
 void progress(clock_type::time_point start, const std::string& what) {
   std::fprintf(stderr, "wren bench: [%7.2f s] %s\n", seconds_since(start), what.c_str());
@@ -370,6 +387,9 @@ void bench_layers(const LayersArgs& a) {
     cu->set_dense_decode_form(0);
   }
 #endif
+  double profile_ms = 0;
+  const std::vector<GpuOpTime> prof = a.profile ? profile_decode(*model, *be, &profile_ms) : std::vector<GpuOpTime>{};
+  if (a.profile) progress(start, "profiled decode token done");
   const DecodeBytes floor_bytes = decode_bytes(*model, 8 + a.decode / 2);
   const std::vector<double>& bytes = floor_bytes.layer;
 
@@ -441,6 +461,18 @@ void bench_layers(const LayersArgs& a) {
     std::printf("same token with decode-experts form %c%d: %.3f ms (%.2fx the default's)\n", f.kind, f.n, t * 1e3,
                 t / cum.back());
     out["expert_forms"].push_back({{"form", std::string(1, f.kind) + std::to_string(f.n)}, {"decode_ms", t * 1e3}});
+  }
+  if (a.profile && prof.empty()) std::printf("--profile: this backend has no per-launch device timing (CUDA only)\n");
+  if (!prof.empty()) {
+    std::printf("profile of one decode token, op by op (%.3f ms of device timeline, launch to launch; host-bound "
+                "gaps charged to the launch that waited):\n", profile_ms);
+    std::printf("    %-64s %9s %7s %8s\n", "kernel", "ms", "share", "launches");
+    for (const GpuOpTime& op : prof) {
+      std::printf("    %-64s %9.3f %6.1f%% %8llu\n", op.name.c_str(), op.ms, 100 * op.ms / std::max(profile_ms, 1e-9),
+                  (unsigned long long)op.launches);
+      out["profile"].push_back({{"name", op.name}, {"ms", op.ms}, {"launches", op.launches}});
+    }
+    out["profile_total_ms"] = profile_ms;
   }
   std::printf("prefill %d tokens (chunk %d%s%s): TTFT %.3f s, %.1f tok/s\n", a.prompt, chunk,
               gpu ? ", gpu precision " : "", gpu ? gpu_precision_name(a.cuda.precision) : "", ttft, a.prompt / ttft);

@@ -134,6 +134,9 @@ void add_bench_layers(CLI::App* bench) {
   sub->add_option("--expert-forms", a->expert_forms,
                   "CUDA fast mode: the whole token again per decode-experts form, mN MXFP4 or dN dense (e.g. m16,m17,d1; "
                   "every form gives the same bits)");
+  sub->add_flag("--profile", a->profile,
+                "GPU: one more decode token of the whole model op by op, with per-launch device timing per kernel "
+                "(--kda 0 --mla 1 gives one MLA layer's)");
   sub->add_flag("--json", a->json, "Also print the numbers as one JSON object");
   auto cuda = std::make_shared<CudaFlags>();
   cuda->add_to(sub);
