@@ -4,8 +4,9 @@
 // (preset kimi-linear: hidden 2304, KDA 32×128, MLA 32 heads, 256 dense experts top-8 of 1024) or a
 // tiny preset for tests; the dense weights in the --quant preset's formats (default exact: f32).
 //
-// Per-layer decode time = t(first i+1 layers) − t(first i layers) for one decode token (median of
-// --decode tokens); the floor of layer i = bytes it must read per token (its dense weights in their
+// Per-layer decode time = t(first i+1 layers) − t(first i layers) for one decode token (the mean
+// of --decode tokens decoded as `wren run` decodes: on CUDA each step recorded while the one
+// before runs); the floor of layer i = bytes it must read per token (its dense weights in their
 // format, its top-k experts' bytes, its KDA state read + written or its MLA cache rows) / the
 // backend's measured copy bandwidth (bytes read + written by a 1 GiB device copy, over the time).
 #include <algorithm>
@@ -102,9 +103,11 @@ struct StepCounts {
   uint64_t syncs = 0;           ///< host syncs
 };
 
-/// Median seconds per decode token with the first `layers` layers, after an 8-token prefill;
-/// `graph` = one CUDA graph per token where the backend can (ForwardOptions::graph). `counts`
-/// receives the counters of the last timed token.
+/// Seconds per decode token with the first `layers` layers, after an 8-token prefill. `graph`:
+/// the steps run as `wren run` decodes (TokenStep::decode_greedy: where the backend records a step,
+/// CUDA, each step is recorded while the one before runs), the mean over `tokens` steps after 2
+/// warm-up steps; else op by op, the median of `tokens` single steps. `counts` receives the
+/// counters of one more single step.
 double decode_time(const Model& m, Backend& be, int layers, int tokens, bool graph, StepCounts* counts) {
   Forward fwd(m, be, {32, layers, graph});
   SequenceState st(be, m.config, 64 + tokens);
@@ -112,19 +115,28 @@ double decode_time(const Model& m, Backend& be, int layers, int tokens, bool gra
   for (int i = 0; i < 8; ++i) ids[i] = 3 + i;
   std::vector<float> logits(m.config.vocab);
   fwd.run(st, ids.data(), nullptr, 8, logits.data(), false);
+  int id = argmax(logits.data(), m.config.vocab);
+  double per = 0;
+  if (graph) {
+    auto take = [&](int next) { return id = next, true; };
+    fwd.decode_greedy(st, id, 2, take);  // warm-up (first recordings)
+    const auto t0 = clock_type::now();
+    fwd.decode_greedy(st, id, tokens, take);
+    per = seconds_since(t0) / tokens;
+  }
   std::vector<double> t;
   if (counts) *counts = {};
 #ifdef WREN_HAVE_CUDA
   auto* cuda = dynamic_cast<CudaBackend*>(&be);
 #endif
-  for (int i = 0; i < tokens; ++i) {
-    const int id = argmax(logits.data(), m.config.vocab);
+  for (int i = 0; i < (graph ? 1 : tokens); ++i) {
 #ifdef WREN_HAVE_CUDA
     const CudaStats s0 = cuda ? cuda->stats() : CudaStats{};
 #endif
     const auto t0 = clock_type::now();
     fwd.run(st, &id, nullptr, 1, logits.data(), false);  // ends with a device -> host copy (sync)
     t.push_back(seconds_since(t0));
+    id = argmax(logits.data(), m.config.vocab);
 #ifdef WREN_HAVE_CUDA
     if (cuda && counts) {
       const CudaStats s1 = cuda->stats();
@@ -135,6 +147,7 @@ double decode_time(const Model& m, Backend& be, int layers, int tokens, bool gra
     }
 #endif
   }
+  if (graph) return per;
   std::sort(t.begin(), t.end());
   return t[t.size() / 2];
 }

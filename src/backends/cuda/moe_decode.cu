@@ -828,11 +828,13 @@ void opt_in_smem(K kernel, size_t bytes, size_t& opted, const char* what) {
 /// steps on, cp.async ring stages a warp (0 = none)}, and for the persistent launch the slots whose
 /// down tiles come as half units. Every form gives the same bits (the sums are the same; only
 /// loads, occupancy, unit sizes and launches differ).
-/// - m0, the default (runs 44-45): gate/up, down and the weighted sum in one persistent launch
+/// - m0, the default (run 46): gate/up, down and the weighted sum in one persistent launch
 ///   (mx_experts_kernel, `experts`; gate_up and down null), gemv_mx's loads, registers for 2
-///   blocks an SM. m16 / m17 / m18: the same with the last 2 / 1 / 4 slots' down tiles in
-///   halves (not yet timed on a GPU). m13 / m14: rings of 2 / 3 stages (2 blocks); m15: 3
-///   blocks an SM.
+///   blocks an SM, the last slot's down tiles as half units (run 46, H100, K3 size: 128.6 µs
+///   against 131.9 for whole tiles, profiled 126.5 against 131.0). m17: the same with whole
+///   down tiles only (runs 44-45's default); m16 / m18: the last 2 / 4 slots' down tiles in
+///   halves (m16 128.3 µs, m18 132.3 in run 46). m13 / m14: rings of 2 / 3 stages (2 blocks);
+///   m15: 3 blocks an SM.
 /// - m1-m12: a gate/up and a down launch, then launch_slot_sum. m12 is runs 28-43's default
 ///   (registers for 1 block, 2 fit: 108-112 registers). m10: rings of 3 stages, 2 blocks an SM;
 ///   m11: 2 stages, registers for 3 blocks an SM (run 42's ncu: m12 waits on its loads with 16
@@ -853,12 +855,12 @@ struct MxForm {
   {mx_gate_up_kernel<kMin, kVec, kAhead, kStages>, mx_down_kernel<kMin, kVec, kAhead, kStages>, kStages, nullptr}
 #define WREN_MX_ONE(kMin, kVec, kAhead, kStages, split) \
   {nullptr, nullptr, kStages, mx_experts_kernel<kMin, kVec, kAhead, kStages, (split > 0)>, split}
-constexpr MxForm kMxForms[] = {WREN_MX_ONE(2, false, 0, 0, 0),  WREN_MX_FORM(2, true, 0, 0),    WREN_MX_FORM(2, true, 1, 0),
+constexpr MxForm kMxForms[] = {WREN_MX_ONE(2, false, 0, 0, 1),  WREN_MX_FORM(2, true, 0, 0),    WREN_MX_FORM(2, true, 1, 0),
                                WREN_MX_FORM(2, true, 2, 0),     WREN_MX_FORM(4, true, 0, 0),    WREN_MX_FORM(4, true, 1, 0),
                                WREN_MX_FORM(3, true, 0, 0),     WREN_MX_FORM(3, true, 1, 0),    WREN_MX_FORM(3, true, 2, 0),
                                WREN_MX_FORM(3, false, 0, 0),    WREN_MX_FORM(2, false, 0, 3),   WREN_MX_FORM(3, false, 0, 2),
                                WREN_MX_FORM(1, false, 0, 0),    WREN_MX_ONE(2, false, 0, 2, 0), WREN_MX_ONE(2, false, 0, 3, 0),
-                               WREN_MX_ONE(3, false, 0, 0, 0),  WREN_MX_ONE(2, false, 0, 0, 2), WREN_MX_ONE(2, false, 0, 0, 1),
+                               WREN_MX_ONE(3, false, 0, 0, 0),  WREN_MX_ONE(2, false, 0, 0, 2), WREN_MX_ONE(2, false, 0, 0, 0),
                                WREN_MX_ONE(2, false, 0, 0, 4)};
 #undef WREN_MX_FORM
 #undef WREN_MX_ONE
