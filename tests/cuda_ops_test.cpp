@@ -459,13 +459,14 @@ TEST_F(CudaOps, AddRmsNormMatchesCpuAndTheTwoOps) {
     }
 }
 
-// attnres_mix: f64 scores + f64 softmax, f32 mix in entry order -> tolerance rel-L2 1e-6.
+// attnres_mix: f64 scores + f64 softmax, f32 mix in entry order -> tolerance rel-L2 1e-6 (planted:
+// tests/cuda_planted_attnres.patch must fail it).
 TEST_F(CudaOps, AttnResMixMatchesCpu) {
   std::mt19937 g(5);
   for (int E : {1, 2, 5, 9})
-    for (int D : {5, 128, 130, 1000, 7168})
+    for (int D : {5, 128, 130, 1000, 7168, 9000})  // 9000: past 32 elements a thread (the strided kernel)
       for (int T : {1, 3, 33}) {
-        if (D == 7168 && T == 33) continue;
+        if (D >= 7168 && T == 33) continue;
         HostWeight w(random_vec(g, D), 1, D);
         be_->upload(w.w);
         std::vector<std::vector<float>> host_e;
