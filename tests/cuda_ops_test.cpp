@@ -464,10 +464,15 @@ TEST_F(CudaOps, AddRmsNormMatchesCpuAndTheTwoOps) {
 TEST_F(CudaOps, AttnResMixMatchesCpu) {
   std::mt19937 g(5);
   for (int E : {1, 2, 5, 9})
-    for (int D : {5, 128, 130, 1000, 7168, 9000})  // 9000: past 32 elements a thread (the strided kernel)
+    // D: every kernel instance (elements a thread <= 4, 8, 16, 32; 8193 and 9000 the strided one).
+    for (int D : {5, 128, 130, 1000, 2000, 4096, 7168, 8193, 9000})
       for (int T : {1, 3, 33}) {
-        if (D >= 7168 && T == 33) continue;
-        HostWeight w(random_vec(g, D), 1, D);
+        if (D >= 4096 && T == 33) continue;
+        // w scaled by 2/sqrt(D): scores of order 1, so the softmax weighs every entry (with w in
+        // [-1, 1] the scores reach ~sqrt(D/3) and a near one-hot softmax hides wrong scores).
+        std::vector<float> wv = random_vec(g, D);
+        for (float& x : wv) x *= 2.f / std::sqrt(float(D));
+        HostWeight w(wv, 1, D);
         be_->upload(w.w);
         std::vector<std::vector<float>> host_e;
         std::vector<const float*> dptr, hptr;
