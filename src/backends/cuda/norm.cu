@@ -7,6 +7,7 @@
 // formed exactly as on the CPU (same expressions, same entry order, no FMA contraction).
 #include <cmath>
 #include <string>
+#include <type_traits>
 
 #include "backends/cuda/cuda_common.cuh"
 
@@ -16,6 +17,30 @@ namespace {
 
 constexpr int kNormThreads = 256;
 constexpr int kMaxMix = 32;  ///< AttnRes entries per mix (K3 needs <= 9: ceil(93/B) + 1)
+
+/// A thread's elements of a row of n, v[j] = p[tid + j·kNormThreads] (0 past n), with all of its
+/// loads in flight at once. kNc: through the read-only cache (a weight, never written by a step).
+template <bool kNc, int N>
+__device__ __forceinline__ void load_row(const float* __restrict__ p, int n, float (&v)[N]) {
+#pragma unroll
+  for (int j = 0; j < N; ++j) {
+    const int i = threadIdx.x + j * kNormThreads;
+    v[j] = i < n ? (kNc ? __ldg(p + i) : p[i]) : 0.f;
+  }
+}
+
+/// The instance of a row kernel for rows of n: the fewest of 4, 8, 16, 32 elements a thread that
+/// hold the row in registers, else 0 (a strided loop). `pick(std::integral_constant<int, K>{})`
+/// returns kernel<K>.
+template <class Pick>
+auto row_kernel(int n, Pick pick) {
+  const int per = (n + kNormThreads - 1) / kNormThreads;
+  return per <= 4    ? pick(std::integral_constant<int, 4>{})
+         : per <= 8  ? pick(std::integral_constant<int, 8>{})
+         : per <= 16 ? pick(std::integral_constant<int, 16>{})
+         : per <= 32 ? pick(std::integral_constant<int, 32>{})
+                     : pick(std::integral_constant<int, 0>{});
+}
 
 /// kPer > 0: the row stays in registers (n <= kPer · kNormThreads; all of a thread's loads issue
 /// at once and the row is read once); kPer = 0: any n, the row read twice. Same sums in the same
@@ -28,13 +53,7 @@ __global__ void rms_norm_kernel(float* __restrict__ x, const float* __restrict__
   // The weight is never written by a step's kernels: its loads issue before the wait, so they
   // overlap the kernel before this one instead of adding a memory latency after the reduction.
   float wv[kPer > 0 ? kPer : 1];
-  if constexpr (kPer > 0) {
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = threadIdx.x + j * kNormThreads;
-      wv[j] = i < n ? __ldg(w + i) : 0.f;
-    }
-  }
+  if constexpr (kPer > 0) load_row<true>(w, n, wv);
   cuda::pdl_wait();  // launched as a programmatic dependent (pdl_launch): only w is read before
   cuda::pdl_trigger();
   __shared__ double red[32];
@@ -88,13 +107,7 @@ __global__ void attnres_mix_kernel(MixEntries entries, int n_entries, int D, con
                                    float eps, float* __restrict__ out) {
   // w is never written by a step's kernels: its loads go out before the wait (as rms_norm_kernel).
   float wv[kPer > 0 ? kPer : 1];
-  if constexpr (kPer > 0) {
-#pragma unroll
-    for (int j = 0; j < kPer; ++j) {
-      const int i = threadIdx.x + j * kNormThreads;
-      wv[j] = i < D ? __ldg(w + i) : 0.f;
-    }
-  }
+  if constexpr (kPer > 0) load_row<true>(w, D, wv);
   cuda::pdl_wait();  // launched as a programmatic dependent (pdl_launch): only w is read before
   cuda::pdl_trigger();
   constexpr int kWarps = kNormThreads / cuda::kWarp;
@@ -108,11 +121,7 @@ __global__ void attnres_mix_kernel(MixEntries entries, int n_entries, int D, con
     double dotw = 0, ss = 0;
     if constexpr (kPer > 0) {
       float xv[kPer];
-#pragma unroll
-      for (int j = 0; j < kPer; ++j) {
-        const int i = threadIdx.x + j * kNormThreads;
-        xv[j] = i < D ? v[i] : 0.f;
-      }
+      load_row<false>(v, D, xv);
 #pragma unroll
       for (int j = 0; j < kPer; ++j) {
         dotw += double(xv[j]) * wv[j];
@@ -178,12 +187,7 @@ __global__ void attnres_mix_kernel(MixEntries entries, int n_entries, int D, con
 /// rms_norm (delta null; x only read) or add_rms_norm (x += delta written back) of T rows of n.
 static void launch_rms_norm(CudaBackend::Impl& m, float* x, const float* delta, int T, int n, const float* wd, float eps,
                             float* y, const char* what) {
-  const int per = (n + kNormThreads - 1) / kNormThreads;
-  const auto kernel = per <= 4    ? rms_norm_kernel<4>
-                      : per <= 8  ? rms_norm_kernel<8>
-                      : per <= 16 ? rms_norm_kernel<16>
-                      : per <= 32 ? rms_norm_kernel<32>
-                                  : rms_norm_kernel<0>;
+  const auto kernel = row_kernel(n, [](auto k) { return rms_norm_kernel<decltype(k)::value>; });
   cuda::pdl_launch(m, kernel, unsigned(T), kNormThreads, what, x, delta, n, wd, eps, y);
 }
 
@@ -209,12 +213,7 @@ void CudaBackend::attnres_mix(const float* const* entries, int n_entries, int T,
   if (T <= 0) return;
   MixEntries e{};
   for (int i = 0; i < n_entries; ++i) e.p[i] = entries[i];
-  const int per = (D + kNormThreads - 1) / kNormThreads;
-  const auto kernel = per <= 4    ? attnres_mix_kernel<4>
-                      : per <= 8  ? attnres_mix_kernel<8>
-                      : per <= 16 ? attnres_mix_kernel<16>
-                      : per <= 32 ? attnres_mix_kernel<32>
-                                  : attnres_mix_kernel<0>;
+  const auto kernel = row_kernel(D, [](auto k) { return attnres_mix_kernel<decltype(k)::value>; });
   cuda::pdl_launch(m, kernel, unsigned(T), kNormThreads, "attnres_mix kernel", e, n_entries, D,
                    m.dense(w, "attnres_mix"), eps, out);
 }
