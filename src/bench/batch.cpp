@@ -12,6 +12,7 @@
 
 #include "bench/bench.h"
 #include "bench/decode_floor.h"
+#include "bench/profile_rows.h"
 #include "core/error.h"
 #include "core/sizes.h"
 #include "model/forward.h"
@@ -239,15 +240,7 @@ void run_batch(BatchArgs a) {
             "charged to the "
             "launch that waited)\n",
             label.c_str(), total);
-        nlohmann::json pj = nlohmann::json::array();
-        int shown = 0;
-        for (const GpuOpTime& op : prof) {
-          if (shown++ < 16)
-            std::printf("    %-64s %9.3f %6.1f%% %6llu\n", op.name.c_str(), op.ms,
-                        100 * op.ms / std::max(total, 1e-9), (unsigned long long)op.launches);
-          pj.push_back({{"name", op.name}, {"ms", op.ms}, {"launches", op.launches}});
-        }
-        row["profile"] = pj;
+        row["profile"] = print_profile_rows(prof, total, 16);
         row["profile_total_ms"] = total;
       }
       out["runs"].push_back(row);

@@ -18,6 +18,7 @@
 
 #include "bench/bench.h"
 #include "bench/decode_floor.h"
+#include "bench/profile_rows.h"
 #include "bench/random_model.h"
 #include "core/error.h"
 #include "model/forward.h"
@@ -103,6 +104,15 @@ struct StepCounts {
   uint64_t syncs = 0;           ///< host syncs
 };
 
+/// The 8-token prompt 3, 4, ..., 10 through `fwd` into `st` (logits: [vocab]); returns its greedy
+/// next id, the first decode token.
+int prefill8(Forward& fwd, SequenceState& st, std::vector<float>& logits) {
+  std::vector<int> ids(8);
+  for (int i = 0; i < 8; ++i) ids[i] = 3 + i;
+  fwd.run(st, ids.data(), nullptr, 8, logits.data(), false);
+  return argmax(logits.data(), int(logits.size()));
+}
+
 /// Seconds per decode token with the first `layers` layers, after an 8-token prefill. `graph`:
 /// the steps run as `wren run` decodes (TokenStep::decode_greedy: where the backend records a step,
 /// CUDA, each step is recorded while the one before runs), the mean over `tokens` steps after 2
@@ -111,11 +121,8 @@ struct StepCounts {
 double decode_time(const Model& m, Backend& be, int layers, int tokens, bool graph, StepCounts* counts) {
   Forward fwd(m, be, {32, layers, graph});
   SequenceState st(be, m.config, 64 + tokens);
-  std::vector<int> ids(8);
-  for (int i = 0; i < 8; ++i) ids[i] = 3 + i;
   std::vector<float> logits(m.config.vocab);
-  fwd.run(st, ids.data(), nullptr, 8, logits.data(), false);
-  int id = argmax(logits.data(), m.config.vocab);
+  int id = prefill8(fwd, st, logits);
   double per = 0;
   if (graph) {
     auto take = [&](int next) { return id = next, true; };
@@ -158,11 +165,8 @@ double decode_time(const Model& m, Backend& be, int layers, int tokens, bool gra
 std::vector<GpuOpTime> profile_decode(const Model& m, Backend& be, double* total_ms) {
   Forward fwd(m, be, {32, -1, false});
   SequenceState st(be, m.config, 64);
-  std::vector<int> ids(8);
-  for (int i = 0; i < 8; ++i) ids[i] = 3 + i;
   std::vector<float> logits(m.config.vocab);
-  fwd.run(st, ids.data(), nullptr, 8, logits.data(), false);
-  const int id = argmax(logits.data(), m.config.vocab);
+  const int id = prefill8(fwd, st, logits);
   *total_ms = 0;
   if (!gpu_profile_begin(be)) return {};
   fwd.run(st, &id, nullptr, 1, logits.data(), false);
@@ -479,12 +483,8 @@ void bench_layers(const LayersArgs& a) {
   if (!prof.empty()) {
     std::printf("profile of one decode token, op by op (%.3f ms of device timeline, launch to launch; host-bound "
                 "gaps charged to the launch that waited):\n", profile_ms);
-    std::printf("    %-64s %9s %7s %8s\n", "kernel", "ms", "share", "launches");
-    for (const GpuOpTime& op : prof) {
-      std::printf("    %-64s %9.3f %6.1f%% %8llu\n", op.name.c_str(), op.ms, 100 * op.ms / std::max(profile_ms, 1e-9),
-                  (unsigned long long)op.launches);
-      out["profile"].push_back({{"name", op.name}, {"ms", op.ms}, {"launches", op.launches}});
-    }
+    std::printf("    %-64s %9s %7s %6s\n", "kernel", "ms", "share", "launches");
+    out["profile"] = print_profile_rows(prof, profile_ms, int(prof.size()));
     out["profile_total_ms"] = profile_ms;
   }
   std::printf("prefill %d tokens (chunk %d%s%s): TTFT %.3f s, %.1f tok/s\n", a.prompt, chunk,
