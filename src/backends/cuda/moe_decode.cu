@@ -823,6 +823,21 @@ void opt_in_smem(K kernel, size_t bytes, size_t& opted, const char* what) {
   opted = bytes;
 }
 
+/// Blocks of a persistent decode-experts launch: one full wave of `kernel` at `smem` bytes of
+/// dynamic shared memory (blocks an SM from the registers and shared memory, asked once per form
+/// and size and kept in `occ`: every MoE layer of a model asks the same, and a step is recorded
+/// with one call a layer), at most `units`, at least 1.
+template <class K>
+int persistent_blocks(const CudaBackend::Impl& m, CudaBackend::Impl::Occupancy& occ, K kernel, int form, size_t smem,
+                      int units, const char* what) {
+  if (occ.form != form || occ.smem != smem) {
+    int per_sm = 0;
+    check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, smem), what);
+    occ = {form, smem, per_sm};
+  }
+  return std::max(1, std::min(units, std::max(occ.blocks, 1) * std::max(m.sm_count, 1)));
+}
+
 /// The instances of the MXFP4 decode kernels set_mx_decode_form picks (a benchmark/test hook; 0 =
 /// the default): {blocks an SM the registers are budgeted for, 16-byte scale loads, L2 asks kAhead
 /// steps on, cp.async ring stages a warp (0 = none)}, and for the persistent launch the slots whose
@@ -895,20 +910,12 @@ void moe_decode(CudaBackend::Impl& m, const ExpertPtrs* table, const int* ids, c
   if (f.experts) {
     const size_t smem = ring_offset(std::max(io, inter)) + rings_of(form);
     opt_in_smem(f.experts, smem, m.mx_opted[form][0], "cudaFuncSetAttribute (mxfp4 decode experts)");
-    // Blocks an SM (registers, shared memory): the grid is one full wave. Asked once per form and
-    // size (every MoE layer of a model has the same; a step is recorded with one call a layer).
-    if (m.mx_occupancy.form != form || m.mx_occupancy.smem != smem) {
-      int per_sm = 0;
-      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, f.experts, kThreads, smem),
-                 "cudaOccupancyMaxActiveBlocksPerMultiprocessor (mxfp4 decode experts)");
-      m.mx_occupancy = {form, smem, per_sm};
-    }
-    const int per_sm = m.mx_occupancy.blocks;
     const int split = std::min(f.split, k), tiles_dn = (io + per_block - 1) / per_block;
     const int units = ((inter + per_block - 1) / per_block + tiles_dn) * k + tiles_dn * split;  // half units: 2 a tile
     auto* queue = static_cast<unsigned*>(m.counter_scratch(m.mx_queue, size_t(2 + 2 * k + tiles_dn) * sizeof(unsigned),
                                                            "cudaMemsetAsync (mxfp4 decode queue)"));
-    const int blocks = std::max(1, std::min(units, std::max(per_sm, 1) * std::max(m.sm_count, 1)));
+    const int blocks = persistent_blocks(m, m.mx_occupancy, f.experts, form, smem, units,
+                                         "cudaOccupancyMaxActiveBlocksPerMultiprocessor (mxfp4 decode experts)");
     const char* what = "routed_moe (fast) mxfp4 decode experts kernel";
     launch_ex(m, f.experts, dim3(unsigned(blocks)), dim3(kThreads), smem, 0, m.stream_pdl, what, table, ids, z, k, io,
               inter, b1, b2, act, ys, w, out, queue, m.traffic_counters(), ebytes, m.stream_prefetch,
@@ -941,14 +948,8 @@ void moe_decode_dense(CudaBackend::Impl& m, const DenseExpertPtrs* table, const 
   const size_t both = size_t(io + inter) * 2;  // z and act[j] as BF16
   if (m.dense_form == 1 && both + sizeof(TileRed<2>) + 64 <= size_t(m.max_smem_optin)) {
     opt_in_smem(dense_experts_kernel, both, m.dense_opted.experts, "cudaFuncSetAttribute (dense decode experts)");
-    if (m.dense_occupancy.smem != both) {  // blocks an SM at this size (asked once a size)
-      int per_sm = 0;
-      check_cuda(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, dense_experts_kernel, kThreads, both),
-                 "cudaOccupancyMaxActiveBlocksPerMultiprocessor (dense decode experts)");
-      m.dense_occupancy = {0, both, per_sm};
-    }
-    const int units = (gu_blocks + dn_blocks) * k;
-    const int blocks = std::max(1, std::min(units, std::max(m.dense_occupancy.blocks, 1) * std::max(m.sm_count, 1)));
+    const int blocks = persistent_blocks(m, m.dense_occupancy, dense_experts_kernel, 0, both, (gu_blocks + dn_blocks) * k,
+                                         "cudaOccupancyMaxActiveBlocksPerMultiprocessor (dense decode experts)");
     auto* queue = static_cast<unsigned*>(m.counter_scratch(m.dense_queue, size_t(2 + k + dn_blocks) * sizeof(unsigned),
                                                            "cudaMemsetAsync (dense decode queue)"));
     const char* what = "routed_moe (fast) dense decode experts kernel";
