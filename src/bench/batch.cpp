@@ -52,6 +52,18 @@ std::vector<DecodeForm> parse_expert_forms(const std::string& s, int mx_forms, i
   return out;
 }
 
+void set_decode_form(Backend& be, DecodeForm f) {
+#ifdef WREN_HAVE_CUDA
+  auto* cu = dynamic_cast<CudaBackend*>(&be);
+  if (!cu) return;
+  cu->set_decode_streams(true, 0, 0, f.kind == 'f' ? f.n : 0);
+  cu->set_mx_decode_form(f.kind == 'm' ? f.n : 0);
+  cu->set_dense_decode_form(f.kind == 'd' ? f.n : 0);
+#else
+  (void)be, (void)f;
+#endif
+}
+
 void run_batch(BatchArgs a) {
   const std::vector<int> batches = parse_count_list(a.batches, "--batches", 1, 4096, "batch size");
   // --gemv-forms, --expert-forms: every size once per form of a CUDA fast-mode decode kernel, side
@@ -95,14 +107,7 @@ void run_batch(BatchArgs a) {
   usage_check(!hooks || cu != nullptr, "bench batch: --gemv-forms and --expert-forms need the CUDA backend (--backend cuda)");
 #endif
   const auto set_form = [&](Form f) {  // only with a forms list: else the backend's own settings stay
-#ifdef WREN_HAVE_CUDA
-    if (!cu) return;
-    cu->set_decode_streams(true, 0, 0, f.kind == 'f' ? f.n : 0);
-    cu->set_mx_decode_form(f.kind == 'm' ? f.n : 0);
-    cu->set_dense_decode_form(f.kind == 'd' ? f.n : 0);
-#else
-    (void)f;
-#endif
+    if (hooks) set_decode_form(e.backend(), f);
   };
   const int V = e.config().vocab;
   nlohmann::json out = {{"model", e.dir()},   {"backend", e.backend().name()},

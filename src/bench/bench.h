@@ -196,4 +196,9 @@ struct DecodeForm {
 /// empty gives none. Throws UsageError naming --expert-forms and the item otherwise.
 std::vector<DecodeForm> parse_expert_forms(const std::string& s, int mx_forms, int dense_forms);
 
+/// Sets the CUDA fast mode's decode-kernel hooks for form f: its kind's hook to f.n and the other
+/// two to their defaults ({} = all three at their defaults; the decode streams launched as
+/// programmatic dependents, no lines prefetched). Does nothing on another backend.
+void set_decode_form(Backend& be, DecodeForm f);
+
 }  // namespace wren::bench

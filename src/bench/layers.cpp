@@ -394,14 +394,12 @@ void bench_layers(const LayersArgs& a) {
   if (auto* cu = dynamic_cast<CudaBackend*>(be.get()); cu && a.cuda.precision == GpuPrecision::Fast) {
     for (const DecodeForm& f :
          parse_expert_forms(a.expert_forms, CudaBackend::mx_decode_forms(), CudaBackend::dense_decode_forms())) {
-      cu->set_mx_decode_form(f.kind == 'm' ? f.n : 0);
-      cu->set_dense_decode_form(f.kind == 'd' ? f.n : 0);
+      set_decode_form(*cu, f);
       form_s.emplace_back(f, decode_time(*model, *be, c.n_layers, a.decode, true, nullptr));
       progress(start, std::string("decode, experts form ") + f.kind + std::to_string(f.n) + ": " +
                           std::to_string(form_s.back().second * 1e3) + " ms/token");
     }
-    cu->set_mx_decode_form(0);
-    cu->set_dense_decode_form(0);
+    set_decode_form(*cu, {});
   }
 #endif
   double profile_ms = 0;
