@@ -670,13 +670,13 @@ TEST_F(CudaFast, DecodeWeightStreamsSpeedVsCopy) {
   // whose blocks leave room for the next launch's to start early.
   gemv_variants.push_back({true, 4, 0, "f0+4", 0}), gemv_variants.push_back({true, 4, 0, "f5+4", 5});
   // MXFP4 experts: also every other form (moe_decode.cu kMxForms: m0, the default, gate/up, down
-  // and the weighted sum in one persistent launch, the last slot's down tiles in halves; m1-m12 a launch each: m1 16-byte scale loads for
-  // 2 blocks an SM, m2 / m3 with L2 asks 1 / 2 steps ahead, m4 / m5 4 blocks an SM (0 / 1 ahead),
-  // m6-m8 3 blocks an SM (0, 1, 2 ahead), m9 byte scale loads for 3 blocks an SM, m10 / m11 the
-  // code and scale bytes through a cp.async ring of 3 / 2 stages a warp, m12 the default of runs
-  // 28-43; m13 / m14 m0 with rings of 2 / 3 stages, m15 m0 for 3 blocks an SM;
-  // m0 has the last slot's down tiles as half-size units (run 46); m17 is m0 with whole tiles only
-  // (runs 44-45's default), m16 / m18 with half-size units for the last 2 / 4 slots).
+  // and the weighted sum in one persistent launch, the last slot's down tiles as half-size units
+  // (run 46); m1-m12 a launch each: m1 16-byte scale loads for 2 blocks an SM, m2 / m3 with L2
+  // asks 1 / 2 steps ahead, m4 / m5 4 blocks an SM (0 / 1 ahead), m6-m8 3 blocks an SM (0, 1, 2
+  // ahead), m9 byte scale loads for 3 blocks an SM, m10 / m11 the code and scale bytes through a
+  // cp.async ring of 3 / 2 stages a warp, m12 the default of runs 28-43; m13 / m14 m0 with rings
+  // of 2 / 3 stages, m15 m0 for 3 blocks an SM; m17 m0 with whole down tiles only (runs 44-45's
+  // default), m16 / m18 with half-size units for the last 2 / 4 slots).
   std::vector<Variant> moe_variants = {{false, 0, 0, "plain"}, {true, 0, 0, "pdl"}, {true, 2, 0, "pdl+2"}};
   static const char* kMxNames[] = {"m0",  "m1",  "m2",  "m3",  "m4",  "m5",  "m6",  "m7",  "m8",  "m9",
                                    "m10", "m11", "m12", "m13", "m14", "m15", "m16", "m17", "m18"};
