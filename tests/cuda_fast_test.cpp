@@ -275,6 +275,84 @@ TEST_F(CudaFast, GemvBatchesAndWarpsPerTileMatchCpu) {
               worst.cases, worst.rel);
 }
 
+// gemm_mapped (an element-wise op and the product that reads it): in fast mode a one-token BF16
+// GEMV maps its input as it loads it, one launch, y bit-identical to the element-wise op then gemm
+// on the GPU, and the map's buffer x left untouched; within BF16 rounding of the CPU's two ops.
+// Every map (SiLU-GLU, SiTU-GLU with b1 != b2, sigmoid gate), shapes with a partial last span
+// (cols % 128 != 0), a column split (few rows) and one the GEMV declines (cols % 32 != 0: the
+// two ops); T = 2 (no fused form): the two ops, x written.
+TEST_F(CudaFast, GemmMappedEqualsTheTwoOps) {
+  std::mt19937 g(91);
+  struct Case {
+    int rows, cols;
+  };
+  const Case cases[] = {{2304, 1024}, {7168, 3072}, {17, 96}, {513, 160}, {300, 8192}, {40, 12288}, {64, 48}};
+  const InputMap::Kind kinds[] = {InputMap::Kind::SiluGlu, InputMap::Kind::SituGlu, InputMap::Kind::SigmoidGate};
+  const char* names[] = {"SiLU-GLU", "SiTU-GLU", "sigmoid gate"};
+  Worst worst;
+  for (const Case& c : cases) {
+    HostWeight hw(rnd(g, size_t(c.rows) * c.cols), c.rows, c.cols);
+    std::vector<uint8_t> packed;
+    const DenseWeight W = bf16_weight(hw.data.data(), c.rows, c.cols, packed);
+    be_->upload(W);
+    const bool fused = c.cols % 32 == 0;
+    for (int k = 0; k < 3; ++k) {
+      const std::string sh = std::string(names[k]) + " rows=" + std::to_string(c.rows) + " cols=" + std::to_string(c.cols);
+      for (int T : {1, 2}) {
+        const size_t n = size_t(T) * c.cols;
+        const auto a = rnd(g, n, -6.f, 6.f), b = rnd(g, n, -6.f, 6.f);
+        const InputMap hmap{kinds[k], b.data(), 2.5f, 1.5f};
+        // CPU: the two ops (Backend's default).
+        std::vector<float> cx(n), cy(size_t(T) * c.rows);
+        cpu_.gemm_mapped(hw.w, a.data(), hmap, T, cx.data(), cy.data());
+        // GPU: the two ops in turn, then the one op.
+        float *da = dev(a), *db = dev(b), *dx2 = poisoned(n), *dy2 = poisoned(size_t(T) * c.rows);
+        const InputMap dmap{kinds[k], db, 2.5f, 1.5f};
+        if (kinds[k] == InputMap::Kind::SiluGlu) be_->silu_glu(da, db, T, c.cols, dx2);
+        else if (kinds[k] == InputMap::Kind::SituGlu) be_->situ_glu(da, db, T, c.cols, 2.5f, 1.5f, dx2);
+        else be_->copy(da, n, dx2), be_->sigmoid_gate(dx2, db, n);
+        be_->gemm(W, dx2, T, dy2);
+        float *dx = poisoned(n), *dy = poisoned(size_t(T) * c.rows);
+        const uint64_t l0 = be_->stats().launches, m0 = be_->stats().mapped_gemvs;
+        be_->gemm_mapped(W, da, dmap, T, dx, dy);
+        const bool took = T == 1 && fused;
+        EXPECT_EQ(be_->stats().mapped_gemvs - m0, took ? 1u : 0u) << sh << " T=" << T;
+        if (took) {
+          EXPECT_EQ(be_->stats().launches - l0, 1u) << sh << ": one launch";
+        }
+        const auto y = host(dy, size_t(T) * c.rows), y2 = host(dy2, size_t(T) * c.rows), x = host(dx, n);
+        EXPECT_EQ(nan_count(y), 0u) << sh << " T=" << T;
+        EXPECT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * 4)) << sh << " T=" << T << ": differs from the two ops";
+        if (took) {
+          EXPECT_EQ(nan_count(x), n) << sh << ": x written by the fused form";
+        } else {
+          EXPECT_EQ(0, std::memcmp(x.data(), host(dx2, n).data(), n * 4)) << sh << " T=" << T << ": x";
+        }
+        const double r = test::rel_l2(y.data(), cy.data(), y.size());
+        EXPECT_LE(r, c.rows < 16 ? 2e-2 : 6e-3) << sh << " T=" << T;
+        worst.add(r);
+      }
+    }
+  }
+  // In place (x = a, as the MLA output gate runs): the declined T = 2 path gates a itself.
+  {
+    const int rows = 64, cols = 256, T = 2;
+    HostWeight hw(rnd(g, size_t(rows) * cols), rows, cols);
+    std::vector<uint8_t> packed;
+    const DenseWeight W = bf16_weight(hw.data.data(), rows, cols, packed);
+    be_->upload(W);
+    auto a = rnd(g, size_t(T) * cols, -6.f, 6.f);
+    const auto b = rnd(g, size_t(T) * cols, -6.f, 6.f);
+    float *da = dev(a), *db = dev(b), *dy = poisoned(size_t(T) * rows);
+    be_->gemm_mapped(W, da, InputMap{InputMap::Kind::SigmoidGate, db}, T, da, dy);
+    std::vector<float> cy(size_t(T) * rows);
+    cpu_.gemm_mapped(hw.w, a.data(), InputMap{InputMap::Kind::SigmoidGate, b.data()}, T, a.data(), cy.data());
+    EXPECT_LE(test::rel_l2(host(da, a.size()).data(), a.data(), a.size()), 1e-6) << "gated in place";
+    EXPECT_LE(test::rel_l2(host(dy, cy.size()).data(), cy.data(), cy.size()), 6e-3);
+  }
+  std::printf("[ gemm_mapped ] worst rel L2 vs CPU %.2e over %d cases\n", worst.rel, worst.cases);
+}
+
 /// A random MXFP4 expert (scales near 2^0 so the products stay in range).
 struct MxExpert {
   std::vector<uint8_t> b[6];

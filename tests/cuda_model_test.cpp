@@ -236,6 +236,10 @@ TEST(CudaModelQuant, PackedKvbIsDecodedOnceWhenFirstUsedInARecordedStep) {
       id = argmax(lr.data(), c.vocab);
     }
     EXPECT_EQ(eager.stats().mla_kvb_decodes, exact ? mla_layers : 0u) << mode;
+    // Fast mode maps the dense MLP's and shared experts' GLU and the MLA output gate inside the
+    // GEMV that reads them (Backend::gemm_mapped), in the graph as op by op.
+    if (exact) EXPECT_EQ(eager.stats().mapped_gemvs, 0u);
+    else EXPECT_GT(eager.stats().mapped_gemvs, 0u);
   }
 }
 

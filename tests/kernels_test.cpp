@@ -337,6 +337,34 @@ TEST(Kernels, SituEveryLevelMatchesLibm) {
   }
 }
 
+// Backend::gemm_mapped's default (every backend that does not fuse it; the CPU reference): the
+// element-wise op into x, then gemm on x, bit for bit; x = a gates in place.
+TEST(Kernels, GemmMappedDefaultIsTheTwoOps) {
+  CpuBackend cpu;
+  std::mt19937 rng(17);
+  const int rows = 33, cols = 96, T = 3;
+  const size_t n = size_t(T) * cols;
+  std::vector<float> wv = random_vec(size_t(rows) * cols, rng), a = random_vec(n, rng, 6.f), b = random_vec(n, rng, 6.f);
+  DenseWeight w;
+  w.rows = rows, w.cols = cols, w.data = wv.data();
+  for (auto kind : {InputMap::Kind::SiluGlu, InputMap::Kind::SituGlu, InputMap::Kind::SigmoidGate}) {
+    std::vector<float> x(n), y(size_t(T) * rows), x2(n), y2(size_t(T) * rows);
+    cpu.gemm_mapped(w, a.data(), InputMap{kind, b.data(), 2.5f, 1.5f}, T, x.data(), y.data());
+    if (kind == InputMap::Kind::SiluGlu) cpu.silu_glu(a.data(), b.data(), T, cols, x2.data());
+    else if (kind == InputMap::Kind::SituGlu) cpu.situ_glu(a.data(), b.data(), T, cols, 2.5f, 1.5f, x2.data());
+    else x2 = a, cpu.sigmoid_gate(x2.data(), b.data(), n);
+    cpu.gemm(w, x2.data(), T, y2.data());
+    EXPECT_EQ(0, std::memcmp(x.data(), x2.data(), n * 4)) << int(kind);
+    EXPECT_EQ(0, std::memcmp(y.data(), y2.data(), y.size() * 4)) << int(kind);
+    if (kind == InputMap::Kind::SigmoidGate) {
+      std::vector<float> in_place = a, y3(y.size());
+      cpu.gemm_mapped(w, in_place.data(), InputMap{kind, b.data()}, T, in_place.data(), y3.data());
+      EXPECT_EQ(0, std::memcmp(in_place.data(), x2.data(), n * 4)) << "in place";
+      EXPECT_EQ(0, std::memcmp(y3.data(), y2.data(), y.size() * 4)) << "in place";
+    }
+  }
+}
+
 TEST(ThreadPool, EveryTaskOnceAcrossThreadsAndErrorsPropagate) {
   for (int threads : {1, 2, 3}) {
     cpu::ThreadPool pool(threads);

@@ -526,9 +526,10 @@ const float* Forward::pre_mix(const DenseWeight& w, const std::vector<float*>& b
   return b.mixed;
 }
 
-void Forward::glu(const float* g, const float* u, int T, int n, float* out) {
-  if (cfg_.act == Activation::SiTU) be_.situ_glu(g, u, T, n, cfg_.situ_b1, cfg_.situ_b2, out);
-  else be_.silu_glu(g, u, T, n, out);
+void Forward::glu_down(const DenseWeight& down, const float* g, const float* u, int T, float* act, float* y) {
+  const InputMap map = cfg_.act == Activation::SiTU ? InputMap{InputMap::Kind::SituGlu, u, cfg_.situ_b1, cfg_.situ_b2}
+                                                    : InputMap{InputMap::Kind::SiluGlu, u};
+  be_.gemm_mapped(down, g, map, T, act, y);
 }
 
 void Forward::kda_layer(const LayerWeights& l, int layer, int T) {
@@ -604,16 +605,16 @@ void Forward::mla_layer(const LayerWeights& l, int layer, int T) {
       be_.mla_attend(p, m, sg.st->mla(layer), b.qfull + r * Q, b.ckv + r * W, sg.n, b.ctx + r * C);
     }
   }
-  if (cfg_.mla_out_gate) be_.sigmoid_gate(b.ctx, b.mgate, size_t(T) * cfg_.mla_heads * cfg_.v_head);
-  be_.gemm(m.o, b.ctx, T, b.att);
+  // The output gate and o_proj in one op (ctx gated in place where the backend does not fuse them).
+  if (cfg_.mla_out_gate) be_.gemm_mapped(m.o, b.ctx, InputMap{InputMap::Kind::SigmoidGate, b.mgate}, T, b.ctx, b.att);
+  else be_.gemm(m.o, b.ctx, T, b.att);
 }
 
 void Forward::dense_mlp(const LayerWeights& l, int T) {
   Buffers& b = *buf_;
   const GemmJob jobs[] = {{&l.mlp.gate, b.nrm, b.g}, {&l.mlp.up, b.nrm, b.u}};
   be_.gemm_batch(jobs, 2, T);
-  glu(b.g, b.u, T, cfg_.dense_inter, b.act);
-  be_.gemm(l.mlp.down, b.act, T, b.ffn);
+  glu_down(l.mlp.down, b.g, b.u, T, b.act, b.ffn);
 }
 
 void Forward::moe(int layer, const MoeWeights& m, int T) {
@@ -630,8 +631,7 @@ void Forward::moe(int layer, const MoeWeights& m, int T) {
   if (shared) jobs[n++] = {&m.shared_gate, b.nrm, b.g}, jobs[n++] = {&m.shared_up, b.nrm, b.u};
   be_.gemm_batch(jobs, n, T);
   if (shared) {  // before the routed experts, whose workspace reuses g, u and act
-    glu(b.g, b.u, T, c.shared_inter(), b.act);
-    be_.gemm(m.shared_down, b.act, T, b.tmp);
+    glu_down(m.shared_down, b.g, b.u, T, b.act, b.tmp);
   }
   if (latent) {  // Stable LatentMoE (docs/model.md#moe)
     routed_experts(layer, m, b.lat, T, b.lsum);

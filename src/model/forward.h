@@ -234,7 +234,9 @@ class Forward final : public TokenStep {
   /// --check-finite: copies device rows [T, D] of one layer's sub-block output and checks them.
   void check_sub(const float* dev, int T, int pos0, int layer, const char* block);
   const float* pre_mix(const DenseWeight& w, const std::vector<float*>& blocks, int n_blocks, int T);
-  void glu(const float* g, const float* u, int T, int n, float* out);
+  /// y = down · GLU(g, u) (the model's activation) in one Backend::gemm_mapped; act [T, down.cols]
+  /// is the GLU's buffer where the backend does not fuse it.
+  void glu_down(const DenseWeight& down, const float* g, const float* u, int T, float* act, float* y);
   void routed_experts(int layer, const MoeWeights& m, const float* z, int T, float* out);
   /// ForwardOptions::predict for the MoE layer after `layer` (if any), from b.nrm [T, D].
   void predict_next(int layer, int T);

@@ -31,6 +31,19 @@ void Backend::add_rms_norm(float* y, const float* x, int T, int n, const DenseWe
   rms_norm(y, T, n, w, eps, out);
 }
 
+void Backend::gemm_mapped(const DenseWeight& W, const float* a, const InputMap& map, int T, float* x, float* y) {
+  const size_t n = size_t(T) * size_t(W.cols);
+  switch (map.kind) {
+    case InputMap::Kind::SiluGlu: silu_glu(a, map.b, T, int(W.cols), x); break;
+    case InputMap::Kind::SituGlu: situ_glu(a, map.b, T, int(W.cols), map.b1, map.b2, x); break;
+    case InputMap::Kind::SigmoidGate:
+      if (x != a) copy(a, n, x);
+      sigmoid_gate(x, map.b, n);
+      break;
+  }
+  gemm(W, x, T, y);
+}
+
 void Backend::gemm_batch(const GemmJob* jobs, int n, int T) {
   for (int i = 0; i < n; ++i) gemm(*jobs[i].W, jobs[i].x, T, jobs[i].y);
 }

@@ -113,6 +113,17 @@ struct GemmJob {
   float* y;
 };
 
+/// The element-wise map Backend::gemm_mapped applies to its input a [T, cols] before the product,
+/// with the f32 values of the element-wise op it stands for: SiLU-GLU of gate a and up b
+/// (silu_glu), SiTU-GLU with bounds b1, b2 (situ_glu), or the sigmoid output gate a · σ(b)
+/// (sigmoid_gate). b [T, cols].
+struct InputMap {
+  enum class Kind { SiluGlu, SituGlu, SigmoidGate };
+  Kind kind = Kind::SiluGlu;
+  const float* b = nullptr;
+  float b1 = 0, b2 = 0;  ///< SiTU bounds (SituGlu only)
+};
+
 /// The ops. All are synchronous from the caller's view; T >= 1 tokens in original order.
 class Backend {
  public:
@@ -160,6 +171,12 @@ class Backend {
   /// them in one launch: the CUDA fast mode's one-token BF16 GEMVs). The default calls gemm for
   /// each job in order.
   virtual void gemm_batch(const GemmJob* jobs, int n, int T);
+  /// y[T, W.rows] = map(a, map.b) · Wᵀ: an element-wise op and the product that reads it, one pass
+  /// where a backend fuses them (CUDA fast mode's one-token BF16 GEMV maps the input as it loads
+  /// it: one launch instead of two). x [T, W.cols] is the map's output buffer: written by the
+  /// default (the element-wise op into x, then gemm on x), left as it was where the map is fused;
+  /// x may be a itself (the map in place). Bit-identical to the two ops in turn.
+  virtual void gemm_mapped(const DenseWeight& W, const float* a, const InputMap& map, int T, float* x, float* y);
   /// y[T, n] = x / sqrt(mean(x²) + eps) ⊙ w (mean accumulated in f64).
   virtual void rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) = 0;
   /// y[i] += x[i].

@@ -63,6 +63,7 @@ struct CudaStats {
   uint64_t expert_calls = 0;     ///< expert_ffn calls
   uint64_t lt_gemms = 0;         ///< fast mode: dense GEMMs run through cuBLASLt (gemm_lt.cu)
   uint64_t tc_gemvs = 0;         ///< fast mode: one-token BF16 GEMVs on tensor cores (gemv_tc.cu)
+  uint64_t mapped_gemvs = 0;     ///< of those, with the input map of gemm_mapped fused (gemv_tc_mapped)
   uint64_t mla_kvb_decodes = 0;  ///< MLA: packed kv_b matrices decoded to f32 (once per layer and upload)
   uint64_t grouped_moe_calls = 0;  ///< fast mode: routed_moe calls run as one grouped GEMM (moe_grouped.cu)
   uint64_t bf16_weight_bytes = 0;  ///< fast mode: device bytes of BF16 weight copies made from f32
@@ -275,6 +276,7 @@ class CudaBackend final : public Backend {
   /// Fast mode, T = 1: the jobs the tensor-core GEMV takes in one launch (gemv_tc.cu), the others
   /// through gemm in order.
   void gemm_batch(const GemmJob* jobs, int n, int T) override;
+  void gemm_mapped(const DenseWeight& W, const float* a, const InputMap& map, int T, float* x, float* y) override;
   /// Backend::argmax_rows on the device (argmax.cu): one launch, recordable.
   void argmax_rows(const float* x, int rows, int cols, float* out) override;
   void rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) override;

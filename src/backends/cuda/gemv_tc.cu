@@ -70,7 +70,22 @@ struct GemvJob {
   float* part;      ///< [blocks_y, rows] partial sums (blocks_y > 1)
   unsigned* count;  ///< [blocks_x] arrival counters, zero between launches (blocks_y > 1)
   int rows, cols, wt, per, blocks_x, blocks_y, block0;
+  /// The input map (gemv_tc_mapped): 0 none (x itself), else 1 + InputMap::Kind of x and xb.
+  int map = 0;
+  const float* xb = nullptr;
+  float b1 = 0, b2 = 0;
 };
+
+/// One input value as the element-wise op of the job's map gives it (elementwise.cu: the same
+/// expressions; the build contracts no multiply-add, so the same f32 bits).
+__device__ __forceinline__ float map_input(int map, float a, float b, float b1, float b2) {
+  switch (map) {
+    case 1 + int(InputMap::Kind::SiluGlu): return a * sigmoid_f(a) * b;
+    case 1 + int(InputMap::Kind::SituGlu): return situ_f(a, b, b1, b2);
+    case 1 + int(InputMap::Kind::SigmoidGate): return a * sigmoid_f(b);
+    default: return a;
+  }
+}
 /// The products of one launch (independent: no job reads another's y).
 struct GemvJobs {
   GemvJob job[kMaxJobs];
@@ -128,7 +143,12 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gemv_tc_kernel(const __g
       uint32_t xv[16];
 #pragma unroll
       for (int i = 0; i < 8; ++i) {  // the token's 32 values as BF16 pairs (lanes g = 0), else zeros
-        const float4 v = g == 0 && in ? __ldg(reinterpret_cast<const float4*>(x + col) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        float4 v = g == 0 && in ? __ldg(reinterpret_cast<const float4*>(x + col) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+        if (J.map != 0 && g == 0 && in) {  // the mapped input (gemv_tc_mapped)
+          const float4 b = __ldg(reinterpret_cast<const float4*>(J.xb + col) + i);
+          v = make_float4(map_input(J.map, v.x, b.x, J.b1, J.b2), map_input(J.map, v.y, b.y, J.b1, J.b2),
+                          map_input(J.map, v.z, b.z, J.b1, J.b2), map_input(J.map, v.w, b.w, J.b1, J.b2));
+        }
         const __nv_bfloat162 p0 = __floats2bfloat162_rn(v.x, v.y), p1 = __floats2bfloat162_rn(v.z, v.w);
         xv[2 * i] = *reinterpret_cast<const uint32_t*>(&p0), xv[2 * i + 1] = *reinterpret_cast<const uint32_t*>(&p1);
       }
@@ -253,6 +273,17 @@ bool gemv_tc(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, 
   bool taken = false;
   gemv_tc_batch(m, &job, 1, T, &taken);
   return taken;
+}
+
+bool gemv_tc_mapped(CudaBackend::Impl& m, const DenseWeight& W, const float* a, const InputMap& map, int T, float* y) {
+  const void* data = nullptr;
+  if (map.b == nullptr || reinterpret_cast<uintptr_t>(map.b) % 16 != 0 || !takes(m, W, a, T, &data)) return false;
+  GemvJobs jobs{};
+  GemvJob& j = jobs.job[jobs.n++] = plan(m, static_cast<const uint16_t*>(data), a, y, int(W.rows), int(W.cols));
+  j.map = 1 + int(map.kind), j.xb = map.b, j.b1 = map.b1, j.b2 = map.b2;
+  launch(m, jobs);
+  ++m.stats.mapped_gemvs;
+  return true;
 }
 
 int gemv_tc_batch(CudaBackend::Impl& m, const GemmJob* in, int n, int T, bool* taken) {

@@ -12,6 +12,13 @@ namespace wren::cuda {
 /// CudaStats::tc_gemvs.
 bool gemv_tc(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, float* y);
 
+/// gemv_tc of map(a, map.b) (Backend::gemm_mapped): each lane maps the input values it loads
+/// (map_input: the element-wise op's f32 values, then rounded to BF16 as gemv_tc rounds x), so
+/// y is bit-identical to the element-wise op followed by gemv_tc, in one launch. Takes what
+/// gemv_tc takes, with map.b 16-byte aligned; returns false (nothing launched) otherwise. Counts
+/// CudaStats::tc_gemvs and CudaStats::mapped_gemvs.
+bool gemv_tc_mapped(CudaBackend::Impl& m, const DenseWeight& W, const float* a, const InputMap& map, int T, float* y);
+
 /// gemv_tc for up to 8 independent products in one launch: taken[i] says whether jobs[i] was
 /// taken (the first 8 that gemv_tc would take; each y bit-identical to gemv_tc on it alone);
 /// returns how many were. Nothing launched when none is taken.
