@@ -459,6 +459,46 @@ TEST_F(CudaOps, AddRmsNormMatchesCpuAndTheTwoOps) {
     }
 }
 
+// add2 and add2_rms_norm (an MoE's routed and shared outputs added to the residual at once): the
+// residual equals the CPU's two adds (x += x2, then y += x) bit for bit, the norm within
+// rms_norm's tolerance and bit-identical to this backend's add, add_rms_norm in turn; one launch
+// each, x2 and x only read; every rms_norm_kernel instance.
+TEST_F(CudaOps, Add2AndAdd2RmsNormMatchTheTwoAdds) {
+  std::mt19937 g(43);
+  for (int n : {1, 7, 31, 128, 257, 1000, 2304, 3000, 7168, 9000})
+    for (int T : {1, 3, 17}) {
+      const std::string sh = shape({{"n", n}, {"T", T}});
+      HostWeight w(random_vec(g, n, 0.5f, 1.5f), 1, n);
+      be_->upload(w.w);
+      auto y = random_vec(g, size_t(T) * n, -3.f, 3.f);
+      const auto x = random_vec(g, size_t(T) * n), x2 = random_vec(g, size_t(T) * n, -2.f, 2.f);
+      for (int t = 0; t < T; ++t) y[size_t(t) * n] *= float(1 + 10 * t);  // rows of different scale
+      std::vector<float> rx = x, ry = y, rout(y.size());
+      cpu_.add(rx.data(), x2.data(), rx.size());
+      cpu_.add(ry.data(), rx.data(), ry.size());
+      cpu_.rms_norm(ry.data(), T, n, w.w, 1e-5f, rout.data());
+      float *dy = dev(y), *dx = dev(x), *dx2 = dev(x2), *dout = poisoned(y.size());
+      uint64_t l0 = be_->stats().launches;
+      be_->add2_rms_norm(dy, dx, dx2, T, n, w.w, 1e-5f, dout);
+      EXPECT_EQ(be_->stats().launches - l0, 1u) << "add2_rms_norm launches";
+      const auto gy = host(dy, y.size()), gout = host(dout, y.size());
+      EXPECT_EQ(0, std::memcmp(gy.data(), ry.data(), ry.size() * 4)) << "add2_rms_norm residual " << sh;
+      expect_close("add2_rms_norm", sh, gout, rout, 1e-6);
+      EXPECT_EQ(0, std::memcmp(host(dx, x.size()).data(), x.data(), x.size() * 4)) << "x only read " << sh;
+      // The same as add(x, x2) then add_rms_norm on this backend.
+      float *dy2 = dev(y), *dx_2 = dev(x), *dout2 = poisoned(y.size());
+      be_->add(dx_2, dx2, x.size());
+      be_->add_rms_norm(dy2, dx_2, T, n, w.w, 1e-5f, dout2);
+      EXPECT_EQ(0, std::memcmp(gout.data(), host(dout2, y.size()).data(), y.size() * 4)) << "vs add + add_rms_norm " << sh;
+      // add2: the residual alone.
+      float* dy3 = dev(y);
+      l0 = be_->stats().launches;
+      be_->add2(dy3, dx, dx2, y.size());
+      EXPECT_EQ(be_->stats().launches - l0, 1u) << "add2 launches";
+      EXPECT_EQ(0, std::memcmp(host(dy3, y.size()).data(), ry.data(), ry.size() * 4)) << "add2 " << sh;
+    }
+}
+
 // attnres_mix: f64 scores + f64 softmax, f32 mix in entry order -> tolerance rel-L2 1e-6 (planted:
 // tests/cuda_planted_attnres.patch must fail it).
 TEST_F(CudaOps, AttnResMixMatchesCpu) {

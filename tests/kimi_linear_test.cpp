@@ -139,6 +139,33 @@ nlohmann::json kl_config(const nlohmann::json& patch = nlohmann::json::object())
 
 // Other shapes, written by the checkpoint writer (`mlp.*` names for the dense layer, BF16 weights),
 // against the naive f64 reference: q LoRA on, two shared experts, six layers.
+// An MoE's shared-experts output is added to the residual together with the routed one (Backend::
+// add2 / add2_rms_norm) unless something reads the FFN output (a hook, --check-finite): the
+// logits are the same bits either way, on Kimi Linear (plain residual: add2_rms_norm) and on the
+// K3-style golden model (AttnRes: add2), prompt and decode.
+TEST_F(KimiLinear, SharedExpertsAddedWithTheRoutedChangesNoBit) {
+  const auto k3 = load_model(test::golden_dir());
+  for (const Model* m : {static_cast<const Model*>(model_), static_cast<const Model*>(k3.get())}) {
+    const Config& c = m->config;
+    ASSERT_GT(c.n_shared, 0);
+    const std::vector<int> ids = {1, 5, 9, 2, 7, 3, 11, 4};
+    const int T = int(ids.size());
+    std::vector<std::vector<float>> got;
+    for (bool strict : {false, true}) {
+      CpuBackend be;
+      ForwardOptions o;
+      o.check_finite = strict;
+      Forward fwd(*m, be, o);
+      SequenceState st(be, c, 64);
+      std::vector<float> logits(size_t(T + 2) * c.vocab);
+      fwd.run(st, ids.data(), nullptr, T, logits.data(), true);
+      for (int t = 0; t < 2; ++t) fwd.run(st, &ids[size_t(t)], nullptr, 1, logits.data() + size_t(T + t) * c.vocab, false);
+      got.push_back(std::move(logits));
+    }
+    EXPECT_EQ(0, std::memcmp(got[0].data(), got[1].data(), got[0].size() * 4)) << c.n_layers << " layers";
+  }
+}
+
 TEST(KimiLinearGenerated, OtherShapesMatchIndependentReference) {
   const nlohmann::json cfg = kl_config({
       {"hidden_size", 48}, {"num_hidden_layers", 6}, {"vocab_size", 300}, {"intermediate_size", 80},

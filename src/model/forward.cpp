@@ -300,14 +300,19 @@ void Forward::chunk_ops(const int* ids, const float* x0, int T, int t0, float* l
   // Where nothing is mixed (no AttnRes snapshot yet: the norm reads P itself) and no hook looks in
   // between, a residual add and the norm after it are one op (Backend::add_rms_norm, bit-identical):
   // after the mixer, and the FFN's add with the next layer's input norm (`pending`: the FFN output
-  // not yet added to P).
-  const float* pending = nullptr;
+  // not yet added to P). Where nothing reads the FFN output itself (no hook, no finiteness check),
+  // an MoE's shared-experts output is added to P with the routed one in that same op (add2,
+  // add2_rms_norm; `pending2`) instead of into the FFN output first.
+  float* pending = nullptr;
+  const float* pending2 = nullptr;
+  const bool defer_shared = !hooks && !opts_.check_finite;
   for (int i = opts_.first_layer; i < n_layers_; ++i) {
     const LayerWeights& l = w.layers[i];
     const LayerSpec& spec = c.layers[i];
     if (pending) {
-      be_.add_rms_norm(b.P, pending, T, int(D), l.input_norm, c.rms_eps, b.nrm);
-      pending = nullptr;
+      if (pending2) be_.add2_rms_norm(b.P, pending, pending2, T, int(D), l.input_norm, c.rms_eps, b.nrm);
+      else be_.add_rms_norm(b.P, pending, T, int(D), l.input_norm, c.rms_eps, b.nrm);
+      pending = nullptr, pending2 = nullptr;
     } else {
       if (hooks && hooks->before_layer) hooks->before_layer(i, t0, T, LayerIo{be_, b.P, b.blocks.data(), n_blocks, D});
       // Pre-attention mix (skipped while there is no snapshot: the only candidate is P itself).
@@ -331,9 +336,11 @@ void Forward::chunk_ops(const int* ids, const float* x0, int T, int t0, float* l
       if (hooks && hooks->dump && i == hooks->dump_layer) dump(hooks, -1, t0, T);  // nrm_attn, att
       be_.rms_norm(mixed, T, int(D), l.post_norm, c.rms_eps, b.nrm);
     }
+    const float* shared = nullptr;  // deferred: the MoE's shared-experts output, not yet in b.ffn
     if (spec.ffn == Ffn::Dense) dense_mlp(l, T);
-    else moe(i, l.moe, T);
-    if (!hooks && n_blocks == 0 && i + 1 < n_layers_ && !c.layers[i + 1].snapshot) pending = b.ffn;
+    else shared = moe(i, l.moe, T, defer_shared);
+    if (!hooks && n_blocks == 0 && i + 1 < n_layers_ && !c.layers[i + 1].snapshot) pending = b.ffn, pending2 = shared;
+    else if (shared) be_.add2(b.P, b.ffn, shared, TD);
     else be_.add(b.P, b.ffn, TD);
     if (hooks && hooks->dump && i == hooks->dump_layer) dump(hooks, i, t0, T);  // nrm_mlp, mlp, hidden
     if (opts_.check_finite)
@@ -617,7 +624,7 @@ void Forward::dense_mlp(const LayerWeights& l, int T) {
   glu_down(l.mlp.down, b.g, b.u, T, b.act, b.ffn);
 }
 
-void Forward::moe(int layer, const MoeWeights& m, int T) {
+const float* Forward::moe(int layer, const MoeWeights& m, int T, bool defer_shared) {
   Buffers& b = *buf_;
   const Config& c = cfg_;
   const size_t D = c.hidden;
@@ -644,7 +651,10 @@ void Forward::moe(int layer, const MoeWeights& m, int T) {
   } else {  // plain MoE on the hidden state (docs/model.md#kimi-linear)
     routed_experts(layer, m, b.nrm, T, b.ffn);
   }
-  if (shared) be_.add(b.ffn, b.tmp, size_t(T) * D);
+  if (!shared) return nullptr;
+  if (defer_shared) return b.tmp;
+  be_.add(b.ffn, b.tmp, size_t(T) * D);
+  return nullptr;
 }
 
 /// out[T, io] = Σ_k w_k · expert_k(z) over each token's top-k (docs/model.md#moe, steps 1-5), from

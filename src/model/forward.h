@@ -219,7 +219,10 @@ class Forward final : public TokenStep {
   /// longer than one token or not adjacent in rows; i + 1 when segs_[i] itself is longer.
   size_t decode_run(size_t i) const;
   void dense_mlp(const LayerWeights& l, int T);
-  void moe(int layer, const MoeWeights& m, int T);
+  /// The MoE sub-block into b.ffn. With shared experts and defer_shared, their output is left in
+  /// b.tmp and returned, for the caller to add with b.ffn in one op (Backend::add2); else added
+  /// into b.ffn and null returned.
+  const float* moe(int layer, const MoeWeights& m, int T, bool defer_shared);
   /// Final mix, norm and lm_head into the device logits; returns the number of rows computed.
   int head(int n_entries, int T, bool all_logits);
   StepInfo step_info(int T, const float* x0, const ForwardHooks* hooks) const;

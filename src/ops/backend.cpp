@@ -31,6 +31,17 @@ void Backend::add_rms_norm(float* y, const float* x, int T, int n, const DenseWe
   rms_norm(y, T, n, w, eps, out);
 }
 
+void Backend::add2(float* y, float* x, const float* x2, size_t n) {
+  add(x, x2, n);
+  add(y, x, n);
+}
+
+void Backend::add2_rms_norm(float* y, float* x, const float* x2, int T, int n, const DenseWeight& w, float eps,
+                            float* out) {
+  add(x, x2, size_t(T) * size_t(n));
+  add_rms_norm(y, x, T, n, w, eps, out);
+}
+
 void Backend::gemm_mapped(const DenseWeight& W, const float* a, const InputMap& map, int T, float* x, float* y) {
   const size_t n = size_t(T) * size_t(W.cols);
   switch (map.kind) {

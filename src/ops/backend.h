@@ -185,6 +185,14 @@ class Backend {
   /// that reads it, one pass where a backend fuses them (CUDA: one kernel). Bit-identical to the
   /// two ops in turn; the default calls them.
   virtual void add_rms_norm(float* y, const float* x, int T, int n, const DenseWeight& w, float eps, float* out);
+  /// y[i] += x[i] + x2[i]: two sub-block outputs (an MoE's routed and shared experts) added to
+  /// the residual at once, one pass where a backend fuses it (CUDA: one kernel). x may be left
+  /// holding x + x2 (the default: add(x, x2), then add(y, x)). Bit-identical to those two adds.
+  virtual void add2(float* y, float* x, const float* x2, size_t n);
+  /// add2(y, x, x2, T · n), then out = rms_norm(y): add_rms_norm of the two outputs' sum (CUDA:
+  /// one kernel). x may be left holding x + x2, as add2. Bit-identical to add2 then rms_norm.
+  virtual void add2_rms_norm(float* y, float* x, const float* x2, int T, int n, const DenseWeight& w, float eps,
+                             float* out);
   /// SiTU-GLU (docs/model.md#situ): out[T, n] = [b1 tanh(g/b1) σ(g)] · [b2 tanh(u/b2)], g/u [T, n].
   virtual void situ_glu(const float* g, const float* u, int T, int n, float b1, float b2,
                         float* out) = 0;

@@ -282,6 +282,9 @@ class CudaBackend final : public Backend {
   void rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) override;
   void add_rms_norm(float* y, const float* x, int T, int n, const DenseWeight& w, float eps, float* out) override;
   void add(float* y, const float* x, size_t n) override;
+  void add2(float* y, float* x, const float* x2, size_t n) override;
+  void add2_rms_norm(float* y, float* x, const float* x2, int T, int n, const DenseWeight& w, float eps,
+                     float* out) override;
   void situ_glu(const float* g, const float* u, int T, int n, float b1, float b2, float* out) override;
   void silu_glu(const float* g, const float* u, int T, int n, float* out) override;
   void sigmoid_gate(float* y, const float* gate, size_t n) override;

@@ -46,10 +46,11 @@ auto row_kernel(int n, Pick pick) {
 /// at once and the row is read once); kPer = 0: any n, the row read twice. Same sums in the same
 /// order either way (a thread's elements i = tid, tid + 256, ...; the zeros past n add nothing).
 /// With `delta` (add_rms_norm) x[i] += delta[i] first and the sum x[i] written back, then the norm
-/// of the new row (add_kernel's sum: bit-identical to add then rms_norm); without it x is only read.
+/// of the new row (add_kernel's sum: bit-identical to add then rms_norm); with `delta2` as well
+/// (add2_rms_norm) x[i] += delta[i] + delta2[i] (add2_kernel's sum); without delta x is only read.
 template <int kPer>
-__global__ void rms_norm_kernel(float* __restrict__ x, const float* __restrict__ delta, int n,
-                                const float* __restrict__ w, float eps, float* __restrict__ y) {
+__global__ void rms_norm_kernel(float* __restrict__ x, const float* __restrict__ delta, const float* __restrict__ delta2,
+                                int n, const float* __restrict__ w, float eps, float* __restrict__ y) {
   // The weight is never written by a step's kernels: its loads issue before the wait, so they
   // overlap the kernel before this one instead of adding a memory latency after the reduction.
   float wv[kPer > 0 ? kPer : 1];
@@ -59,6 +60,7 @@ __global__ void rms_norm_kernel(float* __restrict__ x, const float* __restrict__
   __shared__ double red[32];
   float* xr = x + size_t(blockIdx.x) * n;
   const float* dr = delta ? delta + size_t(blockIdx.x) * n : nullptr;
+  const float* d2 = delta2 ? delta2 + size_t(blockIdx.x) * n : nullptr;
   float* yr = y + size_t(blockIdx.x) * n;
   double ss = 0;
   float xv[kPer > 0 ? kPer : 1];
@@ -67,13 +69,13 @@ __global__ void rms_norm_kernel(float* __restrict__ x, const float* __restrict__
     for (int j = 0; j < kPer; ++j) {
       const int i = threadIdx.x + j * kNormThreads;
       xv[j] = i < n ? xr[i] : 0.f;
-      if (dr && i < n) xr[i] = xv[j] = xv[j] + dr[i];
+      if (dr && i < n) xr[i] = xv[j] = xv[j] + (d2 ? dr[i] + d2[i] : dr[i]);
     }
 #pragma unroll
     for (int j = 0; j < kPer; ++j) ss += double(xv[j]) * xv[j];
   } else {
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const float v = dr ? (xr[i] = xr[i] + dr[i]) : xr[i];  // a thread re-reads only its own elements
+      const float v = dr ? (xr[i] = xr[i] + (d2 ? dr[i] + d2[i] : dr[i])) : xr[i];  // a thread re-reads only its own elements
       ss += double(v) * v;
     }
   }
@@ -184,24 +186,32 @@ __global__ void attnres_mix_kernel(MixEntries entries, int n_entries, int D, con
 
 }  // namespace
 
-/// rms_norm (delta null; x only read) or add_rms_norm (x += delta written back) of T rows of n.
-static void launch_rms_norm(CudaBackend::Impl& m, float* x, const float* delta, int T, int n, const float* wd, float eps,
-                            float* y, const char* what) {
+/// rms_norm (delta null; x only read), add_rms_norm (x += delta written back) or add2_rms_norm (x +=
+/// delta + delta2) of T rows of n.
+static void launch_rms_norm(CudaBackend::Impl& m, float* x, const float* delta, const float* delta2, int T, int n,
+                            const float* wd, float eps, float* y, const char* what) {
   const auto kernel = row_kernel(n, [](auto k) { return rms_norm_kernel<decltype(k)::value>; });
-  cuda::pdl_launch(m, kernel, unsigned(T), kNormThreads, what, x, delta, n, wd, eps, y);
+  cuda::pdl_launch(m, kernel, unsigned(T), kNormThreads, what, x, delta, delta2, n, wd, eps, y);
 }
 
 void CudaBackend::rms_norm(const float* x, int T, int n, const DenseWeight& w, float eps, float* y) {
   Impl& m = *impl_;
   if (T <= 0) return;
   // The kernel writes x only when given a delta.
-  launch_rms_norm(m, const_cast<float*>(x), nullptr, T, n, m.dense(w, "rms_norm"), eps, y, "rms_norm kernel");
+  launch_rms_norm(m, const_cast<float*>(x), nullptr, nullptr, T, n, m.dense(w, "rms_norm"), eps, y, "rms_norm kernel");
 }
 
 void CudaBackend::add_rms_norm(float* y, const float* x, int T, int n, const DenseWeight& w, float eps, float* out) {
   Impl& m = *impl_;
   if (T <= 0) return;
-  launch_rms_norm(m, y, x, T, n, m.dense(w, "add_rms_norm"), eps, out, "add_rms_norm kernel");
+  launch_rms_norm(m, y, x, nullptr, T, n, m.dense(w, "add_rms_norm"), eps, out, "add_rms_norm kernel");
+}
+
+void CudaBackend::add2_rms_norm(float* y, float* x, const float* x2, int T, int n, const DenseWeight& w, float eps,
+                                float* out) {
+  Impl& m = *impl_;
+  if (T <= 0) return;
+  launch_rms_norm(m, y, x, x2, T, n, m.dense(w, "add2_rms_norm"), eps, out, "add2_rms_norm kernel");
 }
 
 void CudaBackend::attnres_mix(const float* const* entries, int n_entries, int T, int D, const DenseWeight& w,
