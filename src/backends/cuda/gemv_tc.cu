@@ -86,6 +86,30 @@ __device__ __forceinline__ float map_input(int map, float a, float b, float b1, 
     default: return a;
   }
 }
+
+/// The B fragment (xv, as the plain path loads it: lanes g = 0 hold the span's 32 values at
+/// columns S + 32·t4 … as BF16 pairs, the other lanes zeros) of the mapped input of span S: each
+/// lane loads and maps 4 values (columns S + 4·lane …; zeros past cols, a multiple of 32) and
+/// rounds them to BF16 pairs as the plain path rounds x; lane (0, t4) gathers its 16 pairs from
+/// lanes 8·t4 … 8·t4 + 7 by shuffles. Spreading the map over the warp's 32 lanes (instead of its
+/// 4 lanes g = 0 mapping 32 values each) keeps the f64 exps of sigmoid_f off the critical path.
+__device__ __forceinline__ void mapped_span(const GemvJob& J, int S, int lane, uint32_t (&xv)[16]) {
+  const int c = S + 4 * lane;
+  uint32_t w0 = 0, w1 = 0;
+  if (c < J.cols) {
+    const float4 a = __ldg(reinterpret_cast<const float4*>(J.x + c)), b = __ldg(reinterpret_cast<const float4*>(J.xb + c));
+    const __nv_bfloat162 p0 = __floats2bfloat162_rn(map_input(J.map, a.x, b.x, J.b1, J.b2), map_input(J.map, a.y, b.y, J.b1, J.b2));
+    const __nv_bfloat162 p1 = __floats2bfloat162_rn(map_input(J.map, a.z, b.z, J.b1, J.b2), map_input(J.map, a.w, b.w, J.b1, J.b2));
+    w0 = *reinterpret_cast<const uint32_t*>(&p0), w1 = *reinterpret_cast<const uint32_t*>(&p1);
+  }
+  const bool g0 = lane < 4;
+  const int src = 8 * (lane % 4);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const uint32_t u0 = __shfl_sync(kFull, w0, src + i), u1 = __shfl_sync(kFull, w1, src + i);
+    xv[2 * i] = g0 ? u0 : 0u, xv[2 * i + 1] = g0 ? u1 : 0u;
+  }
+}
 /// The products of one launch (independent: no job reads another's y).
 struct GemvJobs {
   GemvJob job[kMaxJobs];
@@ -101,8 +125,10 @@ struct GemvJobs {
 /// L2 for `pf` lines of each of its rows (weights only), then waits for the kernel before it (x,
 /// y, part and count are touched only after that).
 /// kMinBlocks: blocks an SM the registers are budgeted for (2: 128 registers a thread); kStep: spans
-/// whose loads a warp issues before its first MMA (the sums are the same for every kStep).
-template <int kMinBlocks, int kStep>
+/// whose loads a warp issues before its first MMA (the sums are the same for every kStep). kMap: the
+/// instance of gemv_tc_mapped (jobs' input maps applied; the plain instances have no map code:
+/// with it in the same instance the BF16 GEMVs of a K3-size token ran 2.7x slower, run 48).
+template <int kMinBlocks, int kStep, bool kMap>
 __global__ void __launch_bounds__(kThreads, kMinBlocks) gemv_tc_kernel(const __grid_constant__ GemvJobs jobs, int pf) {
   __shared__ float red[kWarps][kWarp][2];
   __shared__ bool last;
@@ -141,16 +167,15 @@ __global__ void __launch_bounds__(kThreads, kMinBlocks) gemv_tc_kernel(const __g
       if (s + u * wt >= s_end) break;
       const bool in = col < cols;
       uint32_t xv[16];
+      if constexpr (kMap) {
+        mapped_span(J, (s + u * wt) * kSpan, lane, xv);
+      } else {
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {  // the token's 32 values as BF16 pairs (lanes g = 0), else zeros
-        float4 v = g == 0 && in ? __ldg(reinterpret_cast<const float4*>(x + col) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
-        if (J.map != 0 && g == 0 && in) {  // the mapped input (gemv_tc_mapped)
-          const float4 b = __ldg(reinterpret_cast<const float4*>(J.xb + col) + i);
-          v = make_float4(map_input(J.map, v.x, b.x, J.b1, J.b2), map_input(J.map, v.y, b.y, J.b1, J.b2),
-                          map_input(J.map, v.z, b.z, J.b1, J.b2), map_input(J.map, v.w, b.w, J.b1, J.b2));
+        for (int i = 0; i < 8; ++i) {  // the token's 32 values as BF16 pairs (lanes g = 0), else zeros
+          const float4 v = g == 0 && in ? __ldg(reinterpret_cast<const float4*>(x + col) + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+          const __nv_bfloat162 p0 = __floats2bfloat162_rn(v.x, v.y), p1 = __floats2bfloat162_rn(v.z, v.w);
+          xv[2 * i] = *reinterpret_cast<const uint32_t*>(&p0), xv[2 * i + 1] = *reinterpret_cast<const uint32_t*>(&p1);
         }
-        const __nv_bfloat162 p0 = __floats2bfloat162_rn(v.x, v.y), p1 = __floats2bfloat162_rn(v.z, v.w);
-        xv[2 * i] = *reinterpret_cast<const uint32_t*>(&p0), xv[2 * i + 1] = *reinterpret_cast<const uint32_t*>(&p1);
       }
 #pragma unroll
       for (int i = 0; i < 8; ++i) {
@@ -228,8 +253,9 @@ GemvJob plan(const CudaBackend::Impl& m, const uint16_t* w, const float* x, floa
 }
 
 /// Launches jobs[0, n) (planned, block0 unset) as one kernel: block offsets, the column-split
-/// scratch of each split job (disjoint parts of Impl::gemv_part / gemv_count), one launch.
-void launch(CudaBackend::Impl& m, GemvJobs& jobs) {
+/// scratch of each split job (disjoint parts of Impl::gemv_part / gemv_count), one launch; `mapped`:
+/// the kernel instance that applies the jobs' input maps (gemv_tc_mapped).
+void launch(CudaBackend::Impl& m, GemvJobs& jobs, bool mapped = false) {
   size_t part_floats = 0, counters = 0;
   for (int i = 0; i < jobs.n; ++i)
     if (jobs.job[i].blocks_y > 1)
@@ -253,12 +279,13 @@ void launch(CudaBackend::Impl& m, GemvJobs& jobs) {
     }
   }
   check(blocks <= INT32_MAX, "gemm (fast, tensor-core gemv): too many blocks for one launch");
-  const char* what = "gemm (fast) bf16 tensor-core gemv kernel";
+  const char* what = mapped ? "gemm (fast) bf16 tensor-core gemv kernel, mapped input" : "gemm (fast) bf16 tensor-core gemv kernel";
   // The kernel instance of each form, from kForms itself (forms sharing an instance share its code).
   auto instance = [&]<int... F>(std::integer_sequence<int, F...>) {
     using Kernel = void (*)(const GemvJobs, int);
-    constexpr Kernel kernels[] = {gemv_tc_kernel<kForms[F].min_blocks, kForms[F].step>...};
-    return kernels[m.gemv_form];
+    constexpr Kernel kernels[] = {gemv_tc_kernel<kForms[F].min_blocks, kForms[F].step, false>...};
+    constexpr Kernel mapped_kernels[] = {gemv_tc_kernel<kForms[F].min_blocks, kForms[F].step, true>...};
+    return mapped ? mapped_kernels[m.gemv_form] : kernels[m.gemv_form];
   };
   launch_ex(m, instance(std::make_integer_sequence<int, kNumForms>{}), dim3(unsigned(blocks)), dim3(kThreads), 0, 0,
             m.stream_pdl, what, jobs, m.stream_prefetch);
@@ -281,7 +308,7 @@ bool gemv_tc_mapped(CudaBackend::Impl& m, const DenseWeight& W, const float* a, 
   GemvJobs jobs{};
   GemvJob& j = jobs.job[jobs.n++] = plan(m, static_cast<const uint16_t*>(data), a, y, int(W.rows), int(W.cols));
   j.map = 1 + int(map.kind), j.xb = map.b, j.b1 = map.b1, j.b2 = map.b2;
-  launch(m, jobs);
+  launch(m, jobs, true);
   ++m.stats.mapped_gemvs;
   return true;
 }

@@ -12,9 +12,9 @@ namespace wren::cuda {
 /// CudaStats::tc_gemvs.
 bool gemv_tc(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, float* y);
 
-/// gemv_tc of map(a, map.b) (Backend::gemm_mapped): each lane maps the input values it loads
-/// (map_input: the element-wise op's f32 values, then rounded to BF16 as gemv_tc rounds x), so
-/// y is bit-identical to the element-wise op followed by gemv_tc, in one launch. Takes what
+/// gemv_tc of map(a, map.b) (Backend::gemm_mapped): a warp maps each span of the input it reads,
+/// 4 values a lane (map_input: the element-wise op's f32 values, rounded to BF16 as gemv_tc
+/// rounds x), so y is bit-identical to the element-wise op followed by gemv_tc, in one launch. Takes what
 /// gemv_tc takes, with map.b 16-byte aligned; returns false (nothing launched) otherwise. Counts
 /// CudaStats::tc_gemvs and CudaStats::mapped_gemvs.
 bool gemv_tc_mapped(CudaBackend::Impl& m, const DenseWeight& W, const float* a, const InputMap& map, int T, float* y);
