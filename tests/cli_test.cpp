@@ -311,6 +311,8 @@ TEST(Cli, BadArgumentsExitNonZero) {
   EXPECT_EQ(2, test::run_wren("bench batch " + model_arg() + " --batches 2,x", &out)) << out;
   EXPECT_EQ(2, test::run_wren("bench batch " + model_arg() + " --expert-forms m0,x3", &out)) << out;
   EXPECT_NE(out.find("--expert-forms: 'x3' is not mN"), std::string::npos) << out;
+  EXPECT_EQ(2, test::run_wren("bench batch " + model_arg() + " --expert-forms g2", &out)) << out;
+  EXPECT_NE(out.find("or g0 / g1"), std::string::npos) << out;
   EXPECT_EQ(2, test::run_wren("bench stream --dir " + test::temp_dir("bench-stream-budgets") + " --moe-layers 1 --experts 16 --runs 1 --budgets abc", &out)) << out;
   EXPECT_NE(out.find("--budgets: 'abc' is not a fraction"), std::string::npos) << out;
   EXPECT_EQ(2, test::run_wren("bench stream --dir " + test::temp_dir("bench-stream-budgets") + " --moe-layers 1 --experts 16 --runs 1 --budgets 0.1,-0.5", &out)) << out;

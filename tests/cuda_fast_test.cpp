@@ -280,9 +280,11 @@ TEST_F(CudaFast, GemvBatchesAndWarpsPerTileMatchCpu) {
 // on the GPU, and the map's buffer x left untouched; within BF16 rounding of the CPU's two ops.
 // Every map (SiLU-GLU, SiTU-GLU with b1 != b2, sigmoid gate), shapes with a partial last span
 // (cols % 128 != 0), a column split (few rows) and one the GEMV declines (cols % 32 != 0: the
-// two ops); T = 2 (no fused form): the two ops, x written.
+// two ops); T = 2 (no fused form): the two ops, x written. The fused form is opt-in
+// (set_gemv_map) until it has been timed: without it gemm_mapped runs the two ops.
 TEST_F(CudaFast, GemmMappedEqualsTheTwoOps) {
   std::mt19937 g(91);
+  be_->set_gemv_map(true);
   struct Case {
     int rows, cols;
   };
@@ -349,6 +351,19 @@ TEST_F(CudaFast, GemmMappedEqualsTheTwoOps) {
     cpu_.gemm_mapped(hw.w, a.data(), InputMap{InputMap::Kind::SigmoidGate, b.data()}, T, a.data(), cy.data());
     EXPECT_LE(test::rel_l2(host(da, a.size()).data(), a.data(), a.size()), 1e-6) << "gated in place";
     EXPECT_LE(test::rel_l2(host(dy, cy.size()).data(), cy.data(), cy.size()), 6e-3);
+  }
+  // Off (the default): the two ops.
+  {
+    be_->set_gemv_map(false);
+    HostWeight hw(rnd(g, size_t(64) * 256), 64, 256);
+    std::vector<uint8_t> packed;
+    const DenseWeight W = bf16_weight(hw.data.data(), 64, 256, packed);
+    be_->upload(W);
+    float *da = dev(rnd(g, 256)), *db = dev(rnd(g, 256)), *dx = poisoned(256), *dy = poisoned(64);
+    const uint64_t m0 = be_->stats().mapped_gemvs;
+    be_->gemm_mapped(W, da, InputMap{InputMap::Kind::SiluGlu, db}, 1, dx, dy);
+    EXPECT_EQ(be_->stats().mapped_gemvs, m0) << "off: no mapped GEMV";
+    EXPECT_EQ(nan_count(host(dx, 256)), 0u) << "off: x written by the element-wise op";
   }
   std::printf("[ gemm_mapped ] worst rel L2 vs CPU %.2e over %d cases\n", worst.rel, worst.cases);
 }

@@ -72,9 +72,9 @@ TEST(Bench, TinyPresetProfilesADecodeTokenOnTheGpu) {
   if (!cuda_usable(&why)) GTEST_SKIP() << "no usable CUDA device (" << why << ")";
   ASSERT_EQ(0, test::run_wren("bench layers --backend cuda --gpu-precision fast --preset tiny --kda 1 --mla 1 --experts 16 "
                               "--distinct-experts 4 --vocab 512 --prompt 40 --decode 3 --chunk 16 --json --profile "
-                              "--expert-forms m16,d1", &out)) << out;
+                              "--expert-forms m16,d1,g1", &out)) << out;
   for (const char* want : {"profile of one decode token", "\"profile\":[", "\"profile_total_ms\"",
-                           "decode-experts form m16", "decode-experts form d1"})
+                           "decode-experts form m16", "decode-experts form d1", "decode-experts form g1"})
     EXPECT_NE(out.find(want), std::string::npos) << want << " in\n" << out;
 }
 
@@ -219,6 +219,7 @@ TEST(CudaModelQuant, PackedKvbIsDecodedOnceWhenFirstUsedInARecordedStep) {
     CudaBackend rec, eager;
     for (CudaBackend* be : {&rec, &eager}) {
       be->set_precision(prec);
+      be->set_gemv_map(true);  // the opt-in mapped GEMV, recorded and op by op (exact mode has none)
       be->upload(weight_list(m->weights));
     }
     Forward fr(*m, rec, {32, -1, true}), fe(*m, eager, {32, -1, false});
@@ -236,8 +237,8 @@ TEST(CudaModelQuant, PackedKvbIsDecodedOnceWhenFirstUsedInARecordedStep) {
       id = argmax(lr.data(), c.vocab);
     }
     EXPECT_EQ(eager.stats().mla_kvb_decodes, exact ? mla_layers : 0u) << mode;
-    // Fast mode maps the dense MLP's and shared experts' GLU and the MLA output gate inside the
-    // GEMV that reads them (Backend::gemm_mapped), in the graph as op by op.
+    // Fast mode with set_gemv_map maps the dense MLP's and shared experts' GLU and the MLA output
+    // gate inside the GEMV that reads them (Backend::gemm_mapped), in the graph as op by op.
     if (exact) EXPECT_EQ(eager.stats().mapped_gemvs, 0u);
     else EXPECT_GT(eager.stats().mapped_gemvs, 0u);
   }

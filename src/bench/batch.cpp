@@ -39,13 +39,14 @@ std::vector<DecodeForm> parse_expert_forms(const std::string& s, int mx_forms, i
   std::stringstream ss(s);
   for (std::string item; std::getline(ss, item, ',');) {
     const char kind = item.empty() ? 0 : item[0];
-    const int hi = kind == 'm' ? mx_forms - 1 : dense_forms - 1;
+    const int hi = kind == 'm' ? mx_forms - 1 : kind == 'g' ? 1 : dense_forms - 1;
     char* end = nullptr;
     const long v = item.size() > 1 && std::isdigit(static_cast<unsigned char>(item[1])) ? std::strtol(item.c_str() + 1, &end, 10) : -1;
-    usage_check((kind == 'm' || kind == 'd') && end && *end == '\0' && v >= 0 && v <= hi,
+    usage_check((kind == 'm' || kind == 'd' || kind == 'g') && end && *end == '\0' && v >= 0 && v <= hi,
                 "--expert-forms: '" + item + "' is not mN (an MXFP4 decode-experts form, N in 0.." +
-                    std::to_string(mx_forms - 1) + ") or dN (a dense decode-experts form, N in 0.." +
-                    std::to_string(dense_forms - 1) + ")");
+                    std::to_string(mx_forms - 1) + "), dN (a dense decode-experts form, N in 0.." +
+                    std::to_string(dense_forms - 1) + ") or g0 / g1 (the GLU and output gate as their own launches / " +
+                    "inside the GEMV)");
     out.push_back({kind, int(v)});
   }
   usage_check(!out.empty(), "--expert-forms: give at least one form");
@@ -59,6 +60,7 @@ void set_decode_form(Backend& be, DecodeForm f) {
   cu->set_decode_streams(true, 0, 0, f.kind == 'f' ? f.n : 0);
   cu->set_mx_decode_form(f.kind == 'm' ? f.n : 0);
   cu->set_dense_decode_form(f.kind == 'd' ? f.n : 0);
+  cu->set_gemv_map(f.kind == 'g' && f.n == 1);
 #else
   (void)be, (void)f;
 #endif

@@ -192,8 +192,9 @@ struct DecodeForm {
 };
 
 /// Parses --expert-forms: comma-separated items "mN" (an MXFP4 decode-experts form, 0 ..
-/// mx_forms - 1) or "dN" (a dense decode-experts form, 0 .. dense_forms - 1), e.g. "m0,m16,d0,d1";
-/// empty gives none. Throws UsageError naming --expert-forms and the item otherwise.
+/// mx_forms - 1), "dN" (a dense decode-experts form, 0 .. dense_forms - 1) or "g0" / "g1" (the
+/// GLU and MLA output gate as their own launches / mapped inside the GEMV that reads them,
+/// CudaBackend::set_gemv_map), e.g. "m0,m16,d0,d1,g0,g1"; empty gives none. Throws UsageError naming --expert-forms and the item otherwise.
 std::vector<DecodeForm> parse_expert_forms(const std::string& s, int mx_forms, int dense_forms);
 
 /// Sets the CUDA fast mode's decode-kernel hooks for form f: its kind's hook to f.n and the other

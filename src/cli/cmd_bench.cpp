@@ -132,8 +132,9 @@ void add_bench_layers(CLI::App* bench) {
   sub->add_option("--chunk", a->chunk, "Prefill chunk (default: the backend's, see runtime/engine.h)")->check(positive())->default_str("auto");
   sub->add_option("--seed", a->seed, "Weight seed (default 1)");
   sub->add_option("--expert-forms", a->expert_forms,
-                  "CUDA fast mode: the whole token again per decode-experts form, mN MXFP4 or dN dense (e.g. m16,m17,d1; "
-                  "every form gives the same bits)");
+                  "CUDA fast mode: the whole token again per decode-kernel form, mN MXFP4 experts, dN dense experts, "
+                  "g0/g1 GLU and output gate as own launches/inside the GEMV (e.g. m16,m17,d1,g1; every form gives the "
+                  "same bits)");
   sub->add_flag("--profile", a->profile,
                 "GPU: one more decode token of the whole model op by op, with per-launch device timing per kernel "
                 "(--kda 0 --mla 1 gives one MLA layer's)");

@@ -57,8 +57,9 @@ void add_bench_batch(CLI::App* bench) {
   sub->add_option("--gemv-forms", a->gemv_forms,
                   "CUDA fast mode: time every size once per tensor-core GEMV form (e.g. 0,1,4; rows 'B/fN')");
   sub->add_option("--expert-forms", a->expert_forms,
-                  "CUDA fast mode: time every size once per decode-experts form, mN MXFP4 or dN dense (e.g. m0,m16,d0,d1; "
-                  "rows 'B/mN', 'B/dN'; every form gives the same bits)");
+                  "CUDA fast mode: time every size once per decode-kernel form, mN MXFP4 experts, dN dense experts, g0/g1 "
+                  "GLU and output gate as own launches/inside the GEMV (e.g. m0,m16,d0,d1,g0,g1; rows 'B/mN', 'B/dN', "
+                  "'B/gN'; every form gives the same bits)");
   cpu->add_to(sub);
   cuda->add_to(sub);
   sub->add_flag("--json", a->json, "Also print the numbers as one JSON object");

@@ -229,6 +229,11 @@ class CudaBackend final : public Backend {
   void set_dense_decode_form(int form);
   /// The number of forms set_dense_decode_form takes.
   static int dense_decode_forms();
+  /// Benchmark/test hook: whether gemm_mapped maps its input inside the one-token BF16 GEMV
+  /// (gemv_tc_mapped: one launch) or runs the element-wise op and then the GEMV (two launches,
+  /// the default until the mapped instance has been timed: docs/gpu-results.md "Not yet run").
+  /// Changes timing only: both give the same bits.
+  void set_gemv_map(bool on);
   /// One KDA decode step (T = 1) for each of B sequences, sequence b on its own state
   /// *states[b] (shapes as kda_core: q, k, v, z, gate, out [B, P], beta [B, H], P = heads ·
   /// head_dim; device pointers). The same arithmetic, per sequence, as B kda_core calls with T = 1

@@ -138,6 +138,7 @@ struct CudaBackend::Impl {
   int dense_gu_wt = 0, dense_dn_wt = 0;  ///< set_dense_expert_warps (0 = the default rule)
   int mx_form = 0;                       ///< set_mx_decode_form (moe_decode.cu kMxForms; 0 = the default)
   int dense_form = 0;                    ///< set_dense_decode_form (0: two launches + weighted sum; 1: one persistent)
+  bool gemv_map = false;                 ///< set_gemv_map: gemm_mapped's map inside the GEMV (gemv_tc_mapped)
   /// Blocks an SM of a persistent decode-experts kernel (form `form`) at `smem` bytes of dynamic
   /// shared memory (form -1: not asked yet): asked once per form and size, not at every layer.
   struct Occupancy {

@@ -220,10 +220,13 @@ void CudaBackend::gemm(const DenseWeight& W, const float* x, int T, float* y) {
 }
 
 void CudaBackend::gemm_mapped(const DenseWeight& W, const float* a, const InputMap& map, int T, float* x, float* y) {
-  // Fast mode, one token, BF16: the map in the GEMV's input loads (x untouched); else the two ops.
-  if (T > 0 && W.rows > 0 && cuda::gemv_tc_mapped(*impl_, W, a, map, T, y)) return;
+  // With set_gemv_map, fast mode, one token, BF16: the map in the GEMV's input loads (x untouched);
+  // else the two ops.
+  if (impl_->gemv_map && T > 0 && W.rows > 0 && cuda::gemv_tc_mapped(*impl_, W, a, map, T, y)) return;
   Backend::gemm_mapped(W, a, map, T, x, y);
 }
+
+void CudaBackend::set_gemv_map(bool on) { impl_->gemv_map = on; }
 
 void CudaBackend::gemm_batch(const GemmJob* jobs, int n, int T) {
   constexpr int kChunk = 8;  // gemv_tc_batch's jobs a launch
