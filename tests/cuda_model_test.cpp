@@ -244,6 +244,38 @@ TEST(CudaModelQuant, PackedKvbIsDecodedOnceWhenFirstUsedInARecordedStep) {
   }
 }
 
+// The shared experts' output added with the routed one (Backend::add2 on the AttnRes golden model,
+// add2_rms_norm on Kimi Linear's plain residual) gives the logits of the old path (an add into
+// the FFN output first, which --check-finite keeps), bit for bit, in fast and exact mode.
+TEST(CudaModelQuant, SharedExpertsAddedWithTheRoutedChangesNoBit) {
+  std::string why;
+  if (!cuda_device_available(&why)) GTEST_SKIP() << "no CUDA device: " << why;
+  for (const std::string& dir : {test::golden_dir(), test::kimi_linear_dir()}) {
+    const auto m = load_model(dir, QuantPlan::preset("bf16"));
+    const Config& c = m->config;
+    ASSERT_GT(c.n_shared, 0) << dir;
+    for (const GpuPrecision prec : {GpuPrecision::Exact, GpuPrecision::Fast}) {
+      std::vector<std::vector<float>> got;
+      for (bool strict : {false, true}) {
+        CudaBackend be;
+        be.set_precision(prec);
+        be.upload(weight_list(m->weights));
+        ForwardOptions o{32, -1, false};
+        o.check_finite = strict;
+        Forward f(*m, be, o);
+        SequenceState st(be, c, 64);
+        const std::vector<int> ids = {1, 5, 9, 2, 7, 3};
+        std::vector<float> logits(size_t(ids.size() + 3) * c.vocab);
+        f.run(st, ids.data(), nullptr, int(ids.size()), logits.data(), true);
+        for (int t = 0; t < 3; ++t) f.run(st, &ids[size_t(t)], nullptr, 1, logits.data() + (ids.size() + t) * c.vocab, false);
+        got.push_back(std::move(logits));
+      }
+      EXPECT_EQ(0, std::memcmp(got[0].data(), got[1].data(), got[0].size() * 4))
+          << dir << (prec == GpuPrecision::Fast ? " fast" : " exact");
+    }
+  }
+}
+
 // Loading straight to the device (issue 14, place.cu): the golden model loaded with the CUDA
 // backend as LoadOptions::place_on has every dense matrix in device memory (none in the model's
 // host arena), the device bytes equal the host loader's (BF16 -> f32 upcast on the device is

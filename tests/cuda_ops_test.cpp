@@ -428,7 +428,7 @@ TEST_F(CudaOps, RmsNormMatchesCpu) {
 // then rms_norm bit for bit (the fused op promises exactly that); every rms_norm_kernel instance.
 TEST_F(CudaOps, AddRmsNormMatchesCpuAndTheTwoOps) {
   std::mt19937 g(41);
-  for (int n : {1, 7, 31, 128, 257, 1000, 2304, 3000, 7168, 9000})
+  for (int n : {1, 7, 31, 128, 257, 1000, 1536, 2304, 3000, 7168, 9000})
     for (int T : {1, 3, 17}) {
       HostWeight w(random_vec(g, n, 0.5f, 1.5f), 1, n);
       be_->upload(w.w);
@@ -465,7 +465,7 @@ TEST_F(CudaOps, AddRmsNormMatchesCpuAndTheTwoOps) {
 // each, x2 and x only read; every rms_norm_kernel instance.
 TEST_F(CudaOps, Add2AndAdd2RmsNormMatchTheTwoAdds) {
   std::mt19937 g(43);
-  for (int n : {1, 7, 31, 128, 257, 1000, 2304, 3000, 7168, 9000})
+  for (int n : {1, 7, 31, 128, 257, 1000, 1536, 2304, 3000, 7168, 9000})
     for (int T : {1, 3, 17}) {
       const std::string sh = shape({{"n", n}, {"T", T}});
       HostWeight w(random_vec(g, n, 0.5f, 1.5f), 1, n);

@@ -137,8 +137,6 @@ nlohmann::json kl_config(const nlohmann::json& patch = nlohmann::json::object())
   return j;
 }
 
-// Other shapes, written by the checkpoint writer (`mlp.*` names for the dense layer, BF16 weights),
-// against the naive f64 reference: q LoRA on, two shared experts, six layers.
 // An MoE's shared-experts output is added to the residual together with the routed one (Backend::
 // add2 / add2_rms_norm) unless something reads the FFN output (a hook, --check-finite): the
 // logits are the same bits either way, on Kimi Linear (plain residual: add2_rms_norm) and on the
@@ -166,6 +164,8 @@ TEST_F(KimiLinear, SharedExpertsAddedWithTheRoutedChangesNoBit) {
   }
 }
 
+// Other shapes, written by the checkpoint writer (`mlp.*` names for the dense layer, BF16 weights),
+// against the naive f64 reference: q LoRA on, two shared experts, six layers.
 TEST(KimiLinearGenerated, OtherShapesMatchIndependentReference) {
   const nlohmann::json cfg = kl_config({
       {"hidden_size", 48}, {"num_hidden_layers", 6}, {"vocab_size", 300}, {"intermediate_size", 80},

@@ -214,6 +214,7 @@ void run_batch(BatchArgs a) {
           {"gemv_form", form.kind == 'f' ? form.n : 0},
           {"mx_decode_form", form.kind == 'm' ? form.n : 0},
           {"dense_decode_form", form.kind == 'd' ? form.n : 0},
+          {"gemv_map", form.kind == 'g' && form.n == 1},
           {"ms_per_step", per * 1e3},
           {"forward_ms", fwd_s / n * 1e3},
           {"draw_ms", draw_s / n * 1e3},

@@ -185,7 +185,8 @@ void run_batch(BatchArgs a);
 
 /// A form of a CUDA fast-mode decode kernel for bench batch's side-by-side rows: kind 'f' the
 /// tensor-core GEMV (CudaBackend::set_decode_streams' form), 'm' the MXFP4 decode experts
-/// (set_mx_decode_form), 'd' the dense decode experts (set_dense_decode_form); n the form.
+/// (set_mx_decode_form), 'd' the dense decode experts (set_dense_decode_form), 'g' the GEMV's
+/// input map (set_gemv_map: n = 0 off, 1 on); n the form. The other kernels at their defaults.
 struct DecodeForm {
   char kind = 0;  ///< 0: no hook set (the backend's own settings)
   int n = 0;
