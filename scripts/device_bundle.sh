@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Packs a CUDA build for the GPU machine, whose image lacks the Debian libraries Wren links:
-#   scripts/device_bundle.sh BUILD_DIR DEST [PLANTED_NAME...]
+#   scripts/device_bundle.sh [--prev WREN_BINARY] BUILD_DIR DEST [PLANTED_NAME...]
 # DEST (an untracked folder of the checkout that travels, e.g. .dev-final) receives the stripped
 # binaries (wren, wren_tests, share/ without its models/; packed into payload.tar.xz), the shared libraries they need that the
 # device image lacks, and env.sh, keeping BUILD_DIR's path relative to the checkout. On the device:
@@ -12,7 +12,12 @@
 # limit): env.sh links DEST/tests/data and DEST/BUILD_DIR/share/wren/models to the checkout's, puts
 # lib/ on LD_LIBRARY_PATH and links the source path compiled into the tests (WREN_SOURCE_DIR) to
 # DEST, so tests find tests/data there.
+# --prev: an earlier build's wren (e.g. made with `git checkout COMMIT -- src && ninja -C build wren`)
+# for side-by-side timing in one call; it travels as a zstd patch against the stripped wren and
+# env.sh rebuilds it as DEST/wren_prev.
 set -euo pipefail
+prev=""
+if [ "${1:-}" = "--prev" ]; then prev="$(cd "$(dirname "$2")" && pwd)/$(basename "$2")"; shift 2; fi
 build="$1"; dest="$2"
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="$(cd "$build" && pwd)"
@@ -22,15 +27,19 @@ for b in wren wren_tests; do
   if [ -x "$build/$b" ]; then strip -o "$dest/$rel/$b" "$build/$b"; fi
 done
 shift 2
+# A zstd patch of binary $1 (stripped) against $2, written to $3.
+zpatch() {
+  strip -o "$3.bin" "$1"
+  # zstd prints its parser notes on stderr even with -q: shown only when it fails.
+  zstd -q -19 --long=27 --patch-from="$2" "$3.bin" -o "$3" 2>"$3.log" || { cat "$3.log" >&2; exit 1; }
+  rm "$3.bin" "$3.log"
+}
+if [ -n "$prev" ]; then zpatch "$prev" "$dest/$rel/wren" "$dest/wren_prev.zpatch"; fi
 if [ $# -gt 0 ]; then
   mkdir -p "$dest/planted"
-  for name in "$@"; do
-    strip -o "$dest/planted/$name.bin" "$build/$name"
-    # zstd prints its parser notes on stderr even with -q: shown only when it fails.
-    zstd -q -19 --long=27 --patch-from="$dest/$rel/wren_tests" "$dest/planted/$name.bin" \
-      -o "$dest/planted/$name.zpatch" 2>"$dest/planted/zstd.log" || { cat "$dest/planted/zstd.log" >&2; exit 1; }
-    rm "$dest/planted/$name.bin" "$dest/planted/zstd.log"
-  done
+  for name in "$@"; do zpatch "$build/$name" "$dest/$rel/wren_tests" "$dest/planted/$name.zpatch"; done
+fi
+if [ $# -gt 0 ] || [ -n "$prev" ]; then
   cp -L "$(command -v zstd)" "$dest/lib/zstd"
   ldd "$(command -v zstd)" | awk '/=>/ {print $3}' | { grep -E 'liblz4|libzstd|liblzma|libz\.' || true; } |
     while read -r so; do cp -L "$so" "$dest/lib/"; done
@@ -54,6 +63,7 @@ for p in planted/*.zpatch; do
   # Always rebuilt (a file left by an earlier call or a failed run would be stale).
   [ -e "\$p" ] && rm -f "\${p%.zpatch}" && lib/zstd -q -d --long=27 --patch-from="$rel/wren_tests" "\$p" -o "\${p%.zpatch}" && chmod +x "\${p%.zpatch}"
 done
+if [ -e wren_prev.zpatch ]; then rm -f wren_prev && lib/zstd -q -d --long=27 --patch-from="$rel/wren" wren_prev.zpatch -o wren_prev && chmod +x wren_prev; fi
 ln -sfn "\$PWD/../tests/data" tests/data
 [ -d ../models ] && ln -sfn "\$PWD/../models" "$rel/share/wren/models"
 # The compiled-in source path: absent there -> a link to DEST; the checkout itself (built in the
