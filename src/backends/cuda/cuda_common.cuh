@@ -265,6 +265,12 @@ constexpr unsigned kFull = 0xffffffffu;
 /// so they agree with glibc's (0.502-ulp) expf almost always (CUDA's expf is 2-ulp).
 __device__ __forceinline__ float exp_f(float x) { return float(exp(double(x))); }
 __device__ __forceinline__ float tanh_f(float x) { return float(tanh(double(x))); }
+/// v + d[i], or v + (d[i] + d2[i]) with a second delta: the residual updates of add / add2 and
+/// add_rms_norm / add2_rms_norm, one expression for both kernels (so the fused norm's residual is
+/// the add's bit for bit).
+__device__ __forceinline__ float plus_delta(float v, const float* __restrict__ d, const float* __restrict__ d2, size_t i) {
+  return v + (d2 ? d[i] + d2[i] : d[i]);
+}
 /// σ(x) in the CPU reference's form: 1 / (1 + e^-x) in f32.
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + exp_f(-x)); }
 /// SiTU-GLU of one pair in the CPU reference's operation order (docs/model.md#situ).

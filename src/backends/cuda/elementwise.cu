@@ -10,19 +10,12 @@ namespace {
 
 constexpr int kThreads = 256;
 
-__global__ void add_kernel(float* __restrict__ y, const float* __restrict__ x, size_t n) {
+/// y += x (add), or y += x + x2 with x2 (add2; x is only read).
+__global__ void add_kernel(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ x2, size_t n) {
   cuda::pdl_wait();  // launched as a programmatic dependent (pdl_launch): nothing is touched before
   cuda::pdl_trigger();
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    y[i] += x[i];
-}
-
-/// y += x + x2 (Backend::add2; x is only read).
-__global__ void add2_kernel(float* __restrict__ y, const float* __restrict__ x, const float* __restrict__ x2, size_t n) {
-  cuda::pdl_wait();  // launched as a programmatic dependent (pdl_launch): nothing is touched before
-  cuda::pdl_trigger();
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    y[i] += x[i] + x2[i];
+    y[i] = cuda::plus_delta(y[i], x, x2, i);
 }
 
 __global__ void situ_glu_kernel(const float* __restrict__ g, const float* __restrict__ u, size_t n, float b1,
@@ -52,12 +45,13 @@ __global__ void sigmoid_gate_kernel(float* __restrict__ y, const float* __restri
 
 void CudaBackend::add(float* y, const float* x, size_t n) {
   if (n == 0) return;
-  cuda::pdl_launch(*impl_, add_kernel, cuda::grid_for(n, kThreads), kThreads, "add kernel", y, x, n);
+  cuda::pdl_launch(*impl_, add_kernel, cuda::grid_for(n, kThreads), kThreads, "add kernel", y, x,
+                   static_cast<const float*>(nullptr), n);
 }
 
 void CudaBackend::add2(float* y, float* x, const float* x2, size_t n) {
   if (n == 0) return;
-  cuda::pdl_launch(*impl_, add2_kernel, cuda::grid_for(n, kThreads), kThreads, "add2 kernel", y, x, x2, n);
+  cuda::pdl_launch(*impl_, add_kernel, cuda::grid_for(n, kThreads), kThreads, "add2 kernel", y, x, x2, n);
 }
 
 void CudaBackend::situ_glu(const float* g, const float* u, int T, int n, float b1, float b2, float* out) {

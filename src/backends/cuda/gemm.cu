@@ -221,9 +221,8 @@ void CudaBackend::gemm(const DenseWeight& W, const float* x, int T, float* y) {
 
 void CudaBackend::gemm_mapped(const DenseWeight& W, const float* a, const InputMap& map, int T, float* x, float* y) {
   // With set_gemv_map, fast mode, one token, BF16: the map in the GEMV's input loads (x untouched);
-  // else the two ops.
-  // x's alignment too, as the two ops' GEMV would see it (else the fused form would take a product
-  // the two ops give to another kernel, and the bits would depend on the hook).
+  // else the two ops. x must be aligned as the two ops' GEMV would need it: else the fused form
+  // would take a product the two ops give to another kernel, and the bits would depend on the hook.
   if (impl_->gemv_map && T > 0 && W.rows > 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
       cuda::gemv_tc_mapped(*impl_, W, a, map, T, y))
     return;

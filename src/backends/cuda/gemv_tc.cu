@@ -70,21 +70,18 @@ struct GemvJob {
   float* part;      ///< [blocks_y, rows] partial sums (blocks_y > 1)
   unsigned* count;  ///< [blocks_x] arrival counters, zero between launches (blocks_y > 1)
   int rows, cols, wt, per, blocks_x, blocks_y, block0;
-  /// The input map (gemv_tc_mapped): 0 none (x itself), else 1 + InputMap::Kind of x and xb.
-  int map = 0;
-  const float* xb = nullptr;
-  float b1 = 0, b2 = 0;
+  InputMap map;  ///< gemv_tc_mapped's map of x and map.b (read by the kMap instance only)
 };
 
-/// One input value as the element-wise op of the job's map gives it (elementwise.cu: the same
+/// One input value as the element-wise op of map m gives it (elementwise.cu: the same
 /// expressions; the build contracts no multiply-add, so the same f32 bits).
-__device__ __forceinline__ float map_input(int map, float a, float b, float b1, float b2) {
-  switch (map) {
-    case 1 + int(InputMap::Kind::SiluGlu): return a * sigmoid_f(a) * b;
-    case 1 + int(InputMap::Kind::SituGlu): return situ_f(a, b, b1, b2);
-    case 1 + int(InputMap::Kind::SigmoidGate): return a * sigmoid_f(b);
-    default: return a;
+__device__ __forceinline__ float map_input(const InputMap& m, float a, float b) {
+  switch (m.kind) {
+    case InputMap::Kind::SiluGlu: return a * sigmoid_f(a) * b;
+    case InputMap::Kind::SituGlu: return situ_f(a, b, m.b1, m.b2);
+    case InputMap::Kind::SigmoidGate: return a * sigmoid_f(b);
   }
+  return a;  // not reached
 }
 
 /// The B fragment (xv, as the plain path loads it: lanes g = 0 hold the span's 32 values at
@@ -97,9 +94,9 @@ __device__ __forceinline__ void mapped_span(const GemvJob& J, int S, int lane, u
   const int c = S + 4 * lane;
   uint32_t w0 = 0, w1 = 0;
   if (c < J.cols) {
-    const float4 a = __ldg(reinterpret_cast<const float4*>(J.x + c)), b = __ldg(reinterpret_cast<const float4*>(J.xb + c));
-    const __nv_bfloat162 p0 = __floats2bfloat162_rn(map_input(J.map, a.x, b.x, J.b1, J.b2), map_input(J.map, a.y, b.y, J.b1, J.b2));
-    const __nv_bfloat162 p1 = __floats2bfloat162_rn(map_input(J.map, a.z, b.z, J.b1, J.b2), map_input(J.map, a.w, b.w, J.b1, J.b2));
+    const float4 a = __ldg(reinterpret_cast<const float4*>(J.x + c)), b = __ldg(reinterpret_cast<const float4*>(J.map.b + c));
+    const __nv_bfloat162 p0 = __floats2bfloat162_rn(map_input(J.map, a.x, b.x), map_input(J.map, a.y, b.y));
+    const __nv_bfloat162 p1 = __floats2bfloat162_rn(map_input(J.map, a.z, b.z), map_input(J.map, a.w, b.w));
     w0 = *reinterpret_cast<const uint32_t*>(&p0), w1 = *reinterpret_cast<const uint32_t*>(&p1);
   }
   const bool g0 = lane < 4;
@@ -235,7 +232,7 @@ bool takes(CudaBackend::Impl& m, const DenseWeight& W, const float* x, int T, co
 /// to a tile for long streams of short rows was measured and not kept (run 30, H100: the 163840 ×
 /// 2304 lm_head at 97% of the copy bandwidth with a warp a tile, 99% with 8).
 GemvJob plan(const CudaBackend::Impl& m, const uint16_t* w, const float* x, float* y, int rows, int cols) {
-  GemvJob j{w, x, y, nullptr, nullptr, rows, cols, kWarps, 0, 0, 1, 0};
+  GemvJob j{w, x, y, nullptr, nullptr, rows, cols, kWarps, 0, 0, 1, 0, {}};
   const int tiles = (rows + kRows - 1) / kRows, spans = (cols + kSpan - 1) / kSpan;
   const int slots = kForms[m.gemv_form].slots_per_sm * std::max(m.sm_count, 1);
   j.wt = m.gemv_wt > 0 ? m.gemv_wt : kWarps;
@@ -307,7 +304,7 @@ bool gemv_tc_mapped(CudaBackend::Impl& m, const DenseWeight& W, const float* a, 
   if (map.b == nullptr || reinterpret_cast<uintptr_t>(map.b) % 16 != 0 || !takes(m, W, a, T, &data)) return false;
   GemvJobs jobs{};
   GemvJob& j = jobs.job[jobs.n++] = plan(m, static_cast<const uint16_t*>(data), a, y, int(W.rows), int(W.cols));
-  j.map = 1 + int(map.kind), j.xb = map.b, j.b1 = map.b1, j.b2 = map.b2;
+  j.map = map;
   launch(m, jobs, true);
   ++m.stats.mapped_gemvs;
   return true;

@@ -47,7 +47,7 @@ auto row_kernel(int n, Pick pick) {
 /// order either way (a thread's elements i = tid, tid + 256, ...; the zeros past n add nothing).
 /// With `delta` (add_rms_norm) x[i] += delta[i] first and the sum x[i] written back, then the norm
 /// of the new row (add_kernel's sum: bit-identical to add then rms_norm); with `delta2` as well
-/// (add2_rms_norm) x[i] += delta[i] + delta2[i] (add2_kernel's sum); without delta x is only read.
+/// (add2_rms_norm) x[i] += delta[i] + delta2[i] (add_kernel's sum, plus_delta); without delta x is only read.
 template <int kPer>
 __global__ void rms_norm_kernel(float* __restrict__ x, const float* __restrict__ delta, const float* __restrict__ delta2,
                                 int n, const float* __restrict__ w, float eps, float* __restrict__ y) {
@@ -60,7 +60,7 @@ __global__ void rms_norm_kernel(float* __restrict__ x, const float* __restrict__
   __shared__ double red[32];
   float* xr = x + size_t(blockIdx.x) * n;
   const float* dr = delta ? delta + size_t(blockIdx.x) * n : nullptr;
-  const float* d2 = delta2 ? delta2 + size_t(blockIdx.x) * n : nullptr;
+  const float* d2 = delta2 ? delta2 + size_t(blockIdx.x) * n : nullptr;  // with delta only
   float* yr = y + size_t(blockIdx.x) * n;
   double ss = 0;
   float xv[kPer > 0 ? kPer : 1];
@@ -69,13 +69,13 @@ __global__ void rms_norm_kernel(float* __restrict__ x, const float* __restrict__
     for (int j = 0; j < kPer; ++j) {
       const int i = threadIdx.x + j * kNormThreads;
       xv[j] = i < n ? xr[i] : 0.f;
-      if (dr && i < n) xr[i] = xv[j] = xv[j] + (d2 ? dr[i] + d2[i] : dr[i]);
+      if (dr && i < n) xr[i] = xv[j] = cuda::plus_delta(xv[j], dr, d2, i);
     }
 #pragma unroll
     for (int j = 0; j < kPer; ++j) ss += double(xv[j]) * xv[j];
   } else {
     for (int i = threadIdx.x; i < n; i += blockDim.x) {
-      const float v = dr ? (xr[i] = xr[i] + (d2 ? dr[i] + d2[i] : dr[i])) : xr[i];  // a thread re-reads only its own elements
+      const float v = dr ? (xr[i] = cuda::plus_delta(xr[i], dr, d2, i)) : xr[i];  // a thread re-reads only its own elements
       ss += double(v) * v;
     }
   }
